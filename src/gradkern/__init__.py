@@ -1,0 +1,19 @@
+"""gradkern: deterministic Triton backward kernels for PyTorch.
+
+    import gradkern
+    gradkern.enable()            # route covered ATen ops on the GPU through gradkern
+    with gradkern.use(): ...     # or only inside a block
+    gradkern.ops.hardsigmoid_backward(grad_output, x)   # or call a kernel directly
+"""
+
+from . import ops
+from .dispatch import disable, enable, is_enabled, use
+from .errors import GradkernError, InvalidProblem, Unsupported
+from .registry import Guarantee, guarantee, supported_ops
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "enable", "disable", "use", "is_enabled", "ops", "guarantee", "supported_ops", "Guarantee",
+    "GradkernError", "InvalidProblem", "Unsupported", "__version__",
+]

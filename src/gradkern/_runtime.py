@@ -1,0 +1,43 @@
+"""Where kernels run: compiled Triton on CUDA, or Triton's interpreter on CPU when TRITON_INTERPRET=1."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+INTERPRET: bool = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+#: The device type whose tensors gradkern's kernels take, and the dispatch key `enable()` registers on.
+DEVICE_TYPE: str = "cpu" if INTERPRET else "cuda"
+BACKEND_KEY: str = "CPU" if INTERPRET else "CUDA"
+AUTOGRAD_KEY: str = "AutogradCPU" if INTERPRET else "AutogradCUDA"
+
+FLOAT_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+DTYPE_NAMES: dict[torch.dtype, str] = {
+    torch.float32: "f32",
+    torch.float16: "f16",
+    torch.bfloat16: "bf16",
+    torch.float64: "f64",
+}
+
+
+def math_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype kernels compute in: fp64 for fp64 inputs, fp32 for everything else."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def default_device() -> torch.device:
+    """The device gradkern's kernels run on in this process (raises if there is none)."""
+    if INTERPRET:
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise RuntimeError(
+            "gradkern: no CUDA device is available; set TRITON_INTERPRET=1 to run the kernels on CPU "
+            "through Triton's interpreter"
+        )
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+def has_gpu() -> bool:
+    return (not INTERPRET) and torch.cuda.is_available()

@@ -1,0 +1,112 @@
+"""`enable()`, `disable()`, `use()`: routing ATen ops through gradkern's kernels.
+
+Registration is derived from the registry: every overload an op lists is registered with torch.library on the
+backend key (CUDA, or CPU under the interpreter) or, for ops that bring their own autograd formula, on the
+autograd key. Overrides never re-enter themselves: while one runs, a nested call of a gradkern-routed op
+(from gradkern's host code or from Triton's interpreter) goes to stock PyTorch."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import warnings
+from collections.abc import Callable, Iterator
+
+import torch
+
+from . import _runtime
+from .registry import REGISTRY, OpInfo
+
+__all__ = ["enable", "disable", "use", "is_enabled", "stock_call", "routed_overloads"]
+
+_lib: torch.library.Library | None = None
+_tls = threading.local()
+_lock = threading.Lock()
+
+
+def _overload(name: str) -> torch._ops.OpOverload:
+    packet, _, overload = name.partition(".")
+    return getattr(getattr(torch.ops.aten, packet), overload or "default")
+
+
+def stock_call(info: OpInfo, overload: str) -> Callable:
+    """A callable that runs stock PyTorch for `overload`, bypassing gradkern's registration of it."""
+    op = _overload(overload)
+    if info.dispatch == "autograd":
+        keyset = torch._C._after_autograd_keyset
+        return lambda *a, **k: op.redispatch(keyset, *a, **k)
+    decomp = torch._decomp.decomposition_table.get(op)
+    if decomp is None:
+        raise RuntimeError(f"gradkern: no stock path for {overload} while its override is active")
+    return decomp
+
+
+def _wrap(info: OpInfo, overload: str, impl: Callable) -> Callable:
+    fallback: list[Callable] = []
+
+    def stock(*args, **kwargs):
+        if not fallback:
+            fallback.append(stock_call(info, overload))
+        return fallback[0](*args, **kwargs)
+
+    def override(*args, **kwargs):
+        if getattr(_tls, "depth", 0):
+            return stock(*args, **kwargs)
+        _tls.depth = 1
+        try:
+            out = impl(*args, **kwargs)
+        finally:
+            _tls.depth = 0
+        if out is NotImplemented:  # the op declined these arguments (e.g. a dtype only stock handles)
+            return stock(*args, **kwargs)
+        return out
+
+    override.__name__ = f"gradkern_{overload.replace('.', '_')}"
+    return override
+
+
+def routed_overloads() -> dict[str, str]:
+    """ATen overload -> gradkern op name, for every registration `enable()` makes."""
+    return {ov: info.name for info in REGISTRY.values() for ov in info.aten}
+
+
+def is_enabled() -> bool:
+    return _lib is not None
+
+
+def enable() -> None:
+    """Route every covered ATen op on gradkern's device through gradkern's kernels (idempotent)."""
+    global _lib
+    with _lock:
+        if _lib is not None:
+            return
+        lib = torch.library.Library("aten", "IMPL")
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*Overriding a previously registered kernel.*")
+            warnings.filterwarnings("ignore", message=".*Warning only once for all operators.*")
+            for info in REGISTRY.values():
+                key = _runtime.AUTOGRAD_KEY if info.dispatch == "autograd" else _runtime.BACKEND_KEY
+                for overload, impl in info.aten.items():
+                    lib.impl(overload, _wrap(info, overload, impl), key)
+        _lib = lib
+
+
+def disable() -> None:
+    """Restore stock PyTorch for every op gradkern routed (idempotent)."""
+    global _lib
+    with _lock:
+        if _lib is not None:
+            _lib._destroy()
+            _lib = None
+
+
+@contextlib.contextmanager
+def use(enabled: bool = True) -> Iterator[None]:
+    """`with gradkern.use():` routes through gradkern inside the block (`use(False)` routes to stock) and
+    restores the previous state on exit; scopes nest."""
+    previous = is_enabled()
+    (enable if enabled else disable)()
+    try:
+        yield
+    finally:
+        (enable if previous else disable)()

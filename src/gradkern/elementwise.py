@@ -1,0 +1,327 @@
+"""The one elementwise launcher every pointwise op uses.
+
+An op supplies a scalar `@triton.jit` math function `fn(a, b, c, s0, s1, s2, FLAG)`: up to three tensor
+operands (already upcast to the math dtype; unused ones repeat `a`), three float scalars (in the math dtype) and
+one constexpr flag. `Pointwise(...)(*tensors, scalars=..., flag=..., out=...)` then handles everything else:
+
+* validation (dtype, device, broadcastable shapes, `out`), done before any launch and cached per
+  (shapes, strides, dtypes, devices) together with the launch plan;
+* a flat fast path when every operand has the output's shape and the same dense strides (contiguous,
+  channels_last, any dense permutation): one 1-D pass over storage;
+* an in-place strided path for everything else: arbitrary strides and broadcast (stride-0) inputs of rank up
+  to 8 (after merging dims that are contiguous across all operands), int64 offsets;
+* 0-d and empty tensors, dtype promotion as ATen's TensorIterator does it (math in fp32, fp64 for fp64);
+* a low-overhead launch: after the first call of a specialisation the compiled kernel is called directly.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import struct
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from . import _runtime
+from .errors import InvalidProblem, Unsupported
+from .tl_helpers import cast_out, scalar
+
+__all__ = ["Pointwise", "scalar_bits", "round_to_dtype", "MAX_RANK", "check_tensor", "launch"]
+
+MAX_RANK = 8
+_I32_MAX = 2**31 - 1
+
+
+# ----------------------------------------------------------------------------------------------- host helpers
+@functools.lru_cache(maxsize=4096)
+def scalar_bits(value: float) -> int:
+    """A float as the int64 bit pattern of its float64 value: how kernels receive scalars at full precision
+    (Triton would pass a Python float as fp32)."""
+    return struct.unpack("<q", struct.pack("<d", float(value)))[0]
+
+
+@functools.lru_cache(maxsize=4096)
+def round_to_dtype(value: float, dtype: torch.dtype) -> float:
+    """`value` rounded to `dtype` (round to nearest even, overflow to ±inf), as ATen's Scalar.to<scalar_t>()."""
+    value = float(value)
+    if dtype == torch.float64 or math.isnan(value) or math.isinf(value):
+        return value
+    if dtype == torch.float32:
+        fmt = "<f"
+    elif dtype == torch.float16:
+        fmt = "<e"
+    elif dtype == torch.bfloat16:
+        f32 = round_to_dtype(value, torch.float32)
+        if math.isinf(f32):
+            return f32
+        bits = struct.unpack("<I", struct.pack("<f", f32))[0]
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        return struct.unpack("<f", struct.pack("<I", bits))[0]
+    else:
+        raise Unsupported("gradkern", "dtype", "a floating dtype", dtype)
+    try:
+        return struct.unpack(fmt, struct.pack(fmt, value))[0]
+    except OverflowError:
+        return math.copysign(math.inf, value)
+
+
+def check_tensor(op: str, arg: str, t, dtypes: Sequence[torch.dtype] = _runtime.FLOAT_DTYPES) -> None:
+    """Raise the named error unless `t` is a tensor of one of `dtypes` on gradkern's device type."""
+    if not isinstance(t, torch.Tensor):
+        raise Unsupported(op, arg, "a torch.Tensor", type(t).__name__)
+    if t.dtype not in dtypes:
+        names = ", ".join(str(d).replace("torch.", "") for d in dtypes)
+        raise Unsupported(op, arg, f"a tensor of dtype {names}", t.dtype)
+    if t.device.type != _runtime.DEVICE_TYPE:
+        where = "CUDA" if _runtime.DEVICE_TYPE == "cuda" else "CPU (TRITON_INTERPRET=1)"
+        raise Unsupported(op, arg, f"a {where} tensor", f"a tensor on {t.device}")
+
+
+# ----------------------------------------------------------------------------------------------- kernels
+@triton.jit
+def _flat_kernel(out, x0, x1, x2, s0, s1, s2, n,
+                 FN: tl.constexpr, NIN: tl.constexpr, FLAG: tl.constexpr, MATH: tl.constexpr,
+                 BLOCK: tl.constexpr, I64: tl.constexpr):
+    if I64:
+        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    else:
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    a = tl.load(x0 + offs, mask=mask).to(MATH)
+    b = a
+    c = a
+    if NIN >= 2:
+        b = tl.load(x1 + offs, mask=mask).to(MATH)
+    if NIN >= 3:
+        c = tl.load(x2 + offs, mask=mask).to(MATH)
+    r = FN(a, b, c, scalar(s0, MATH), scalar(s1, MATH), scalar(s2, MATH), FLAG)
+    tl.store(out + offs, cast_out(r, out.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _strided_kernel(out, x0, x1, x2, s0, s1, s2, n, SHAPE, SO, S0, S1, S2,
+                    FN: tl.constexpr, NIN: tl.constexpr, FLAG: tl.constexpr, MATH: tl.constexpr,
+                    RANK: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    rem = offs
+    oo = tl.zeros_like(offs)
+    o0 = tl.zeros_like(offs)
+    o1 = tl.zeros_like(offs)
+    o2 = tl.zeros_like(offs)
+    for i in tl.static_range(RANK):
+        size = SHAPE[RANK - 1 - i]
+        idx = rem % size
+        rem = rem // size
+        oo += idx * SO[RANK - 1 - i]
+        o0 += idx * S0[RANK - 1 - i]
+        if NIN >= 2:
+            o1 += idx * S1[RANK - 1 - i]
+        if NIN >= 3:
+            o2 += idx * S2[RANK - 1 - i]
+    a = tl.load(x0 + o0, mask=mask).to(MATH)
+    b = a
+    c = a
+    if NIN >= 2:
+        b = tl.load(x1 + o1, mask=mask).to(MATH)
+    if NIN >= 3:
+        c = tl.load(x2 + o2, mask=mask).to(MATH)
+    r = FN(a, b, c, scalar(s0, MATH), scalar(s1, MATH), scalar(s2, MATH), FLAG)
+    tl.store(out + oo, cast_out(r, out.dtype.element_ty), mask=mask)
+
+
+_TL_DTYPE = {torch.float32: tl.float32, torch.float64: tl.float64}
+FLAT_BLOCK, FLAT_WARPS = 2048, 8
+STRIDED_BLOCK, STRIDED_WARPS = 1024, 4
+
+
+# ----------------------------------------------------------------------------------------------- fast launch
+_fast_cache: dict = {}
+_FAST_OK = not _runtime.INTERPRET
+
+
+def launch(kernel, grid: tuple[int, ...], args: tuple, consts: dict, device: int, spec_key: tuple | None = None):
+    """Launch `kernel[grid](*args, **consts)` on CUDA device `device` (-1: CPU under the interpreter).
+
+    With a `spec_key`, the compiled kernel is called directly after the first launch of that specialisation:
+    the key must capture everything Triton specialises `args` on (dtypes, 16-byte alignment, integer widths and
+    divisibility), and `consts["__values__"]` must hold the constexpr values in the kernel's parameter order."""
+    global _FAST_OK
+    if spec_key is not None and _FAST_OK and triton.knobs.runtime.launch_enter_hook is None:
+        ck = _fast_cache.get(spec_key)
+        if ck is not None and torch._C._cuda_getDevice() == device:
+            ck.run(grid[0], 1, 1, torch._C._cuda_getCurrentRawStream(device), ck.function, ck.packed_metadata,
+                   None, None, None, *args, *consts["__values__"])
+            return
+    kw = {k: v for k, v in consts.items() if k != "__values__"}
+    if device >= 0 and torch.cuda.current_device() != device:
+        with torch.cuda.device(device):
+            kernel[grid](*args, **kw)
+        return
+    ck = kernel[grid](*args, **kw)
+    if spec_key is not None and _FAST_OK:
+        if len(_fast_cache) > 4096:
+            _fast_cache.clear()
+        if all(hasattr(ck, a) for a in ("run", "function", "packed_metadata")):
+            _fast_cache[spec_key] = ck
+        else:  # a Triton whose launcher we do not know: always take the JIT path
+            _FAST_OK = False
+
+
+def _int_spec(v: int) -> tuple:
+    return (-(2**31) <= v <= _I32_MAX, v % 16 == 0, v == 1)
+
+
+# ----------------------------------------------------------------------------------------------- plans
+@dataclass(frozen=True)
+class _Plan:
+    shape: tuple[int, ...]
+    out_dtype: torch.dtype
+    math: object  # tl dtype
+    n: int
+    flat: bool
+    dense_like: int  # flat: index of an input whose layout the output copies (-1: contiguous)
+    rank: int = 0
+    shape_c: tuple = ()  # collapsed shape / strides (strided path)
+    strides_c: tuple = ()  # per operand, output first
+
+
+def _broadcast_strides(t: torch.Tensor, shape: tuple[int, ...]) -> tuple[int, ...]:
+    lead = len(shape) - t.dim()
+    st = [0] * lead + list(t.stride())
+    for i, s in enumerate(t.shape):
+        if s == 1:
+            st[lead + i] = 0
+    return tuple(st)
+
+
+def _collapse(shape: tuple[int, ...], strides: list[tuple[int, ...]]) -> tuple[tuple, list[tuple]]:
+    """Drop size-1 dims and merge neighbours that are contiguous with each other in every operand."""
+    dims = [d for d in range(len(shape)) if shape[d] != 1]
+    cshape: list[int] = []
+    cstr: list[list[int]] = [[] for _ in strides]
+    for d in dims:
+        if cshape and all(cs[-1] == st[d] * shape[d] for cs, st in zip(cstr, strides, strict=False)):
+            cshape[-1] *= shape[d]
+            for cs, st in zip(cstr, strides, strict=False):
+                cs[-1] = st[d]
+        else:
+            cshape.append(shape[d])
+            for cs, st in zip(cstr, strides, strict=False):
+                cs.append(st[d])
+    return tuple(cshape), [tuple(cs) for cs in cstr]
+
+
+def _dense_strides(t: torch.Tensor) -> bool:
+    """True if `t` covers its storage span exactly once (no gaps, no overlap), in some dim order."""
+    expected = 1
+    for size, stride in sorted(zip(t.shape, t.stride(), strict=False), key=lambda p: p[1]):
+        if size == 1:
+            continue
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+class Pointwise:
+    """An elementwise op: `math` is the scalar Triton function, `inputs` names its tensor arguments (for error
+    messages), `promote` chooses the output dtype as ATen's type promotion does."""
+
+    def __init__(self, op: str, math_fn: Callable, inputs: Sequence[str], out_name: str = "out"):
+        if not 1 <= len(inputs) <= 3:
+            raise ValueError("Pointwise takes one to three tensor inputs")
+        self.op, self.math_fn, self.inputs, self.out_name = op, math_fn, tuple(inputs), out_name
+        self._plans: dict = {}
+
+    # -- validation and planning (cached) --------------------------------------------------------------
+    def _plan(self, ts: Sequence, out) -> _Plan:
+        for name, t in zip(self.inputs, ts, strict=False):
+            check_tensor(self.op, name, t)
+        dev = ts[0].device
+        for name, t in zip(self.inputs[1:], ts[1:], strict=False):
+            if t.device != dev:
+                raise Unsupported(self.op, name, f"a tensor on {dev} (the device of '{self.inputs[0]}')", t.device)
+        try:
+            shape = tuple(torch.broadcast_shapes(*(t.shape for t in ts)))
+        except RuntimeError:
+            given = ", ".join(f"{nm}{tuple(t.shape)}" for nm, t in zip(self.inputs, ts, strict=False))
+            raise InvalidProblem(self.op, "/".join(self.inputs), "shapes that broadcast together", given) from None
+        out_dtype = ts[0].dtype
+        for t in ts[1:]:
+            out_dtype = torch.promote_types(out_dtype, t.dtype)
+        if out is not None:
+            check_tensor(self.op, self.out_name, out)
+            if tuple(out.shape) != shape:
+                raise InvalidProblem(self.op, self.out_name, f"shape {shape}", tuple(out.shape))
+            if out.dtype != out_dtype:
+                raise Unsupported(self.op, self.out_name, f"dtype {out_dtype}", out.dtype)
+            if out.device != dev:
+                raise Unsupported(self.op, self.out_name, f"a tensor on {dev}", out.device)
+        if len(shape) > MAX_RANK and math.prod(shape) > 0:
+            cshape, _ = _collapse(shape, [_broadcast_strides(t, shape) for t in ts])
+            if len(cshape) > MAX_RANK:
+                raise Unsupported(self.op, self.inputs[0], f"rank <= {MAX_RANK}", len(shape))
+        mdt = _TL_DTYPE[_runtime.math_dtype(out_dtype)]
+        n = math.prod(shape)
+        same = all(tuple(t.shape) == shape for t in ts) and len({t.stride() for t in ts}) == 1
+        if out is not None:
+            same = same and out.stride() == ts[0].stride()
+        if same and (ts[0].is_contiguous() or _dense_strides(ts[0])):
+            return _Plan(shape, out_dtype, mdt, n, True, -1 if ts[0].is_contiguous() else 0)
+        operands = [out.stride() if out is not None else torch.empty(shape, device="meta").stride()]
+        operands += [_broadcast_strides(t, shape) for t in ts]
+        cshape, cstr = _collapse(shape, operands)
+        if not cshape:  # every dim has size 1
+            cshape, cstr = (1,), [(0,)] * len(operands)
+        return _Plan(shape, out_dtype, mdt, n, False, -1, len(cshape), cshape, tuple(cstr))
+
+    # -- the call ----------------------------------------------------------------------------------------
+    def __call__(self, *ts: torch.Tensor, scalars: Sequence[float] = (), flag: int = 0,
+                 out: torch.Tensor | None = None) -> torch.Tensor:
+        try:
+            key = (flag, None if out is None else (out.stride(), out.dtype, out.get_device()),
+                   *[(t.shape, t.stride(), t.dtype, t.get_device()) for t in ts])
+            plan = self._plans.get(key)
+        except AttributeError:  # a non-tensor argument: let validation name it
+            plan, key = None, None
+        if plan is None:
+            if len(ts) != len(self.inputs):
+                raise TypeError(f"{self.op}: expected {len(self.inputs)} tensors, got {len(ts)}")
+            plan = self._plan(ts, out)
+            if len(self._plans) > 4096:
+                self._plans.clear()
+            self._plans[key] = plan
+        if out is None:
+            if plan.dense_like >= 0:
+                out = torch.empty_like(ts[plan.dense_like], dtype=plan.out_dtype)
+            else:
+                out = torch.empty(plan.shape, dtype=plan.out_dtype, device=ts[0].device)
+        if plan.n == 0:
+            return out
+        bits = [scalar_bits(s) for s in scalars] + [0] * (3 - len(scalars))
+        x = list(ts) + [ts[0]] * (3 - len(ts))
+        nin = len(ts)
+        device = ts[0].get_device()
+        if plan.flat:
+            i64 = plan.n + FLAT_BLOCK > _I32_MAX
+            grid = (triton.cdiv(plan.n, FLAT_BLOCK),)
+            args = (out, x[0], x[1], x[2], bits[0], bits[1], bits[2], plan.n)
+            consts = {"FN": self.math_fn, "NIN": nin, "FLAG": flag, "MATH": plan.math, "BLOCK": FLAT_BLOCK,
+                      "I64": i64, "num_warps": FLAT_WARPS}
+            consts["__values__"] = (self.math_fn, nin, flag, plan.math, FLAT_BLOCK, i64)
+            spec = (self, key, tuple(t.data_ptr() % 16 == 0 for t in (out, *ts)),
+                    tuple(-(2**31) <= b <= _I32_MAX for b in bits), _int_spec(plan.n))
+            launch(_flat_kernel, grid, args, consts, device, spec)
+            return out
+        grid = (triton.cdiv(plan.n, STRIDED_BLOCK),)
+        st = list(plan.strides_c) + [plan.strides_c[1]] * (3 - nin)
+        args = (out, x[0], x[1], x[2], bits[0], bits[1], bits[2], plan.n, plan.shape_c, st[0], st[1], st[2], st[3])
+        launch(_strided_kernel, grid, args, {"FN": self.math_fn, "NIN": nin, "FLAG": flag, "MATH": plan.math,
+                                             "RANK": plan.rank, "BLOCK": STRIDED_BLOCK,
+                                             "num_warps": STRIDED_WARPS}, device)
+        return out

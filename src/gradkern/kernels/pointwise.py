@@ -1,0 +1,160 @@
+"""Pointwise activation backwards (and hardshrink's forward), all on the shared elementwise launcher.
+
+Each op is its math as a scalar Triton function, a `Pointwise` and the ATen-signature wrapper. Formulas and
+boundary conventions follow ATen's CUDA kernels (see shared/docs/semantics.md)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from .._cases import pointwise_cases, randn
+from .._runtime import FLOAT_DTYPES
+from ..elementwise import Pointwise, round_to_dtype
+from ..errors import InvalidProblem
+from ..registry import register_op
+
+# ATen multiplies by the float literal 1.0f/6.0f in every dtype (fp64 included), not by 1/6.
+_ONE_SIXTH_F32 = 0.1666666716337204
+
+
+# ------------------------------------------------------------------------------------------------- elu
+@triton.jit
+def _elu_backward_math(g, x, _c, negcoef, poscoef, negiptcoef, IS_RESULT: tl.constexpr):
+    if IS_RESULT:
+        neg = g * negiptcoef * (x + negcoef)
+    else:
+        neg = g * negiptcoef * negcoef * tl.exp(x * negiptcoef)
+    return tl.where(x <= 0, neg, g * poscoef)
+
+
+def _elu_backward_reference(g, alpha, scale, input_scale, is_result, x):
+    # NaN x takes the else branch (g*scale) in ATen's CUDA kernel; its vectorised CPU kernel gives NaN there
+    out = torch.ops.aten.elu_backward(g, alpha, scale, input_scale, is_result, x)
+    return torch.where(torch.isnan(x), g * float(scale), out)
+
+
+_ELU_BACKWARD = Pointwise("elu_backward", _elu_backward_math, ("grad_output", "self_or_result"), "grad_input")
+
+
+def _elu_cases(device, dtype, n):
+    g, x = randn(n, device, dtype), randn(n, device, dtype, scale=3.0)
+    return [("elu", (g, 1.0, 1.0, 1.0, False, x)),
+            ("celu a=2", (g, 2.0, 1.0, 0.5, False, x)),
+            ("selu result", (g, 1.6732632423543772, 1.0507009873554805, 1.0, True, x))]
+
+
+@register_op("elu_backward", aten=("elu_backward",), reference=_elu_backward_reference,
+             cases=pointwise_cases(_elu_cases, 2))
+def elu_backward(grad_output: torch.Tensor, alpha: float, scale: float, input_scale: float, is_result: bool,
+                 self_or_result: torch.Tensor, *, grad_input: torch.Tensor | None = None) -> torch.Tensor:
+    """Gradient of elu/celu/selu: x <= 0 -> g*input_scale*alpha*scale*exp(x*input_scale) (or, with is_result,
+    g*input_scale*(r + alpha*scale)), else g*scale."""
+    alpha, scale, input_scale = float(alpha), float(scale), float(input_scale)
+    if is_result and alpha < 0:
+        raise InvalidProblem("elu_backward", "alpha", "alpha >= 0 when is_result=True (in-place elu)", alpha)
+    return _ELU_BACKWARD(grad_output, self_or_result, scalars=(alpha * scale, scale, input_scale),
+                         flag=int(bool(is_result)), out=grad_input)
+
+
+# ------------------------------------------------------------------------------------------------- shrink
+@triton.jit
+def _shrink_backward_math(g, x, _c, lambd, _s1, _s2, _f: tl.constexpr):
+    return tl.where((x >= -lambd) & (x <= lambd), 0.0, g)
+
+
+@triton.jit
+def _hardshrink_math(x, _b, _c, lambd, _s1, _s2, _f: tl.constexpr):
+    return tl.where((x >= -lambd) & (x <= lambd), 0.0, x)
+
+
+_SOFTSHRINK_BACKWARD = Pointwise("softshrink_backward", _shrink_backward_math, ("grad_output", "self"), "grad_input")
+_HARDSHRINK_BACKWARD = Pointwise("hardshrink_backward", _shrink_backward_math, ("grad_out", "self"), "grad_input")
+_HARDSHRINK = Pointwise("hardshrink", _hardshrink_math, ("self",), "out")
+
+
+def _lambd(op: str, lambd, dtype: torch.dtype, nonneg: bool) -> float:
+    """lambd cast to the inputs' dtype, as ATen does (which also rejects a value the dtype cannot hold)."""
+    value = float(lambd)
+    if nonneg and not value >= 0:
+        raise InvalidProblem(op, "lambd", "lambd >= 0", value)
+    if dtype not in FLOAT_DTYPES:  # the launcher rejects the tensor itself, by name
+        return value
+    rounded = round_to_dtype(value, dtype)
+    if math.isinf(rounded) and not math.isinf(value):
+        raise InvalidProblem(op, "lambd", f"a value representable in {dtype}", value)
+    return rounded
+
+
+def _common_dtype(a, b) -> torch.dtype:
+    try:
+        return torch.promote_types(a.dtype, b.dtype)
+    except AttributeError:  # not tensors: the launcher's validation names the argument
+        return torch.float64
+
+
+def _nan_x_passes_grad(aten_op):
+    # ATen's CUDA kernels send NaN x to g (the band test is false); its vectorised CPU kernels send it to 0
+    def reference(g, x, lambd):
+        return torch.where(torch.isnan(x), g, aten_op(g, x, lambd))
+    return reference
+
+
+def _shrink_cases(device, dtype, n):
+    return [("lambd=0.5", (randn(n, device, dtype), randn(n, device, dtype), 0.5))]
+
+
+@register_op("softshrink_backward", aten=("softshrink_backward",), exact=True,
+             reference=_nan_x_passes_grad(torch.ops.aten.softshrink_backward),
+             cases=pointwise_cases(_shrink_cases, 2))
+def softshrink_backward(grad_output: torch.Tensor, self: torch.Tensor, lambd: float, *,
+                        grad_input: torch.Tensor | None = None) -> torch.Tensor:
+    """Gradient of softshrink: 0 where -lambd <= x <= lambd (closed band, lambd cast to the dtype), else g."""
+    lam = _lambd("softshrink_backward", lambd, _common_dtype(grad_output, self), nonneg=True)
+    return _SOFTSHRINK_BACKWARD(grad_output, self, scalars=(lam,), out=grad_input)
+
+
+@register_op("hardshrink_backward", aten=("hardshrink_backward",), exact=True,
+             reference=_nan_x_passes_grad(torch.ops.aten.hardshrink_backward),
+             cases=pointwise_cases(_shrink_cases, 2))
+def hardshrink_backward(grad_out: torch.Tensor, self: torch.Tensor, lambd: float, *,
+                        grad_input: torch.Tensor | None = None) -> torch.Tensor:
+    """Gradient of hardshrink: 0 where -lambd <= x <= lambd (closed band, lambd cast to the dtype), else g."""
+    lam = _lambd("hardshrink_backward", lambd, _common_dtype(grad_out, self), nonneg=False)
+    return _HARDSHRINK_BACKWARD(grad_out, self, scalars=(lam,), out=grad_input)
+
+
+def _hardshrink_cases(device, dtype, n):
+    return [("lambd=0.5", (randn(n, device, dtype), 0.5))]
+
+
+@register_op("hardshrink", aten=("hardshrink",), exact=True, cases=pointwise_cases(_hardshrink_cases, 1))
+def hardshrink(self: torch.Tensor, lambd: float = 0.5, *, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Hardshrink forward: x where x > lambd or x < -lambd, else 0 (lambd cast to the dtype)."""
+    lam = _lambd("hardshrink", lambd, getattr(self, "dtype", torch.float64), nonneg=False)
+    return _HARDSHRINK(self, scalars=(lam,), out=out)
+
+
+# ------------------------------------------------------------------------------------------------- hardsigmoid
+@triton.jit
+def _hardsigmoid_backward_math(g, x, _c, one_sixth, _s1, _s2, _f: tl.constexpr):
+    return tl.where((x > -3.0) & (x < 3.0), g * one_sixth, 0.0)
+
+
+_HARDSIGMOID_BACKWARD = Pointwise("hardsigmoid_backward", _hardsigmoid_backward_math, ("grad_output", "self"),
+                                  "grad_input")
+
+
+def _hardsigmoid_cases(device, dtype, n):
+    return [("", (randn(n, device, dtype), randn(n, device, dtype, scale=3.0)))]
+
+
+@register_op("hardsigmoid_backward", aten=("hardsigmoid_backward",), exact=True,
+             cases=pointwise_cases(_hardsigmoid_cases, 2))
+def hardsigmoid_backward(grad_output: torch.Tensor, self: torch.Tensor, *,
+                         grad_input: torch.Tensor | None = None) -> torch.Tensor:
+    """Gradient of hardsigmoid: g * (1/6 as fp32) where -3 < x < 3 (open interval), else 0."""
+    return _HARDSIGMOID_BACKWARD(grad_output, self, scalars=(_ONE_SIXTH_F32,), out=grad_input)

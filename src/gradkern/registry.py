@@ -1,0 +1,142 @@
+"""The op registry. An op is declared once, next to its kernel, with `@register_op`; `gradkern.ops`,
+`supported_ops()`, `guarantee()`, the ATen registration behind `enable()` and the CLI are all derived from it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ._runtime import DTYPE_NAMES, FLOAT_DTYPES, math_dtype
+from .errors import InvalidProblem, Unsupported
+
+__all__ = ["Guarantee", "Case", "OpInfo", "register_op", "REGISTRY", "guarantee", "supported_ops", "get_op"]
+
+
+@dataclass(frozen=True)
+class Guarantee:
+    """What an op promises about its numerics, for one dtype. Tests check each field against behaviour."""
+
+    deterministic: bool  # same inputs, same process -> same bits, every run
+    bit_stable: bool  # same bits across processes and launches for a given (shape, dtype, device)
+    math_dtype: torch.dtype  # the dtype the arithmetic is done in
+    accumulator_dtype: torch.dtype | None  # the dtype sums are carried in; None where the op does not sum
+
+
+@dataclass(frozen=True)
+class Case:
+    """One example problem of an op, for `check`, `bench` and the generic tests."""
+
+    label: str
+    args: tuple
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    bytes: int = 0  # the minimum bytes a kernel must move: each input read once, each output written once
+    elements: int = 0  # the number of output elements, for the host-overhead size
+
+
+@dataclass(frozen=True)
+class OpInfo:
+    name: str
+    fn: Callable  # the plain function, `gradkern.ops.<name>`
+    aten: Mapping[str, Callable]  # ATen overload name ("elu_backward", "hardshrink.default") -> implementation
+    dispatch: str  # "backend": registered on CUDA (CPU when interpreting); "autograd": on AutogradCUDA/CPU
+    dtypes: tuple[torch.dtype, ...]
+    accumulates: bool
+    exact: bool  # the result is a selection or an exact scaling: bit-exact against the float64 reference
+    reference: Callable | None  # what tests compare with, from the same arguments (None: `stock()`)
+    cases: Callable[..., list[Case]] | None  # cases(device, dtype, size), size one of _cases.SIZES
+    aten_examples: Callable[..., dict] | None  # (device, dtype) -> {overload: (args, kwargs)} for adapters
+    doc: str
+
+    def guarantee(self, dtype: torch.dtype) -> Guarantee:
+        if dtype not in self.dtypes:
+            raise Unsupported("gradkern.guarantee", "dtype", f"one of {_names(self.dtypes)} for {self.name}", dtype)
+        m = math_dtype(dtype)
+        return Guarantee(deterministic=True, bit_stable=True, math_dtype=m,
+                         accumulator_dtype=m if self.accumulates else None)
+
+    def stock(self) -> Callable:
+        """Stock PyTorch's op of the same name (the benchmark's baseline); for ops PyTorch lacks, `reference`."""
+        if hasattr(torch.ops.aten, self.name):
+            return getattr(torch.ops.aten, self.name)
+        if self.reference is None:
+            raise RuntimeError(f"gradkern op {self.name!r} is not an ATen op and declares no reference")
+        return self.reference
+
+    def reference_fn(self) -> Callable:
+        """What the tests compare with: `reference` where declared (ATen's CUDA conventions where its CPU
+        kernel differs, or a composite for ops PyTorch lacks), else stock PyTorch's op."""
+        return self.reference if self.reference is not None else self.stock()
+
+
+REGISTRY: dict[str, OpInfo] = {}
+
+
+def _names(dtypes: Iterable[torch.dtype]) -> str:
+    return ", ".join(DTYPE_NAMES.get(d, str(d)) for d in dtypes)
+
+
+def register_op(
+    name: str,
+    *,
+    aten: Sequence[str] | Mapping[str, Callable] = (),
+    dispatch: str = "backend",
+    dtypes: Sequence[torch.dtype] = FLOAT_DTYPES,
+    accumulates: bool = False,
+    exact: bool = False,
+    reference: Callable | None = None,
+    cases: Callable[..., list[Case]] | None = None,
+    aten_examples: Callable[..., dict] | None = None,
+) -> Callable[[Callable], Callable]:
+    """Declare the decorated function as gradkern op `name`.
+
+    `aten` lists the ATen overloads `enable()` routes to this op: a sequence of names served by the function
+    itself (it must then take ATen's arguments), or a mapping from overload name to an adapter; adapters need
+    `aten_examples` so that a test can prove each registration is live. `cases` builds the example problems
+    that `check`, `bench` and the generic tests run; `reference` is stock PyTorch's computation with the op's
+    own arguments (default: the ATen op of the same name; run on CPU in float64, so give one where ATen's
+    CPU kernel departs from the CUDA semantics gradkern follows)."""
+    if dispatch not in ("backend", "autograd"):
+        raise ValueError(f"register_op({name!r}): dispatch must be 'backend' or 'autograd', got {dispatch!r}")
+
+    def deco(fn: Callable) -> Callable:
+        if name in REGISTRY:
+            raise ValueError(f"register_op: op {name!r} is declared twice")
+        impls = dict(aten) if isinstance(aten, Mapping) else {a: fn for a in aten}
+        REGISTRY[name] = OpInfo(
+            name=name, fn=fn, aten=impls, dispatch=dispatch, dtypes=tuple(dtypes), accumulates=accumulates,
+            exact=exact, reference=reference, cases=cases, aten_examples=aten_examples,
+            doc=(fn.__doc__ or "").strip().split("\n")[0],
+        )
+        return fn
+
+    return deco
+
+
+def get_op(name: str) -> OpInfo:
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise InvalidProblem("gradkern", "op_name", f"one of {sorted(REGISTRY)}", repr(name)) from None
+
+
+def guarantee(op_name: str, dtype: torch.dtype) -> Guarantee:
+    """The precision guarantee of op `op_name` for inputs of `dtype`."""
+    return get_op(op_name).guarantee(dtype)
+
+
+def supported_ops() -> list[dict[str, Any]]:
+    """Every op with its ATen overloads, dtypes and per-dtype guarantee."""
+    out = []
+    for info in sorted(REGISTRY.values(), key=lambda i: i.name):
+        out.append({
+            "name": info.name,
+            "aten": sorted(info.aten),
+            "dispatch": info.dispatch,
+            "dtypes": [DTYPE_NAMES.get(d, str(d)) for d in info.dtypes],
+            "guarantees": {DTYPE_NAMES.get(d, str(d)): info.guarantee(d) for d in info.dtypes},
+            "doc": info.doc,
+        })
+    return out

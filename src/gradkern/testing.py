@@ -1,0 +1,161 @@
+"""The test harness shared by the test suite and `python -m gradkern check`: one tolerance table, one compare,
+the reference runner (stock PyTorch in float64 on CPU) and boundary-value / layout generators."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from .dispatch import use
+from .elementwise import round_to_dtype
+from .registry import get_op
+
+__all__ = ["TOLERANCES", "to_reference", "run_reference", "assert_close", "assert_bitwise_equal", "check_case",
+           "boundary_values", "layouts", "poison_like"]
+
+#: (atol, rtol) for comparing a result of `dtype` with the float64 reference.
+TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
+    torch.float64: (1e-12, 1e-10),
+    torch.float32: (1e-5, 1.3e-5),
+    torch.float16: (1e-3, 2e-3),
+    torch.bfloat16: (8e-3, 1.6e-2),
+}
+
+
+def _map(x: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
+    if isinstance(x, torch.Tensor):
+        return fn(x)
+    if isinstance(x, (tuple, list)):
+        return type(x)(_map(v, fn) for v in x)
+    if isinstance(x, dict):
+        return {k: _map(v, fn) for k, v in x.items()}
+    return x
+
+
+def to_reference(x: Any, dtype: torch.dtype | None = torch.float64) -> Any:
+    """Detached CPU copies of every tensor in `x` (float tensors cast to `dtype`; None keeps the dtype)."""
+    def conv(t: torch.Tensor) -> torch.Tensor:
+        t = t.detach().cpu()
+        return t.to(dtype) if dtype is not None and t.is_floating_point() else t.clone()
+    return _map(x, conv)
+
+
+def run_reference(fn: Callable, args: tuple, kwargs: dict | None = None,
+                  dtype: torch.dtype | None = torch.float64) -> Any:
+    """Stock PyTorch's `fn` on CPU copies of the arguments (cast to `dtype`), with gradkern's routing off."""
+    with use(False):
+        return fn(*to_reference(args, dtype), **to_reference(kwargs or {}, dtype))
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    int_t = {8: torch.int64, 4: torch.int32, 2: torch.int16}[t.element_size()]
+    return t.contiguous().view(int_t)
+
+
+def assert_bitwise_equal(actual: Any, expected: Any, what: str = "") -> None:
+    """Same shape, dtype and bits (any NaN equals any NaN; +0 and -0 differ)."""
+    if isinstance(actual, (tuple, list)):
+        assert len(actual) == len(expected), f"{what}: {len(actual)} outputs, expected {len(expected)}"
+        for i, (a, e) in enumerate(zip(actual, expected, strict=False)):
+            assert_bitwise_equal(a, e, f"{what}[{i}]")
+        return
+    a, e = actual.detach().cpu(), expected.detach().cpu()
+    assert a.shape == e.shape, f"{what}: shape {tuple(a.shape)}, expected {tuple(e.shape)}"
+    assert a.dtype == e.dtype, f"{what}: dtype {a.dtype}, expected {e.dtype}"
+    if not a.is_floating_point():
+        assert torch.equal(a, e), f"{what}: values differ"
+        return
+    same = (_bits(a) == _bits(e)) | (torch.isnan(a) & torch.isnan(e))
+    if not bool(same.all()):
+        idx = (~same).nonzero()[0].tolist()
+        raise AssertionError(f"{what}: {int((~same).sum())} of {a.numel()} elements differ in bits; first at "
+                             f"{idx}: {a[tuple(idx)].item()!r} vs expected {e[tuple(idx)].item()!r}")
+
+
+def assert_close(actual: Any, expected: Any, dtype: torch.dtype | None = None, what: str = "") -> None:
+    """Compare a result with the float64 reference (rounded to `dtype`, default the result's) within the
+    tolerance of `dtype`."""
+    if isinstance(actual, (tuple, list)):
+        assert len(actual) == len(expected), f"{what}: {len(actual)} outputs, expected {len(expected)}"
+        for i, (a, e) in enumerate(zip(actual, expected, strict=False)):
+            assert_close(a, e, dtype, f"{what}[{i}]")
+        return
+    assert tuple(actual.shape) == tuple(expected.shape), \
+        f"{what}: shape {tuple(actual.shape)}, expected {tuple(expected.shape)}"
+    dtype = dtype or actual.dtype
+    atol, rtol = TOLERANCES[dtype]
+    # the reference rounded to the result's dtype first, so that overflow to inf agrees
+    expected = expected.detach().cpu().to(dtype).double()
+    torch.testing.assert_close(actual.detach().cpu().double(), expected, atol=atol,
+                               rtol=rtol, equal_nan=True, msg=lambda m: f"{what}: {m}")
+
+
+def check_case(op_name: str, args: tuple, kwargs: dict | None = None, *, what: str = "") -> Any:
+    """Run gradkern op `op_name` and compare with stock PyTorch: bit-exact against stock at the same dtype for
+    ops whose result is a selection or exact scaling, else against stock in float64 within the dtype's
+    tolerance. Returns gradkern's result."""
+    info = get_op(op_name)
+    kwargs = kwargs or {}
+    out = info.fn(*args, **kwargs)
+    what = what or op_name
+    if info.exact:
+        assert_bitwise_equal(out, run_reference(info.reference_fn(), args, kwargs, dtype=None), what)
+    else:
+        dtypes = [t.dtype for t in _flat_tensors(out)]
+        expected = run_reference(info.reference_fn(), args, kwargs)
+        if isinstance(out, (tuple, list)):
+            for i, (o, e, d) in enumerate(zip(out, expected, dtypes, strict=False)):
+                assert_close(o, e, d, f"{what}[{i}]")
+        else:
+            assert_close(out, expected, dtypes[0], what)
+    return out
+
+
+def _flat_tensors(x: Any) -> list[torch.Tensor]:
+    if isinstance(x, torch.Tensor):
+        return [x]
+    return [t for v in x for t in _flat_tensors(v)]
+
+
+def boundary_values(dtype: torch.dtype, *points: float) -> torch.Tensor:
+    """A 1-D tensor of `dtype` holding 0, -0, ±1, NaN, ±inf, the largest and smallest finite values and, for
+    each of `points` (e.g. lambda, 3), ± the point as given, rounded to `dtype`, and its two neighbours in
+    `dtype`."""
+    info = torch.finfo(dtype)
+    vals = [0.0, -0.0, 1.0, -1.0, math.nan, math.inf, -math.inf, info.max, -info.max, info.tiny, -info.tiny]
+    for p in points:
+        for q in (p, -p):
+            r = round_to_dtype(q, dtype)
+            vals += [q, r, _neighbour(r, dtype, +1), _neighbour(r, dtype, -1)]
+    return torch.tensor(vals, dtype=torch.float64).to(dtype)
+
+
+def _neighbour(r: float, dtype: torch.dtype, step: int) -> float:
+    """The representable value of `dtype` next to the finite `r`, upwards (step=+1) or downwards (-1)."""
+    int_t = {8: torch.int64, 4: torch.int32, 2: torch.int16}[torch.empty((), dtype=dtype).element_size()]
+    if r == 0:
+        tiny = torch.tensor(1, dtype=int_t).view(dtype).item()
+        return tiny if step > 0 else -tiny
+    bits = torch.tensor(r, dtype=dtype).view(int_t).item()
+    bits += step if r > 0 else -step
+    return torch.tensor(bits, dtype=int_t).view(dtype).item()
+
+
+def layouts(t: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
+    """Views of the values of `t` in several memory layouts: contiguous, a strided slice of a larger buffer, and
+    (for rank >= 2) a transposed copy seen through its transpose."""
+    yield "contiguous", t.contiguous()
+    big = torch.empty(*t.shape[:-1], t.shape[-1] * 2, dtype=t.dtype, device=t.device) if t.dim() else None
+    if big is not None:
+        big[..., ::2] = t
+        yield "strided", big[..., ::2]
+    if t.dim() >= 2:
+        yield "transposed", t.transpose(-1, -2).contiguous().transpose(-1, -2)
+
+
+def poison_like(t: torch.Tensor) -> torch.Tensor:
+    """A tensor like `t` filled with NaN (a value a correct kernel never leaves behind for finite inputs)."""
+    return torch.full_like(t, math.nan)

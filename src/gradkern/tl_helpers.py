@@ -1,0 +1,34 @@
+"""Triton helpers every kernel shares (import these rather than re-deriving them in an op file)."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ._runtime import INTERPRET
+
+_INTERPRETED = tl.constexpr(INTERPRET)
+
+
+@triton.jit
+def scalar(bits, MATH: tl.constexpr):
+    """A float scalar passed as the int64 bits of its float64 value (see `elementwise.scalar_bits`)."""
+    return bits.to(tl.int64).to(tl.float64, bitcast=True).to(MATH)
+
+
+@triton.jit
+def _round_bf16(x):
+    # round-to-nearest-even to bfloat16 precision, staying in fp32 (NaN kept as is)
+    bits = x.to(tl.uint32, bitcast=True)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return tl.where(x != x, x, rounded.to(tl.float32, bitcast=True))
+
+
+@triton.jit
+def cast_out(x, DT: tl.constexpr):
+    """`x.to(DT)` with round-to-nearest-even everywhere: Triton's interpreter truncates fp32 -> bf16
+    (seen with triton 3.9), compiled Triton rounds; this makes both round."""
+    if _INTERPRETED and DT == tl.bfloat16:
+        return _round_bf16(x.to(tl.float32)).to(DT)
+    else:
+        return x.to(DT)

@@ -1,0 +1,31 @@
+"""Test set-up: without a CUDA GPU every kernel runs on CPU through Triton's interpreter (set before triton is
+imported), with small shapes; on a GPU the same tests run compiled, with larger shapes."""
+
+import os
+
+import torch
+
+if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import pytest  # noqa: E402
+
+import gradkern  # noqa: E402
+from gradkern import _runtime  # noqa: E402
+
+DEVICE = _runtime.DEVICE_TYPE
+#: the size class of registry cases the tests run: small under the interpreter, larger on a GPU
+SIZE = "small" if _runtime.INTERPRET else "check"
+DTYPES = list(_runtime.FLOAT_DTYPES)
+
+gpu_only = pytest.mark.skipif(_runtime.INTERPRET, reason="needs a CUDA GPU (compiled Triton)")
+
+
+@pytest.fixture(autouse=True)
+def _stock_routing_after_each_test():
+    yield
+    gradkern.disable()
+
+
+def dtype_id(d: torch.dtype) -> str:
+    return _runtime.DTYPE_NAMES[d]

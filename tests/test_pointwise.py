@@ -1,0 +1,219 @@
+"""The pointwise family (elu/celu/selu, softshrink, hardshrink, hardsigmoid): boundaries, layouts, broadcast,
+0-d/empty, out=, dtype promotion, bad inputs, and training through enable()."""
+
+import math
+
+import pytest
+import torch
+import torch.nn as nn
+
+import gradkern
+from conftest import DEVICE, DTYPES, dtype_id
+from gradkern import ops
+from gradkern.testing import (
+    assert_bitwise_equal,
+    assert_close,
+    boundary_values,
+    check_case,
+    layouts,
+    poison_like,
+    run_reference,
+)
+
+# op name -> (build the op's arguments from (grad, x), boundary points of x)
+BACKWARDS = {
+    "elu_backward": (lambda g, x: (g, 1.0, 1.0, 1.0, False, x), ()),
+    "celu": (lambda g, x: (g, 2.0, 1.0, 0.5, False, x), ()),
+    "selu_result": (lambda g, x: (g, 1.6732632423543772, 1.0507009873554805, 1.0, True, x), ()),
+    "softshrink_backward": (lambda g, x: (g, x, 0.5), (0.5,)),
+    "softshrink_backward_lambd_0.3": (lambda g, x: (g, x, 0.3), (0.3,)),
+    "hardshrink_backward": (lambda g, x: (g, x, 0.3), (0.3,)),
+    "hardsigmoid_backward": (lambda g, x: (g, x), (3.0,)),
+}
+
+
+def _op(key):
+    return "elu_backward" if key in ("celu", "selu_result") else key.split("_lambd")[0]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("key", sorted(BACKWARDS))
+def test_boundary_values(key, dtype):
+    make, points = BACKWARDS[key]
+    x = boundary_values(dtype, *points, 3.0).to(DEVICE)
+    g = torch.linspace(-2, 2, x.numel(), device=DEVICE).to(dtype)
+    out = check_case(_op(key), make(g, x), what=f"{key} boundaries")
+    nan = torch.isnan(x)
+    if _op(key) != "hardsigmoid_backward":  # ATen's CUDA convention: NaN x takes the "else" branch, g*scale
+        scale = make(g, x)[2] if _op(key) == "elu_backward" else 1.0
+        assert_close(out[nan], g[nan].double() * scale, dtype, f"{key} NaN x")
+    else:
+        assert (out[nan] == 0).all()
+    # grad_output NaN/inf pass through exactly as stock does
+    g2 = boundary_values(dtype).to(DEVICE)
+    x2 = torch.linspace(-4, 4, g2.numel(), device=DEVICE).to(dtype)
+    check_case(_op(key), make(g2, x2), what=f"{key} special grads")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_hardshrink_forward_boundaries(dtype):
+    x = boundary_values(dtype, 0.5, 0.3).to(DEVICE)
+    for lam in (0.5, 0.3, 0.0):
+        check_case("hardshrink", (x, lam), what=f"hardshrink lambd={lam}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=dtype_id)
+def test_lambd_is_rounded_to_dtype(dtype):
+    """lambda = 0.3 is not representable in 16 bits: the band edge is lambda rounded to the dtype."""
+    lam = 0.3
+    edge = torch.tensor(lam, dtype=dtype)
+    x = torch.stack([edge, torch.nextafter(edge.float(), torch.tensor(1.0)).to(dtype), -edge]).to(DEVICE)
+    g = torch.ones(3, dtype=dtype, device=DEVICE)
+    out = ops.hardshrink_backward(g, x, lam)
+    assert out[0].item() == 0 and out[2].item() == 0
+    assert_bitwise_equal(out, run_reference(torch.ops.aten.hardshrink_backward, (g, x, lam), dtype=None))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("key", sorted(BACKWARDS))
+def test_layouts_and_broadcast(key, dtype):
+    make, _ = BACKWARDS[key]
+    g0 = torch.randn(6, 5, 7, device=DEVICE).to(dtype)
+    x0 = (torch.randn(6, 5, 7, device=DEVICE) * 3).to(dtype)
+    for lname, g in layouts(g0):
+        for xname, x in layouts(x0):
+            check_case(_op(key), make(g, x), what=f"{key} g:{lname} x:{xname}")
+    check_case(_op(key), make(g0, x0[:, :1, :]), what=f"{key} broadcast x")  # stride-0 dim
+    check_case(_op(key), make(g0[0, 0, 0], x0), what=f"{key} 0-d grad")
+    check_case(_op(key), make(g0.expand(2, 6, 5, 7), x0), what=f"{key} expanded grad")
+    cl = g0.reshape(2, 3, 5, 7).contiguous(memory_format=torch.channels_last)
+    out = check_case(_op(key), make(cl, x0.reshape(2, 3, 5, 7).contiguous(memory_format=torch.channels_last)),
+                     what=f"{key} channels_last")
+    assert out.is_contiguous(memory_format=torch.channels_last)
+
+
+@pytest.mark.parametrize("key", sorted(BACKWARDS))
+def test_zero_dim_and_empty(key):
+    make, _ = BACKWARDS[key]
+    g, x = torch.tensor(0.7, device=DEVICE), torch.tensor(-0.2, device=DEVICE)
+    out = check_case(_op(key), make(g, x), what=f"{key} 0-d")
+    assert out.shape == ()
+    e = torch.empty(0, 3, device=DEVICE)
+    assert ops.__dict__[_op(key)](*make(e, e)).shape == (0, 3)
+
+
+def test_rank_8_strided_and_rank_9():
+    shape = (2, 1, 2, 3, 1, 2, 2, 3)
+    g = torch.randn(*shape, 2, device=DEVICE)[..., 0]  # strided, rank 8
+    x = torch.randn(shape, device=DEVICE).permute(7, 6, 5, 4, 3, 2, 1, 0).contiguous().permute(7, 6, 5, 4, 3, 2, 1, 0)
+    check_case("hardsigmoid_backward", (g, x * 4), what="rank 8")
+    # rank 9 whose dims merge is fine; rank 9 that cannot be merged is Unsupported, before any launch
+    big = torch.randn([2] * 9, device=DEVICE)
+    check_case("hardsigmoid_backward", (big, big), what="rank 9 contiguous")
+    nonmerge = torch.randn([3] * 9, device=DEVICE)[(slice(None, None, 2),) * 9]
+    with pytest.raises(gradkern.Unsupported, match="rank"):
+        ops.hardsigmoid_backward(nonmerge, nonmerge)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_out_argument_writes_every_element(dtype):
+    g = torch.randn(33, 17, device=DEVICE).to(dtype)
+    x = (torch.randn(33, 17, device=DEVICE) * 3).to(dtype)
+    for out in (poison_like(g), poison_like(g.t().contiguous()).t()):
+        res = ops.hardsigmoid_backward(g, x, grad_input=out)
+        assert res is out
+        assert not torch.isnan(out).any()
+        assert_bitwise_equal(out.contiguous(), ops.hardsigmoid_backward(g, x))
+    out = poison_like(x)
+    ops.hardshrink(x, 0.5, out=out)
+    assert_bitwise_equal(out, ops.hardshrink(x, 0.5))
+
+
+def test_mixed_dtypes_promote_like_aten():
+    g = torch.randn(50, device=DEVICE, dtype=torch.float16)
+    x = torch.randn(50, device=DEVICE, dtype=torch.float32) * 3
+    out = check_case("hardsigmoid_backward", (g, x), what="f16 grad, f32 x")
+    assert out.dtype == torch.float32
+    out = check_case("softshrink_backward", (x.double(), g, 0.5), what="f64 grad, f16 x")
+    assert out.dtype == torch.float64
+
+
+def test_bad_inputs_raise_named_errors_and_write_nothing():
+    g = torch.randn(4, 5, device=DEVICE)
+    x = torch.randn(4, 5, device=DEVICE)
+    out = poison_like(g)
+    cases = [
+        (gradkern.InvalidProblem, "broadcast", lambda: ops.hardsigmoid_backward(g, x[:, :3], grad_input=out)),
+        (gradkern.InvalidProblem, "shape", lambda: ops.hardsigmoid_backward(g, x, grad_input=out[:2])),
+        (gradkern.Unsupported, "dtype", lambda: ops.hardsigmoid_backward(g, x, grad_input=out.double())),
+        (gradkern.Unsupported, "dtype", lambda: ops.elu_backward(g, 1.0, 1.0, 1.0, False, x.to(torch.int32))),
+        (gradkern.Unsupported, "dtype", lambda: ops.hardshrink(x.to(torch.complex64))),
+        (gradkern.Unsupported, "Tensor", lambda: ops.hardsigmoid_backward(g, [1.0, 2.0])),
+        (gradkern.InvalidProblem, "lambd", lambda: ops.softshrink_backward(g, x, -0.5, grad_input=out)),
+        (gradkern.InvalidProblem, "alpha", lambda: ops.elu_backward(g, -1.0, 1.0, 1.0, True, x, grad_input=out)),
+    ]
+    if DEVICE == "cuda":
+        cases.append((gradkern.Unsupported, "CUDA", lambda: ops.hardsigmoid_backward(g.cpu(), x.cpu())))
+    for err, word, call in cases:
+        with pytest.raises(err, match=word) as info:
+            call()
+        msg = str(info.value)
+        assert msg.split(":")[0] in ("hardsigmoid_backward", "elu_backward", "hardshrink", "softshrink_backward")
+        assert torch.isnan(out).all(), f"a rejected call wrote its output: {msg}"
+    assert issubclass(gradkern.InvalidProblem, ValueError) and issubclass(gradkern.Unsupported, TypeError)
+
+
+MODULES = {
+    "CELU": lambda: nn.CELU(alpha=1.7),
+    "ELU": lambda: nn.ELU(alpha=0.8),
+    "ELU_inplace": lambda: nn.ELU(alpha=0.8, inplace=True),
+    "SELU": lambda: nn.SELU(),
+    "Softshrink": lambda: nn.Softshrink(0.4),
+    "Hardshrink": lambda: nn.Hardshrink(0.4),
+    "Hardsigmoid": lambda: nn.Hardsigmoid(),
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_modules_train_with_stock_gradients(name, dtype, monkeypatch):
+    """nn modules under enable() give stock PyTorch's gradients, and really ran gradkern's kernels."""
+    torch.manual_seed(0)
+    lin = nn.Linear(8, 8).to(DEVICE, dtype)
+    act = MODULES[name]()
+    x = torch.randn(16, 8, device=DEVICE).to(dtype) * 3
+
+    def step():
+        lin.zero_grad()
+        xi = x.clone().requires_grad_(True)
+        act(lin(xi)).square().sum().backward()
+        return [xi.grad.clone(), lin.weight.grad.clone(), lin.bias.grad.clone()]
+
+    stock = step()
+    calls = []
+    for info in gradkern.registry.REGISTRY.values():
+        for ov, impl in list(info.aten.items()):
+            monkeypatch.setitem(info.aten, ov, lambda *a, _i=impl, _o=ov, **k: (calls.append(_o), _i(*a, **k))[1])
+    with gradkern.use():
+        ours = step()
+    assert calls, f"{name}: no gradkern kernel ran"
+    for a, b in zip(ours, stock, strict=False):
+        if dtype in (torch.float32, torch.float64):
+            assert_close(a, b, dtype, name)
+        else:  # both sides carry the low-precision forward; compare loosely
+            torch.testing.assert_close(a.float(), b.float(), atol=0.1, rtol=0.05)
+
+
+def test_celu_alpha_zero_is_stock_error():
+    x = torch.randn(4, device=DEVICE, requires_grad=True)
+    with gradkern.use(), pytest.raises(RuntimeError):
+        torch.nn.functional.celu(x, alpha=0.0)
+
+
+def test_lambda_the_dtype_cannot_hold_is_rejected_like_aten():
+    x = torch.tensor([1e4, -1e4, 1.0, math.inf], device=DEVICE, dtype=torch.float16)
+    with pytest.raises(RuntimeError, match="overflow"):
+        run_reference(torch.ops.aten.hardshrink, (x, 1e6), dtype=None)
+    with pytest.raises(gradkern.InvalidProblem, match="lambd"):
+        ops.hardshrink(x, 1e6)
+    check_case("hardshrink", (x, 6e4), what="lambda near the f16 maximum")
