@@ -1,0 +1,19 @@
+import os
+import sys
+
+import torch
+
+
+def main() -> int:
+    if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
+        # No GPU: run the kernels through Triton's interpreter on CPU. Triton reads the variable when gradkern's
+        # kernels are defined (at import, which `python -m gradkern` has already done), so start afresh with it.
+        os.environ["TRITON_INTERPRET"] = "1"
+        os.execv(sys.executable, [sys.executable, "-m", "gradkern", *sys.argv[1:]])
+    from gradkern.cli import main as cli_main
+
+    return cli_main()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
