@@ -217,3 +217,16 @@ def test_lambda_the_dtype_cannot_hold_is_rejected_like_aten():
     with pytest.raises(gradkern.InvalidProblem, match="lambd"):
         ops.hardshrink(x, 1e6)
     check_case("hardshrink", (x, 6e4), what="lambda near the f16 maximum")
+
+
+def test_relaunch_cache_respects_alignment_scalars_and_shapes():
+    """The compiled-kernel relaunch path is keyed by what Triton specialises on: a view at an odd offset (not
+    16-byte aligned), a scalar whose bits change integer width (0.0), or a new length must not reuse a kernel
+    compiled for something else."""
+    buf = torch.randn(4099, device=DEVICE) * 2
+    grad = torch.randn(4099, device=DEVICE)
+    for lam in (0.5, 0.5, 0.0, 0.0, 1.5):
+        for start, n in ((0, 4096), (0, 4096), (1, 4096), (3, 4093), (0, 4096)):
+            x, g = buf[start:start + n], grad[start:start + n]
+            check_case("hardshrink_backward", (g, x, lam), what=f"lambd={lam} offset={start} n={n}")
+            check_case("hardshrink", (x, lam), what=f"hardshrink lambd={lam} offset={start} n={n}")

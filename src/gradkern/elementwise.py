@@ -135,13 +135,38 @@ def _strided_kernel(out, x0, x1, x2, s0, s1, s2, n, SHAPE, SO, S0, S1, S2,
 
 
 _TL_DTYPE = {torch.float32: tl.float32, torch.float64: tl.float64}
-FLAT_BLOCK, FLAT_WARPS = 2048, 8
+FLAT_BLOCK, FLAT_WARPS = 1024, 4  # measured best on an H200 among 1024..8192 x 4..16 warps
 STRIDED_BLOCK, STRIDED_WARPS = 1024, 4
 
 
 # ----------------------------------------------------------------------------------------------- fast launch
 _fast_cache: dict = {}
 _FAST_OK = not _runtime.INTERPRET
+_KNOBS = getattr(getattr(triton, "knobs", None), "runtime", None)
+
+
+def hooks_idle() -> bool:
+    """True when no Triton launch hook is installed (a profiler's), so the launcher may be called directly with
+    no launch metadata. Triton 3.6 keeps hooks in (possibly empty) HookChains; older versions use None."""
+    if _KNOBS is None:
+        return False
+    for hook in (_KNOBS.launch_enter_hook, _KNOBS.launch_exit_hook):
+        if hook is not None and getattr(hook, "calls", True):
+            return False
+    return True
+
+
+def relaunchable(ck) -> bool:
+    """Whether `ck`, what `kernel[grid](...)` returned, is a compiled kernel we know how to call directly."""
+    return _FAST_OK and all(hasattr(ck, a) for a in ("run", "function", "packed_metadata"))
+
+
+def relaunch(ck, grid0: int, device: int, args: tuple) -> None:
+    """Call compiled kernel `ck` directly (as Triton's JIT does after its own cache lookup): `args` are every
+    kernel parameter in order, constexprs included. Only for the specialisation `ck` was compiled for, on the
+    current device, with `hooks_idle()`."""
+    ck.run(grid0, 1, 1, torch._C._cuda_getCurrentRawStream(device), ck.function, ck.packed_metadata,
+           None, None, None, *args)
 
 
 def launch(kernel, grid: tuple[int, ...], args: tuple, consts: dict, device: int, spec_key: tuple | None = None):
@@ -150,12 +175,10 @@ def launch(kernel, grid: tuple[int, ...], args: tuple, consts: dict, device: int
     With a `spec_key`, the compiled kernel is called directly after the first launch of that specialisation:
     the key must capture everything Triton specialises `args` on (dtypes, 16-byte alignment, integer widths and
     divisibility), and `consts["__values__"]` must hold the constexpr values in the kernel's parameter order."""
-    global _FAST_OK
-    if spec_key is not None and _FAST_OK and triton.knobs.runtime.launch_enter_hook is None:
+    if spec_key is not None and _FAST_OK:
         ck = _fast_cache.get(spec_key)
-        if ck is not None and torch._C._cuda_getDevice() == device:
-            ck.run(grid[0], 1, 1, torch._C._cuda_getCurrentRawStream(device), ck.function, ck.packed_metadata,
-                   None, None, None, *args, *consts["__values__"])
+        if ck is not None and torch._C._cuda_getDevice() == device and hooks_idle():
+            relaunch(ck, grid[0], device, (*args, *consts["__values__"]))
             return
     kw = {k: v for k, v in consts.items() if k != "__values__"}
     if device >= 0 and torch.cuda.current_device() != device:
@@ -163,17 +186,10 @@ def launch(kernel, grid: tuple[int, ...], args: tuple, consts: dict, device: int
             kernel[grid](*args, **kw)
         return
     ck = kernel[grid](*args, **kw)
-    if spec_key is not None and _FAST_OK:
+    if spec_key is not None and relaunchable(ck):
         if len(_fast_cache) > 4096:
             _fast_cache.clear()
-        if all(hasattr(ck, a) for a in ("run", "function", "packed_metadata")):
-            _fast_cache[spec_key] = ck
-        else:  # a Triton whose launcher we do not know: always take the JIT path
-            _FAST_OK = False
-
-
-def _int_spec(v: int) -> tuple:
-    return (-(2**31) <= v <= _I32_MAX, v % 16 == 0, v == 1)
+        _fast_cache[spec_key] = ck
 
 
 # ----------------------------------------------------------------------------------------------- plans
@@ -236,7 +252,8 @@ class Pointwise:
         if not 1 <= len(inputs) <= 3:
             raise ValueError("Pointwise takes one to three tensor inputs")
         self.op, self.math_fn, self.inputs, self.out_name = op, math_fn, tuple(inputs), out_name
-        self._plans: dict = {}
+        self._plans: dict = {}  # validation + launch plan per (flag, out layout, input shapes/strides/dtypes)
+        self._fast: dict = {}  # compiled relaunch entries for flat problems with a fresh output
 
     # -- validation and planning (cached) --------------------------------------------------------------
     def _plan(self, ts: Sequence, out) -> _Plan:
@@ -281,8 +298,24 @@ class Pointwise:
         return _Plan(shape, out_dtype, mdt, n, False, -1, len(cshape), cshape, tuple(cstr))
 
     # -- the call ----------------------------------------------------------------------------------------
-    def __call__(self, *ts: torch.Tensor, scalars: Sequence[float] = (), flag: int = 0,
+    def __call__(self, *ts: torch.Tensor, scalars: tuple = (), flag: int = 0,
                  out: torch.Tensor | None = None) -> torch.Tensor:
+        if out is None:  # the hot path: a flat problem seen before, relaunched with minimal host work
+            try:
+                fkey = (flag, scalars, *[(t.shape, t.stride(), t.dtype, t.get_device()) for t in ts])
+                entry = self._fast.get(fkey)
+            except (AttributeError, TypeError):
+                fkey = entry = None
+            if entry is not None:
+                ck, grid0, dev, like, shape, dtype, tail = entry
+                ptrs = 0
+                for t in ts:
+                    ptrs |= t.data_ptr()
+                if not ptrs & 15 and torch._C._cuda_getDevice() == dev and hooks_idle():
+                    out = torch.empty_like(ts[like], dtype=dtype) if like >= 0 else \
+                        torch.empty(shape, dtype=dtype, device=ts[0].device)
+                    relaunch(ck, grid0, dev, (out, *ts, *ts[:1] * (3 - len(ts)), *tail))
+                    return out
         try:
             key = (flag, None if out is None else (out.stride(), out.dtype, out.get_device()),
                    *[(t.shape, t.stride(), t.dtype, t.get_device()) for t in ts])
@@ -296,7 +329,8 @@ class Pointwise:
             if len(self._plans) > 4096:
                 self._plans.clear()
             self._plans[key] = plan
-        if out is None:
+        fresh = out is None
+        if fresh:
             if plan.dense_like >= 0:
                 out = torch.empty_like(ts[plan.dense_like], dtype=plan.out_dtype)
             else:
@@ -310,13 +344,19 @@ class Pointwise:
         if plan.flat:
             i64 = plan.n + FLAT_BLOCK > _I32_MAX
             grid = (triton.cdiv(plan.n, FLAT_BLOCK),)
-            args = (out, x[0], x[1], x[2], bits[0], bits[1], bits[2], plan.n)
-            consts = {"FN": self.math_fn, "NIN": nin, "FLAG": flag, "MATH": plan.math, "BLOCK": FLAT_BLOCK,
-                      "I64": i64, "num_warps": FLAT_WARPS}
-            consts["__values__"] = (self.math_fn, nin, flag, plan.math, FLAT_BLOCK, i64)
-            spec = (self, key, tuple(t.data_ptr() % 16 == 0 for t in (out, *ts)),
-                    tuple(-(2**31) <= b <= _I32_MAX for b in bits), _int_spec(plan.n))
-            launch(_flat_kernel, grid, args, consts, device, spec)
+            tail = (*bits, plan.n, self.math_fn, nin, flag, plan.math, FLAT_BLOCK, i64)
+            kw = {"num_warps": FLAT_WARPS}
+            if device >= 0 and torch.cuda.current_device() != device:
+                with torch.cuda.device(device):
+                    _flat_kernel[grid](out, *x, *tail, **kw)
+                return out
+            ck = _flat_kernel[grid](out, *x, *bits, plan.n, FN=self.math_fn, NIN=nin, FLAG=flag, MATH=plan.math,
+                                    BLOCK=FLAT_BLOCK, I64=i64, **kw)
+            aligned = not any(t.data_ptr() & 15 for t in (out, *ts))
+            if fresh and aligned and relaunchable(ck) and fkey is not None:
+                if len(self._fast) > 4096:
+                    self._fast.clear()
+                self._fast[fkey] = (ck, grid[0], device, plan.dense_like, plan.shape, plan.out_dtype, tail)
             return out
         grid = (triton.cdiv(plan.n, STRIDED_BLOCK),)
         st = list(plan.strides_c) + [plan.strides_c[1]] * (3 - nin)
