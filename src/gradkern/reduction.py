@@ -1,0 +1,368 @@
+"""Deterministic sums over any dims of a strided tensor: the reduction machinery every summing op shares.
+
+`reduce_sum(x, dims, op=...)` sums `x` over `dims` (keepdim=False) into a fresh contiguous tensor;
+`sum_to_shape(x, shape, op=...)` is autograd's `sum_to` on top of it.
+
+How it works. On the host (cached per (shape, strides, dtype, dims, out_dtype)) the problem is brought to a
+canonical form: the kept dims, in output order, with neighbours merged where x's strides allow it, and the
+reduced dims, sorted by stride (outermost first, broadcast stride-0 dims outermost of all) and merged likewise.
+One Triton kernel then sums a tile of BLOCK_R reduction terms x BLOCK_O outputs per step: offsets come from
+decomposing the flat output index over the kept dims and the flat reduction index over the reduced dims (in
+int64 where offsets can pass 2^31), with contiguity/alignment hints where the layout guarantees them, so that the
+loads are coalesced (and vectorised) along whichever of the two axes is contiguous in memory. Each lane carries
+its own partial sum across steps; a fixed tree sum over the BLOCK_R lanes finishes an output.
+
+Two regimes, one kernel:
+* many outputs, few terms each (e.g. repeat (4, 4) backward: 1M outputs of 16 terms) - one pass, each program
+  owning BLOCK_O outputs, reading coalesced across outputs;
+* few outputs, many terms each (a bias-like (1, D) sum over 1M rows, a full sum): the reduction range is split
+  into fixed chunks over many programs, which write fp32/fp64 partial sums to a workspace; a second pass of the
+  same kernel sums the partials in a fixed order. No atomics anywhere.
+
+Every launch parameter (block sizes, split count, warps) is a function of the problem's shape, strides and dtype
+only, so the summation order - and the result, bit for bit - is fixed for a given (shape, strides, dtype, device).
+Accumulation is in fp32 for f16/bf16/f32 and in fp64 when x or the result is f64.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from . import _runtime
+from .elementwise import check_tensor, launch
+from .errors import InvalidProblem, Unsupported
+from .tl_helpers import cast_out
+
+__all__ = ["reduce_sum", "sum_to_shape", "MAX_RANK"]
+
+#: the most kept dims and the most reduced dims (each, after merging) a reduction handles
+MAX_RANK = 8
+_I32_MAX = 2**31 - 1
+_TARGET_PROGRAMS = 2048  # split a reduction until about this many programs run (shape-only, never timing)
+_MIN_STEPS_PER_SPLIT = 4  # ... but give each split at least this many tile steps
+_MIN_SPLIT_TERMS = 1024  # and split only reductions of at least this many terms per output
+_MAX_SPLITS = 4096
+
+
+# ----------------------------------------------------------------------------------------------- kernel
+@triton.jit
+def _flat_offsets(idx, SHAPE, STRIDE, RANK: tl.constexpr):
+    """Element offsets of flat row-major indices `idx` into a (SHAPE, STRIDE) view (the outermost dim unbounded)."""
+    off = tl.zeros_like(idx)
+    rem = idx
+    for i in tl.static_range(RANK):
+        if i == RANK - 1:
+            off += rem * STRIDE[0]
+        else:
+            off += (rem % SHAPE[RANK - 1 - i]) * STRIDE[RANK - 1 - i]
+            rem = rem // SHAPE[RANK - 1 - i]
+    return off
+
+
+@triton.jit
+def _sum_kernel(x, out, n_out, n_red, red_per_split, n_oblk,
+                KSHAPE, KSTRIDE, RSHAPE, RSTRIDE,
+                KR: tl.constexpr, RR: tl.constexpr, ACC: tl.constexpr,
+                BLOCK_O: tl.constexpr, BLOCK_R: tl.constexpr,
+                O_CONTIG: tl.constexpr, O_DIV: tl.constexpr, R_CONTIG: tl.constexpr, R_DIV: tl.constexpr,
+                I64: tl.constexpr):
+    pid = tl.program_id(0)
+    if I64:
+        pid = pid.to(tl.int64)
+    pid_o = pid % n_oblk
+    pid_s = pid // n_oblk
+    o = pid_o * BLOCK_O + tl.arange(0, BLOCK_O)
+    o_mask = o < n_out
+    koff = _flat_offsets(o, KSHAPE, KSTRIDE, KR)
+    if O_DIV > 1:
+        koff = tl.multiple_of(koff, O_DIV)
+    if O_CONTIG > 1:
+        koff = tl.max_contiguous(koff, O_CONTIG)
+    r_begin = pid_s * red_per_split
+    r_end = tl.minimum(r_begin + red_per_split, n_red)
+    acc = tl.zeros([BLOCK_R, BLOCK_O], dtype=ACC)
+    for r0 in range(r_begin, r_end, BLOCK_R):
+        r = r0 + tl.arange(0, BLOCK_R)
+        roff = _flat_offsets(r, RSHAPE, RSTRIDE, RR)
+        if R_DIV > 1:
+            roff = tl.multiple_of(roff, R_DIV)
+        if R_CONTIG > 1:
+            roff = tl.max_contiguous(roff, R_CONTIG)
+        mask = (r < r_end)[:, None] & o_mask[None, :]
+        v = tl.load(x + (roff[:, None] + koff[None, :]), mask=mask, other=0.0)
+        acc += v.to(ACC)
+    res = tl.sum(acc, axis=0)
+    tl.store(out + (pid_s * n_out + o), cast_out(res, out.dtype.element_ty), mask=o_mask)
+
+
+# ----------------------------------------------------------------------------------------------- planning
+@dataclass(frozen=True)
+class _Pass:
+    """One launch of `_sum_kernel`: reads `x` (the caller's tensor or the previous pass's workspace)."""
+
+    n_out: int
+    n_red: int
+    red_per_split: int
+    n_split: int
+    n_oblk: int
+    kshape: tuple[int, ...]
+    kstride: tuple[int, ...]
+    rshape: tuple[int, ...]
+    rstride: tuple[int, ...]
+    block_o: int
+    block_r: int
+    o_contig: int
+    o_div: int
+    r_contig: int
+    r_div: int
+    i64: bool
+    num_warps: int
+
+
+@dataclass(frozen=True)
+class _Plan:
+    out_shape: tuple[int, ...]
+    out_dtype: torch.dtype
+    acc_dtype: torch.dtype
+    zeros: bool  # empty reduction: the result is all zeros (and nothing is read)
+    passes: tuple[_Pass, ...]  # 1 or 2 (split + finish); empty when the result has no elements or is zeros
+
+
+_TL = {torch.float32: tl.float32, torch.float64: tl.float64}
+_plans: dict = {}
+
+
+def _npow2(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+def _pow2_dividing(n: int, cap: int) -> int:
+    """The largest power of two <= cap that divides n (n == 0 counts as divisible by anything)."""
+    p = 1
+    while p < cap and (n % (2 * p) == 0):
+        p *= 2
+    return p
+
+
+def _merge(dims: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Merge neighbouring (size, stride) pairs, outermost first, where the outer one steps over the inner."""
+    merged: list[tuple[int, int]] = []
+    for size, stride in dims:
+        if merged and merged[-1][1] == stride * size:
+            merged[-1] = (merged[-1][0] * size, stride)
+        else:
+            merged.append((size, stride))
+    return merged
+
+
+def _hints(dims: list[tuple[int, int]], block: int, esize: int) -> tuple[int, int]:
+    """(contiguity, divisibility) hints, in elements, for offsets of `block` consecutive flat indices over
+    `dims` starting at a multiple of `block`: runs of `contig` consecutive addresses whose first element's offset
+    is a multiple of `div` (only powers of two; 1 means no claim)."""
+    if not dims:
+        return 1, 1
+    vec = max(1, 16 // esize)
+    inner_size, inner_stride = dims[-1]
+    contig = _pow2_dividing(inner_size, block) if inner_stride == 1 else 1
+    div = vec
+    for _size, stride in dims[:-1]:
+        div = min(div, _pow2_dividing(stride, vec))
+    if inner_stride == 1:
+        div = min(div, contig)
+    else:
+        div = min(div, _pow2_dividing(inner_stride, vec))
+    return contig, div
+
+
+def _blocks(kdims, rdims, n_out: int, n_red: int, esize: int) -> tuple[int, int, int]:
+    """(BLOCK_O, BLOCK_R, num_warps): the tile, from the layout alone."""
+    tile = 4096 if esize <= 4 else 2048
+    o_contig = bool(kdims) and kdims[-1][1] == 1
+    r_contig = bool(rdims) and rdims[-1][1] == 1
+    if o_contig:  # coalesce across outputs
+        bo = min(_npow2(n_out), 256 if esize >= 4 else 512)
+        br = min(_npow2(n_red), max(1, tile // bo))
+        bo = min(_npow2(n_out), max(bo, tile // br), 1024)
+    elif r_contig:  # coalesce along the reduction
+        br = min(_npow2(n_red), 256 if esize >= 4 else 512)
+        bo = min(_npow2(n_out), max(1, tile // br))
+        br = min(_npow2(n_red), max(br, tile // bo), 4096)
+    else:  # gathers either way: square-ish tiles
+        bo = min(_npow2(n_out), 64)
+        br = min(_npow2(n_red), max(1, tile // bo))
+        bo = min(_npow2(n_out), max(bo, tile // br), 1024)
+    warps = 8 if bo * br >= 4096 else 4
+    return bo, br, warps
+
+
+def _max_offset(dims) -> int:
+    return sum((s - 1) * abs(st) for s, st in dims)
+
+
+def _make_pass(kdims, rdims, esize: int, allow_split: bool) -> _Pass:
+    n_out = math.prod(s for s, _ in kdims)
+    n_red = math.prod(s for s, _ in rdims)
+    bo, br, warps = _blocks(kdims, rdims, n_out, n_red, esize)
+    n_oblk = triton.cdiv(n_out, bo)
+    steps = triton.cdiv(n_red, br)
+    n_split = 1
+    if (allow_split and n_oblk < _TARGET_PROGRAMS and steps >= 2 * _MIN_STEPS_PER_SPLIT
+            and n_red >= _MIN_SPLIT_TERMS):
+        n_split = min(triton.cdiv(_TARGET_PROGRAMS, n_oblk), steps // _MIN_STEPS_PER_SPLIT, _MAX_SPLITS)
+    steps_per_split = triton.cdiv(steps, n_split)
+    n_split = triton.cdiv(steps, steps_per_split)
+    o_contig, o_div = _hints(kdims, bo, esize)
+    r_contig, r_div = _hints(rdims, br, esize)
+    span = _max_offset(kdims) + _max_offset(rdims)
+    i64 = (2 * span >= _I32_MAX or n_out * n_split + bo >= _I32_MAX or n_red + steps_per_split * br >= _I32_MAX
+           or n_oblk * n_split >= _I32_MAX)
+    kshape, kstride = (tuple(s for s, _ in kdims), tuple(st for _, st in kdims)) if kdims else ((1,), (0,))
+    rshape, rstride = (tuple(s for s, _ in rdims), tuple(st for _, st in rdims)) if rdims else ((1,), (0,))
+    return _Pass(n_out, n_red, steps_per_split * br, n_split, n_oblk, kshape, kstride, rshape, rstride,
+                 bo, br, o_contig, o_div, r_contig, r_div, i64, warps)
+
+
+def _normalize_dims(op: str, dims, ndim: int) -> tuple[int, ...]:
+    if isinstance(dims, int):
+        dims = (dims,)
+    try:
+        dims = tuple(int(d) for d in dims)
+    except (TypeError, ValueError):
+        raise InvalidProblem(op, "dims", "a sequence of ints", dims) from None
+    rank = max(ndim, 1)  # a 0-d tensor accepts dim 0 / -1, as torch.sum does
+    out = []
+    for d in dims:
+        if not -rank <= d < rank:
+            raise InvalidProblem(op, "dims", f"dims in [{-rank}, {rank - 1}] for a {ndim}-d tensor", d)
+        d = d % rank
+        if d in out:
+            raise InvalidProblem(op, "dims", "distinct dims", dims)
+        out.append(d)
+    if ndim == 0:
+        return ()
+    return tuple(sorted(out))
+
+
+def _acc_dtype(x_dtype: torch.dtype, out_dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if torch.float64 in (x_dtype, out_dtype) else torch.float32
+
+
+def _plan_for(op: str, shape: tuple[int, ...], strides: tuple[int, ...], dtype: torch.dtype,
+              dims: tuple[int, ...], out_dtype: torch.dtype) -> _Plan:
+    out_shape = tuple(s for d, s in enumerate(shape) if d not in dims)
+    acc = _acc_dtype(dtype, out_dtype)
+    n_out = math.prod(out_shape)
+    n_red = math.prod(shape[d] for d in dims)
+    if n_out == 0 or n_red == 0:
+        return _Plan(out_shape, out_dtype, acc, n_red == 0, ())
+    kdims = _merge([(shape[d], strides[d]) for d in range(len(shape)) if d not in dims and shape[d] != 1])
+    rdims = [(shape[d], strides[d]) for d in dims if shape[d] != 1]
+    # reduced dims: broadcast (stride-0) ones outermost, then by decreasing stride, so that the innermost is the
+    # densest (and the summation order is a function of the layout only)
+    rdims.sort(key=lambda p: (p[1] != 0, -p[1], -p[0]))
+    rdims = _merge(rdims)
+    if len(kdims) > MAX_RANK or len(rdims) > MAX_RANK:
+        raise Unsupported(op, "input", f"at most {MAX_RANK} kept and {MAX_RANK} reduced dims after merging "
+                          "contiguous ones", f"{len(kdims)} kept and {len(rdims)} reduced (shape "
+                          f"{shape}, strides {strides})")
+    esize = torch.empty((), dtype=dtype).element_size()
+    first = _make_pass(kdims, rdims, esize, allow_split=True)
+    if first.n_split == 1:
+        return _Plan(out_shape, out_dtype, acc, False, (first,))
+    # finish: sum the (n_split, n_out) workspace over its first dim, in one pass, in a fixed order
+    ws_esize = torch.empty((), dtype=acc).element_size()
+    ws_k = [(first.n_out, 1)]
+    ws_r = [(first.n_split, first.n_out)]
+    second = _make_pass(ws_k, ws_r, ws_esize, allow_split=False)
+    return _Plan(out_shape, out_dtype, acc, False, (first, second))
+
+
+def _get_plan(op: str, x: torch.Tensor, dims, out_dtype) -> _Plan:
+    try:
+        key = (x.shape, x.stride(), x.dtype, dims if isinstance(dims, int) else tuple(dims), out_dtype, op)
+        plan = _plans.get(key)
+    except (AttributeError, TypeError):
+        plan, key = None, None
+    if plan is not None:
+        return plan
+    check_tensor(op, "input", x)
+    if out_dtype is None:
+        out_dtype = x.dtype
+    if out_dtype not in _runtime.FLOAT_DTYPES:
+        raise Unsupported(op, "out_dtype", "one of float32, float16, bfloat16, float64", out_dtype)
+    nd = _normalize_dims(op, dims, x.dim())
+    plan = _plan_for(op, tuple(x.shape), tuple(x.stride()), x.dtype, nd, out_dtype)
+    if key is not None:
+        if len(_plans) > 4096:
+            _plans.clear()
+        _plans[key] = plan
+    return plan
+
+
+def _run_pass(p: _Pass, src: torch.Tensor, dst: torch.Tensor, acc: torch.dtype, device: int) -> None:
+    grid = (p.n_oblk * p.n_split,)
+    args = (src, dst, p.n_out, p.n_red, p.red_per_split, p.n_oblk, p.kshape, p.kstride, p.rshape, p.rstride)
+    consts = {"KR": len(p.kshape), "RR": len(p.rshape), "ACC": _TL[acc], "BLOCK_O": p.block_o,
+              "BLOCK_R": p.block_r, "O_CONTIG": p.o_contig, "O_DIV": p.o_div, "R_CONTIG": p.r_contig,
+              "R_DIV": p.r_div, "I64": p.i64, "num_warps": p.num_warps}
+    launch(_sum_kernel, grid, args, consts, device)
+
+
+def _execute(plan: _Plan, x: torch.Tensor) -> torch.Tensor:
+    if plan.zeros:
+        return torch.zeros(plan.out_shape, dtype=plan.out_dtype, device=x.device)
+    out = torch.empty(plan.out_shape, dtype=plan.out_dtype, device=x.device)
+    if not plan.passes:
+        return out
+    device = x.get_device()
+    if len(plan.passes) == 1:
+        _run_pass(plan.passes[0], x, out, plan.acc_dtype, device)
+        return out
+    first, second = plan.passes
+    ws = torch.empty((first.n_split, first.n_out), dtype=plan.acc_dtype, device=x.device)
+    _run_pass(first, x, ws, plan.acc_dtype, device)
+    _run_pass(second, ws, out, plan.acc_dtype, device)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------- public API
+def reduce_sum(x: torch.Tensor, dims: Sequence[int], *, op: str,
+               out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Sum x over `dims` (keepdim=False). x may have any strides, including stride 0 (broadcast) - read in
+    place. Result: a fresh contiguous tensor of x's remaining dims (in order), dtype out_dtype or x.dtype.
+    Accumulate in fp32 (fp64 for f64), one fixed summation order (no atomics, no timing-dependent config):
+    bitwise deterministic for a given (shape, strides, dtype). Empty reduction -> zeros. `op` names the
+    calling op in error messages."""
+    return _execute(_get_plan(op, x, dims, out_dtype), x)
+
+
+def sum_to_shape(x: torch.Tensor, shape: Sequence[int], *, op: str,
+                 out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """autograd's sum_to: sum the leading dims x has beyond len(shape) and every dim where shape has 1 and x
+    does not, to exactly `shape` (fresh contiguous tensor). If nothing needs summing, return x converted to
+    out_dtype (x itself when no conversion is needed)."""
+    check_tensor(op, "input", x)
+    try:
+        shape = tuple(int(s) for s in shape)
+    except (TypeError, ValueError):
+        raise InvalidProblem(op, "shape", "a sequence of ints", shape) from None
+    lead = x.dim() - len(shape)
+    if lead < 0 or any(s < 0 for s in shape):
+        raise InvalidProblem(op, "shape", f"a shape x of shape {tuple(x.shape)} can be summed to", shape)
+    dims = list(range(lead))
+    for i, s in enumerate(shape):
+        xs = x.shape[lead + i]
+        if s == 1 and xs != 1:
+            dims.append(lead + i)
+        elif s != xs:
+            raise InvalidProblem(op, "shape", f"a shape x of shape {tuple(x.shape)} can be summed to", shape)
+    if all(x.shape[d] == 1 for d in dims):  # nothing to add up: a view (and a conversion where asked)
+        y = x.reshape(shape) if lead else x
+        return y if out_dtype is None or out_dtype == y.dtype else y.to(out_dtype)
+    return reduce_sum(x, dims, op=op, out_dtype=out_dtype).view(shape)

@@ -1,0 +1,292 @@
+"""The shared deterministic reduction (gradkern.reduction): reduce_sum and sum_to_shape against torch.sum in
+float64, over layouts (strided, transposed, overlapping, broadcast stride-0), both regimes (one pass; split +
+finish), empty and 0-d tensors, every dtype and out_dtype, determinism, int64 offsets and bad inputs."""
+
+import math
+
+import pytest
+import torch
+
+from conftest import DEVICE, DTYPES, dtype_id, gpu_only
+from gradkern import InvalidProblem, Unsupported, reduction
+from gradkern.reduction import reduce_sum, sum_to_shape
+from gradkern.testing import assert_bitwise_equal
+
+_EPS = {torch.float64: 2.0**-52, torch.float32: 2.0**-23, torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7}
+
+
+def _reference(x: torch.Tensor, dims) -> torch.Tensor:
+    xd = x.detach().cpu().double()
+    return xd.sum(dims) if len(dims) else xd.clone()
+
+
+def assert_sum_close(out: torch.Tensor, x: torch.Tensor, dims, what: str = "") -> None:
+    """`out` is x summed over `dims`: within the result dtype's rounding of the float64 sum plus a summation-error
+    bound of the accumulator (a multiple of its epsilon times the sum of |x|)."""
+    ref = _reference(x, dims)
+    assert tuple(out.shape) == tuple(ref.shape), f"{what}: shape {tuple(out.shape)} vs {tuple(ref.shape)}"
+    assert out.is_contiguous(), f"{what}: result not contiguous"
+    acc = torch.float64 if torch.float64 in (x.dtype, out.dtype) else torch.float32
+    abs_sum = x.detach().cpu().double().abs().sum(dims) if len(dims) else x.detach().cpu().double().abs()
+    tol = _EPS[out.dtype] * ref.abs() + 64 * _EPS[acc] * abs_sum + 1e-300
+    got = out.detach().cpu().double()
+    ref_rounded = ref.to(out.dtype).double()  # overflow to inf must agree
+    finite = torch.isfinite(ref_rounded)
+    assert torch.equal(torch.isnan(got), torch.isnan(ref_rounded)), f"{what}: NaN positions differ"
+    assert torch.equal(got[~finite & ~torch.isnan(got)], ref_rounded[~finite & ~torch.isnan(got)]), f"{what}: inf"
+    err = (got - ref).abs()[finite]
+    bad = err > tol[finite]
+    assert not bool(bad.any()), (f"{what}: {int(bad.sum())} of {got.numel()} outside the bound; worst error "
+                                 f"{err.max().item():.3e}")
+
+
+def _randn(shape, dtype, gen_seed=0):
+    g = torch.Generator().manual_seed(gen_seed)
+    return torch.randn(shape, generator=g).to(dtype).to(DEVICE)
+
+
+def _ints(shape, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(-3, 4, shape, generator=g).to(dtype).to(DEVICE)
+
+
+# ------------------------------------------------------------------------------------------------ correctness
+SHAPES_DIMS = [
+    ((37, 5, 11), (0,)), ((37, 5, 11), (1,)), ((37, 5, 11), (2,)), ((37, 5, 11), (0, 2)),
+    ((37, 5, 11), (0, 1, 2)), ((37, 5, 11), ()), ((37, 5, 11), (-1, -3)), ((6, 1, 7, 1, 5), (1, 3)),
+    ((6, 1, 7, 1, 5), (0, 4)), ((3, 4, 5, 6), (1, 3)), ((2, 3, 2, 3, 2, 3, 2, 3), (0, 2, 4, 6)),
+    ((4096, 3), (0,)), ((3, 4096), (1,)), ((70000,), (0,)), ((8, 4099), (1,)), ((5000, 7), (0, 1)),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("shape,dims", SHAPES_DIMS, ids=lambda v: str(v).replace(" ", ""))
+def test_contiguous(shape, dims, dtype):
+    x = _randn(shape, dtype)
+    out = reduce_sum(x, dims, op="test")
+    assert out.dtype == dtype
+    assert_sum_close(out, x, dims, f"{shape} over {dims}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("shape,dims", SHAPES_DIMS[:12], ids=lambda v: str(v).replace(" ", ""))
+def test_integer_valued_sums_are_exact(shape, dims, dtype):
+    """Small integers sum exactly in any order: the result must equal the float64 sum rounded once."""
+    x = _ints(shape, dtype)
+    out = reduce_sum(x, dims, op="test")
+    assert_bitwise_equal(out, _reference(x, dims).to(dtype), f"{shape} over {dims}")
+
+
+def _layouts(dtype, make):
+    base = make((12, 10, 9), dtype, 1)
+    yield "transposed", base.transpose(0, 2)  # (9, 10, 12)
+    yield "permuted", base.permute(1, 2, 0)
+    yield "sliced", make((24, 10, 18), dtype, 2)[::2, :, ::2]
+    yield "offset-slice", make((14, 11, 9), dtype, 3)[1:13, 1:, :]
+    yield "broadcast-inner", make((12, 1, 9), dtype, 4).expand(12, 10, 9)
+    yield "broadcast-outer", make((1, 10, 9), dtype, 5).expand(12, 10, 9)
+    yield "broadcast-all", make((), dtype, 6).expand(12, 10, 9)
+    yield "overlapping", make((400,), dtype, 7).as_strided((12, 10, 9), (7, 3, 1))
+    yield "channels-last", make((3, 4, 5, 6), dtype, 8).to(memory_format=torch.channels_last)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_strided_and_broadcast_inputs_read_in_place(dtype):
+    for make in (_randn, _ints):
+        for name, x in _layouts(dtype, make):
+            for dims in [(0,), (1,), (x.dim() - 1,), (0, x.dim() - 1), tuple(range(x.dim())), (1, 2)]:
+                out = reduce_sum(x, dims, op="test")
+                if make is _ints:  # small integers: any summation order is exact
+                    assert_bitwise_equal(out, _reference(x, dims).to(dtype), f"{name} over {dims} (integers)")
+                else:
+                    assert_sum_close(out, x, dims, f"{name} over {dims}")
+
+
+@pytest.mark.parametrize("out_dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_out_dtype(dtype, out_dtype):
+    x = _randn((300, 17), dtype)
+    for dims in [(0,), (1,), (0, 1)]:
+        out = reduce_sum(x, dims, op="test", out_dtype=out_dtype)
+        assert out.dtype == out_dtype
+        assert_sum_close(out, x, dims, f"{dtype}->{out_dtype} over {dims}")
+
+
+def test_empty_and_zero_d():
+    for dtype in DTYPES:
+        x = _randn((0, 5), dtype)
+        z = reduce_sum(x, (0,), op="test")  # empty reduction: zeros
+        assert z.shape == (5,) and z.dtype == dtype and bool((z == 0).all())
+        e = reduce_sum(x, (1,), op="test")  # no outputs
+        assert e.shape == (0,)
+        assert reduce_sum(x, (0, 1), op="test").item() == 0
+        s = _randn((), dtype)
+        for dims in [(), (0,), (-1,), 0]:
+            r = reduce_sum(s, dims, op="test")
+            assert r.shape == () and r.dtype == dtype
+            assert_bitwise_equal(r, s)
+        r = reduce_sum(s, (), op="test", out_dtype=torch.float64)
+        assert r.dtype == torch.float64 and r.item() == s.double().item()
+    # a reduction over size-0 and size-1 dims only
+    x = _randn((3, 0, 4), torch.float32)
+    assert bool((reduce_sum(x, (1,), op="test") == 0).all())
+    assert reduce_sum(x, (0, 2), op="test").shape == (0,)
+
+
+def test_special_values_propagate():
+    for dtype in DTYPES:
+        x = _randn((64, 5), dtype)
+        x[3, 0] = math.nan
+        x[4, 1] = math.inf
+        x[5, 2] = math.inf
+        x[6, 2] = -math.inf
+        x[7, 3] = torch.finfo(dtype).max
+        x[8, 3] = torch.finfo(dtype).max
+        out = reduce_sum(x, (0,), op="test").cpu()
+        assert math.isnan(out[0]) and out[1] == math.inf and math.isnan(out[2])
+        if dtype != torch.float64:  # accumulated in fp32, overflow happens only at the final rounding
+            assert out[3] == math.inf or dtype == torch.float32
+        assert torch.isfinite(out[4])
+
+
+# ------------------------------------------------------------------------------------------------ the two regimes
+def _plan(x, dims, out_dtype=None):
+    return reduction._get_plan("test", x, dims, out_dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_split_regime_and_single_pass_regime(dtype):
+    tall = _randn((20000, 3), dtype)  # few outputs, many terms: split + a second fixed-order pass
+    assert len(_plan(tall, (0,)).passes) == 2
+    assert_sum_close(reduce_sum(tall, (0,), op="test"), tall, (0,), "tall")
+    full = _randn((50000,), dtype)
+    assert len(_plan(full, (0,)).passes) == 2
+    assert_sum_close(reduce_sum(full, (0,), op="test"), full, (0,), "full")
+    rows = _randn((4, 30000), dtype)  # reduction along the contiguous dim, split
+    assert len(_plan(rows, (1,)).passes) == 2
+    assert_sum_close(reduce_sum(rows, (1,), op="test"), rows, (1,), "rows")
+    wide = _randn((16, 64, 4, 16), dtype)  # repeat-like: many outputs, few terms each, one pass
+    p = _plan(wide, (0, 2))
+    assert len(p.passes) == 1 and p.passes[0].o_contig > 1
+    assert_sum_close(reduce_sum(wide, (0, 2), op="test"), wide, (0, 2), "wide")
+
+
+def test_strided_split_regime():
+    x = _randn((30000, 6), torch.float32)[:, ::2]  # stride 6 rows of 3
+    assert len(_plan(x, (0,)).passes) == 2
+    assert_sum_close(reduce_sum(x, (0,), op="test"), x, (0,), "strided tall")
+    b = _randn((1, 40), torch.float32).expand(3000, 40)  # broadcast along the reduced dim
+    assert_sum_close(reduce_sum(b, (0,), op="test"), b, (0,), "broadcast tall")
+
+
+def test_int64_offsets_path(monkeypatch):
+    """The int64 indexing variant (used when offsets can pass 2^31) gives the same sums: forced by lowering the
+    threshold, since a 2^31-element tensor does not fit a CPU test."""
+    monkeypatch.setattr(reduction, "_I32_MAX", 64)
+    monkeypatch.setattr(reduction, "_plans", {})
+    for shape, dims in [((37, 5, 11), (0, 2)), ((20000, 3), (0,)), ((3, 4096), (1,))]:
+        x = _ints(shape, torch.float32)
+        p = _plan(x, dims)
+        assert p.passes[0].i64
+        assert_bitwise_equal(reduce_sum(x, dims, op="test"), _reference(x, dims).float(), f"i64 {shape}")
+
+
+# ------------------------------------------------------------------------------------------------ determinism
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_bitwise_deterministic(dtype, monkeypatch):
+    for shape, dims in [((20000, 3), (0,)), ((37, 5, 11), (0, 2)), ((4, 30000), (1,))]:
+        x = _randn(shape, dtype, 11) * 1000
+        first = reduce_sum(x, dims, op="test")
+        assert_bitwise_equal(reduce_sum(x, dims, op="test"), first, f"{shape} again")
+        monkeypatch.setattr(reduction, "_plans", {})  # re-planned from scratch: the same order, the same bits
+        assert_bitwise_equal(reduce_sum(x, dims, op="test"), first, f"{shape} re-planned")
+        assert_bitwise_equal(reduce_sum(x.clone(), dims, op="test"), first, f"{shape} other storage")
+
+
+def test_plans_are_cached():
+    x = _randn((33, 7), torch.float32)
+    assert _plan(x, (0,)) is _plan(x, (0,))
+    assert _plan(x, (0,)) is not _plan(x, (1,))
+
+
+# ------------------------------------------------------------------------------------------------ sum_to_shape
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_sum_to_shape(dtype):
+    x = _randn((2, 3, 4, 5), dtype)
+    for shape in [(3, 4, 5), (1, 4, 1), (4, 5), (5,), (1,), (), (2, 3, 1, 5), (1, 1, 1, 1), (3, 1, 5)]:
+        out = sum_to_shape(x, shape, op="test")
+        ref = x.detach().cpu().double().sum_to_size(shape) if shape else x.detach().cpu().double().sum()
+        assert tuple(out.shape) == tuple(shape) and out.is_contiguous() and out.dtype == dtype
+        lead = x.dim() - len(shape)
+        dims = tuple(range(lead)) + tuple(lead + i for i, s in enumerate(shape) if s == 1 and x.shape[lead + i] != 1)
+        flat = reduce_sum(x, dims, op="test")
+        assert_bitwise_equal(out.reshape(flat.shape), flat, f"sum_to {shape} == reduce_sum")
+        assert_sum_close(flat, x, dims, f"sum_to {shape}")
+        if dtype == torch.float64:  # and against torch's own sum_to_size, at the same dtype
+            assert_sum_close(out, ref.reshape(out.shape), (), f"sum_to {shape} vs torch")
+
+
+def test_sum_to_shape_identity_conversion_and_views():
+    x = _randn((4, 5), torch.float32)
+    assert sum_to_shape(x, (4, 5), op="test") is x
+    y = sum_to_shape(x, (4, 5), op="test", out_dtype=torch.float64)
+    assert y.dtype == torch.float64 and torch.equal(y, x.double())
+    one = _randn((1, 1, 4, 5), torch.bfloat16)
+    v = sum_to_shape(one, (4, 5), op="test")  # only size-1 leading dims: nothing to add up
+    assert v.shape == (4, 5) and torch.equal(v, one[0, 0])
+    b = _randn((1, 5), torch.float16).expand(64, 5)
+    s = sum_to_shape(b, (1, 5), op="test", out_dtype=torch.float32)
+    assert s.shape == (1, 5) and s.dtype == torch.float32
+    assert_sum_close(s.view(5), b, (0,), "broadcast bias")
+
+
+# ------------------------------------------------------------------------------------------------ errors
+def test_bad_inputs_raise_named_errors():
+    x = _randn((3, 4), torch.float32)
+    with pytest.raises(InvalidProblem, match="myop.*dims"):
+        reduce_sum(x, (2,), op="myop")
+    with pytest.raises(InvalidProblem, match="dims"):
+        reduce_sum(x, (0, -2), op="myop")
+    with pytest.raises(InvalidProblem, match="dims"):
+        reduce_sum(x, ("a",), op="myop")
+    with pytest.raises(Unsupported, match="myop.*input"):
+        reduce_sum(torch.ones(3, 4, dtype=torch.int32, device=DEVICE), (0,), op="myop")
+    with pytest.raises(Unsupported, match="input"):
+        reduce_sum([1.0, 2.0], (0,), op="myop")
+    with pytest.raises(Unsupported, match="out_dtype"):
+        reduce_sum(x, (0,), op="myop", out_dtype=torch.int64)
+    with pytest.raises(InvalidProblem, match="myop.*shape"):
+        sum_to_shape(x, (2, 4), op="myop")
+    with pytest.raises(InvalidProblem, match="shape"):
+        sum_to_shape(x, (1, 3, 4), op="myop")
+    with pytest.raises(InvalidProblem, match="shape"):
+        sum_to_shape(x, (4, 3), op="myop")
+    # 9 kept dims that cannot be merged: Unsupported (after merging, at most 8)
+    y = _randn((512,), torch.float32).as_strided((2,) * 9, tuple(2**i for i in range(9)))
+    with pytest.raises(Unsupported, match="myop"):
+        reduce_sum(y, (), op="myop")
+    # ... but a high-rank tensor whose dims merge is fine
+    z = _randn((2,) * 12, torch.float32)
+    assert_sum_close(reduce_sum(z, (0, 5, 11), op="myop"), z, (0, 5, 11), "rank 12")
+    if DEVICE == "cpu":
+        return
+    with pytest.raises(Unsupported, match="input"):
+        reduce_sum(torch.ones(3), (0,), op="myop")
+
+
+# ------------------------------------------------------------------------------------------------ GPU sizes
+@gpu_only
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_large_shapes_on_gpu(dtype):
+    cases = [
+        (_randn((4096, 4096), dtype).view(4, 1024, 4, 1024), (0, 2)),  # repeat (4, 4) backward
+        (_randn((1 << 20, 64), dtype), (0,)),  # bias over 1M rows
+        (_randn((1 << 22,), dtype), (0,)),  # full sum
+        (_randn((256, 64, 256, 64), dtype), (0, 2)),  # 64x64 repeated (256, 256)
+        (_randn((64, 16, 4096), dtype), (0, 2)),  # prelu-like: channel in the middle
+        (_randn((1 << 20, 64), dtype).t(), (1,)),  # transposed
+    ]
+    for x, dims in cases:
+        out = reduce_sum(x, dims, op="test")
+        assert_sum_close(out, x, dims, f"{tuple(x.shape)} over {dims}")
+        assert_bitwise_equal(reduce_sum(x, dims, op="test"), out, "again")
