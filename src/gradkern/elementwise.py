@@ -161,12 +161,25 @@ def relaunchable(ck) -> bool:
     return _FAST_OK and all(hasattr(ck, a) for a in ("run", "function", "packed_metadata"))
 
 
+def direct_launcher(ck) -> Callable:
+    """A callable `(grid0, stream, *args)` that launches compiled kernel `ck` directly, as Triton's JIT does after
+    its own cache lookup: `args` are every kernel parameter in order, constexprs included; pointers may be given
+    as ints (data_ptr values), which spares the launcher a driver query per pointer. Only valid for the
+    specialisation `ck` was compiled for, on the current device, with `hooks_idle()`."""
+    run, function, meta = ck.run, ck.function, ck.packed_metadata
+    raw = getattr(run, "launch", None)
+    if raw is not None and getattr(run, "global_scratch_size", 1) == 0 \
+            and getattr(run, "profile_scratch_size", 1) == 0 and hasattr(run, "launch_pdl"):
+        # Triton 3.6's CudaLauncher.__call__ only adds the (here absent) scratch buffers before calling this
+        coop, pdl = run.launch_cooperative_grid, run.launch_pdl
+        return lambda grid0, stream, *args: raw(grid0, 1, 1, stream, function, coop, pdl, None, None, meta, None,
+                                                None, None, *args)
+    return lambda grid0, stream, *args: run(grid0, 1, 1, stream, function, meta, None, None, None, *args)
+
+
 def relaunch(ck, grid0: int, device: int, args: tuple) -> None:
-    """Call compiled kernel `ck` directly (as Triton's JIT does after its own cache lookup): `args` are every
-    kernel parameter in order, constexprs included. Only for the specialisation `ck` was compiled for, on the
-    current device, with `hooks_idle()`."""
-    ck.run(grid0, 1, 1, torch._C._cuda_getCurrentRawStream(device), ck.function, ck.packed_metadata,
-           None, None, None, *args)
+    """Launch compiled kernel `ck` directly (see `direct_launcher`)."""
+    direct_launcher(ck)(grid0, torch._C._cuda_getCurrentRawStream(device), *args)
 
 
 def launch(kernel, grid: tuple[int, ...], args: tuple, consts: dict, device: int, spec_key: tuple | None = None):
@@ -307,14 +320,16 @@ class Pointwise:
             except (AttributeError, TypeError):
                 fkey = entry = None
             if entry is not None:
-                ck, grid0, dev, like, shape, dtype, tail = entry
-                ptrs = 0
-                for t in ts:
-                    ptrs |= t.data_ptr()
-                if not ptrs & 15 and torch._C._cuda_getDevice() == dev and hooks_idle():
-                    out = torch.empty_like(ts[like], dtype=dtype) if like >= 0 else \
-                        torch.empty(shape, dtype=dtype, device=ts[0].device)
-                    relaunch(ck, grid0, dev, (out, *ts, *ts[:1] * (3 - len(ts)), *tail))
+                call, grid0, dev, same_dtype, dtype, tail = entry
+                ptrs = [t.data_ptr() for t in ts]
+                aligned = True
+                for p in ptrs:
+                    aligned = aligned and not p & 15
+                if aligned and torch._C._cuda_getDevice() == dev and hooks_idle():
+                    # a flat plan: every input has the output's shape and dense strides, so empty_like fits
+                    out = torch.empty_like(ts[0]) if same_dtype else torch.empty_like(ts[0], dtype=dtype)
+                    call(grid0, torch._C._cuda_getCurrentRawStream(dev), out.data_ptr(), *ptrs,
+                         *ptrs[:1] * (3 - len(ptrs)), *tail)
                     return out
         try:
             key = (flag, None if out is None else (out.stride(), out.dtype, out.get_device()),
@@ -356,7 +371,8 @@ class Pointwise:
             if fresh and aligned and relaunchable(ck) and fkey is not None:
                 if len(self._fast) > 4096:
                     self._fast.clear()
-                self._fast[fkey] = (ck, grid[0], device, plan.dense_like, plan.shape, plan.out_dtype, tail)
+                self._fast[fkey] = (direct_launcher(ck), grid[0], device, plan.out_dtype == ts[0].dtype,
+                                    plan.out_dtype, tail)
             return out
         grid = (triton.cdiv(plan.n, STRIDED_BLOCK),)
         st = list(plan.strides_c) + [plan.strides_c[1]] * (3 - nin)
