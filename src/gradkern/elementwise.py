@@ -205,6 +205,12 @@ def launch(kernel, grid: tuple[int, ...], args: tuple, consts: dict, device: int
         _fast_cache[spec_key] = ck
 
 
+def _int_spec(v: int) -> tuple:
+    """What Triton specialises an int kernel argument on (width, divisibility by 16, == 1): part of a
+    `launch` spec_key for every int argument that is not in the kernel's do_not_specialize."""
+    return (-(2**31) <= v <= _I32_MAX, v % 16 == 0, v == 1)
+
+
 # ----------------------------------------------------------------------------------------------- plans
 @dataclass(frozen=True)
 class _Plan:
