@@ -28,7 +28,8 @@ def math_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def default_device() -> torch.device:
-    """The device gradkern's kernels run on in this process (raises if there is none)."""
+    """The device gradkern's kernels take tensors on in this process (`gradkern.device()`): the current CUDA
+    device, or the CPU when Triton's interpreter is on. Raises if there is neither."""
     if INTERPRET:
         return torch.device("cpu")
     if not torch.cuda.is_available():
