@@ -7,6 +7,7 @@
 """
 
 from . import ops
+from ._runtime import default_device as device
 from .dispatch import disable, enable, is_enabled, use
 from .errors import GradkernError, InvalidProblem, Unsupported
 from .registry import Guarantee, guarantee, supported_ops
@@ -14,6 +15,6 @@ from .registry import Guarantee, guarantee, supported_ops
 __version__ = "0.1.0"
 
 __all__ = [
-    "enable", "disable", "use", "is_enabled", "ops", "guarantee", "supported_ops", "Guarantee",
+    "enable", "disable", "use", "is_enabled", "ops", "device", "guarantee", "supported_ops", "Guarantee",
     "GradkernError", "InvalidProblem", "Unsupported", "__version__",
 ]
