@@ -5,6 +5,7 @@ boundary conventions follow ATen's CUDA kernels (see shared/docs/semantics.md)."
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -76,8 +77,10 @@ _HARDSHRINK_BACKWARD = Pointwise("hardshrink_backward", _shrink_backward_math, (
 _HARDSHRINK = Pointwise("hardshrink", _hardshrink_math, ("self",), "out")
 
 
+@functools.lru_cache(maxsize=1024)
 def _lambd(op: str, lambd, dtype: torch.dtype, nonneg: bool) -> float:
-    """lambd cast to the inputs' dtype, as ATen does (which also rejects a value the dtype cannot hold)."""
+    """lambd cast to the inputs' dtype, as ATen does (which also rejects a value the dtype cannot hold).
+    Cached: it runs on every call, and host time per call is part of the op's cost."""
     value = float(lambd)
     if nonneg and not value >= 0:
         raise InvalidProblem(op, "lambd", "lambd >= 0", value)
@@ -91,7 +94,7 @@ def _lambd(op: str, lambd, dtype: torch.dtype, nonneg: bool) -> float:
 
 def _common_dtype(a, b) -> torch.dtype:
     try:
-        return torch.promote_types(a.dtype, b.dtype)
+        return a.dtype if a.dtype is b.dtype else torch.promote_types(a.dtype, b.dtype)
     except AttributeError:  # not tensors: the launcher's validation names the argument
         return torch.float64
 
