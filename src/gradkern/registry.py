@@ -48,6 +48,7 @@ class OpInfo:
     reference: Callable | None  # what tests compare with, from the same arguments (None: `stock()`)
     cases: Callable[..., list[Case]] | None  # cases(device, dtype, size), size one of _cases.SIZES
     aten_examples: Callable[..., dict] | None  # (device, dtype) -> {overload: (args, kwargs)} for adapters
+    fake: Callable | None  # shape/dtype function for torch.compile (None: `reference_fn()` on fake tensors)
     doc: str
 
     def guarantee(self, dtype: torch.dtype) -> Guarantee:
@@ -89,6 +90,7 @@ def register_op(
     reference: Callable | None = None,
     cases: Callable[..., list[Case]] | None = None,
     aten_examples: Callable[..., dict] | None = None,
+    fake: Callable | None = None,
 ) -> Callable[[Callable], Callable]:
     """Declare the decorated function as gradkern op `name`.
 
@@ -97,7 +99,9 @@ def register_op(
     `aten_examples` so that a test can prove each registration is live. `cases` builds the example problems
     that `check`, `bench` and the generic tests run; `reference` is stock PyTorch's computation with the op's
     own arguments (default: the ATen op of the same name; run on CPU in float64, so give one where ATen's
-    CPU kernel departs from the CUDA semantics gradkern follows)."""
+    CPU kernel departs from the CUDA semantics gradkern follows). Under torch.compile the op is a custom op whose
+    fake implementation is `reference` run on fake tensors, or `fake` where the reference cannot run on them
+    (data-dependent shapes)."""
     if dispatch not in ("backend", "autograd"):
         raise ValueError(f"register_op({name!r}): dispatch must be 'backend' or 'autograd', got {dispatch!r}")
 
@@ -107,7 +111,7 @@ def register_op(
         impls = dict(aten) if isinstance(aten, Mapping) else {a: fn for a in aten}
         REGISTRY[name] = OpInfo(
             name=name, fn=fn, aten=impls, dispatch=dispatch, dtypes=tuple(dtypes), accumulates=accumulates,
-            exact=exact, reference=reference, cases=cases, aten_examples=aten_examples,
+            exact=exact, reference=reference, cases=cases, aten_examples=aten_examples, fake=fake,
             doc=(fn.__doc__ or "").strip().split("\n")[0],
         )
         return fn
