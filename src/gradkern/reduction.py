@@ -26,6 +26,7 @@ Accumulation is in fp32 for f16/bf16/f32 and in fp64 when x or the result is f64
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -35,11 +36,11 @@ import triton
 import triton.language as tl
 
 from . import _runtime
-from .elementwise import check_tensor, launch
+from .elementwise import check_tensor, direct_launcher, hooks_idle, relaunchable
 from .errors import InvalidProblem, Unsupported
 from .tl_helpers import cast_out
 
-__all__ = ["reduce_sum", "sum_to_shape", "MAX_RANK"]
+__all__ = ["reduce_sum", "sum_to_shape", "plan_view", "run_plan", "MAX_RANK"]
 
 #: the most kept dims and the most reduced dims (each, after merging) a reduction handles
 MAX_RANK = 8
@@ -67,11 +68,14 @@ def _flat_offsets(idx, SHAPE, STRIDE, RANK: tl.constexpr):
 
 @triton.jit
 def _sum_kernel(x, out, n_out, n_red, red_per_split, n_oblk,
-                KSHAPE, KSTRIDE, RSHAPE, RSTRIDE,
+                k0, k1, k2, k3, k4, k5, k6, k7, ks0, ks1, ks2, ks3, ks4, ks5, ks6, ks7,
+                r0, r1, r2, r3, r4, r5, r6, r7, rs0, rs1, rs2, rs3, rs4, rs5, rs6, rs7,
                 KR: tl.constexpr, RR: tl.constexpr, ACC: tl.constexpr,
                 BLOCK_O: tl.constexpr, BLOCK_R: tl.constexpr,
                 O_CONTIG: tl.constexpr, O_DIV: tl.constexpr, R_CONTIG: tl.constexpr, R_DIV: tl.constexpr,
                 I64: tl.constexpr):
+    # shapes and strides come as scalars (unused ranks are padding), so the compiled kernel can be relaunched
+    # directly with plain ints
     pid = tl.program_id(0)
     if I64:
         pid = pid.to(tl.int64)
@@ -79,7 +83,7 @@ def _sum_kernel(x, out, n_out, n_red, red_per_split, n_oblk,
     pid_s = pid // n_oblk
     o = pid_o * BLOCK_O + tl.arange(0, BLOCK_O)
     o_mask = o < n_out
-    koff = _flat_offsets(o, KSHAPE, KSTRIDE, KR)
+    koff = _flat_offsets(o, (k0, k1, k2, k3, k4, k5, k6, k7), (ks0, ks1, ks2, ks3, ks4, ks5, ks6, ks7), KR)
     if O_DIV > 1:
         koff = tl.multiple_of(koff, O_DIV)
     if O_CONTIG > 1:
@@ -87,9 +91,9 @@ def _sum_kernel(x, out, n_out, n_red, red_per_split, n_oblk,
     r_begin = pid_s * red_per_split
     r_end = tl.minimum(r_begin + red_per_split, n_red)
     acc = tl.zeros([BLOCK_R, BLOCK_O], dtype=ACC)
-    for r0 in range(r_begin, r_end, BLOCK_R):
-        r = r0 + tl.arange(0, BLOCK_R)
-        roff = _flat_offsets(r, RSHAPE, RSTRIDE, RR)
+    for rb in range(r_begin, r_end, BLOCK_R):
+        r = rb + tl.arange(0, BLOCK_R)
+        roff = _flat_offsets(r, (r0, r1, r2, r3, r4, r5, r6, r7), (rs0, rs1, rs2, rs3, rs4, rs5, rs6, rs7), RR)
         if R_DIV > 1:
             roff = tl.multiple_of(roff, R_DIV)
         if R_CONTIG > 1:
@@ -123,6 +127,21 @@ class _Pass:
     r_div: int
     i64: bool
     num_warps: int
+    acc: torch.dtype
+    uid: int = 0  # identifies the pass (and so its specialisation) in the relaunch cache
+
+    @property
+    def ints(self) -> tuple[int, ...]:
+        """The kernel's integer arguments after the two pointers (ranks padded to 8 with 1s)."""
+        pad = lambda t: t + (1,) * (MAX_RANK - len(t))
+        return (self.n_out, self.n_red, self.red_per_split, self.n_oblk, *pad(self.kshape), *pad(self.kstride),
+                *pad(self.rshape), *pad(self.rstride))
+
+    @property
+    def consts(self) -> tuple:
+        """The kernel's constexpr values, in parameter order."""
+        return (len(self.kshape), len(self.rshape), _TL[self.acc], self.block_o, self.block_r, self.o_contig,
+                self.o_div, self.r_contig, self.r_div, self.i64)
 
 
 @dataclass(frozen=True)
@@ -136,6 +155,7 @@ class _Plan:
 
 _TL = {torch.float32: tl.float32, torch.float64: tl.float64}
 _plans: dict = {}
+_uids = itertools.count(1)
 
 
 def _npow2(n: int) -> int:
@@ -181,15 +201,20 @@ def _hints(dims: list[tuple[int, int]], block: int, esize: int) -> tuple[int, in
 
 
 def _blocks(kdims, rdims, n_out: int, n_red: int, esize: int) -> tuple[int, int, int]:
-    """(BLOCK_O, BLOCK_R, num_warps): the tile, from the layout alone."""
-    tile = 4096 if esize <= 4 else 2048
+    """(BLOCK_O, BLOCK_R, num_warps): the tile, from the layout alone (measured on an H200: see the commit log).
+
+    Outputs contiguous: rows of 1 KB (2 KB for 16-bit types) across outputs and a few reduction rows per step
+    (8 KB tiles for short reductions, 32 KB for longer ones); Triton's pipeliner overlaps the steps' loads."""
     o_contig = bool(kdims) and kdims[-1][1] == 1
     r_contig = bool(rdims) and rdims[-1][1] == 1
     if o_contig:  # coalesce across outputs
-        bo = min(_npow2(n_out), 256 if esize >= 4 else 512)
-        br = min(_npow2(n_red), max(1, tile // bo))
-        bo = min(_npow2(n_out), max(bo, tile // br), 1024)
-    elif r_contig:  # coalesce along the reduction
+        bo = min(_npow2(n_out), 2048 // esize if esize == 2 else 1024 // esize)
+        tile_bytes = 8192 if n_red <= 16 else 32768
+        br = min(_npow2(n_red), max(1, tile_bytes // (bo * esize)), 1024)
+        bo = min(_npow2(n_out), max(bo, tile_bytes // (br * esize)), 4096)
+        return bo, br, 4
+    tile = 4096 if esize <= 4 else 2048
+    if r_contig:  # coalesce along the reduction
         br = min(_npow2(n_red), 256 if esize >= 4 else 512)
         bo = min(_npow2(n_out), max(1, tile // br))
         br = min(_npow2(n_red), max(br, tile // bo), 4096)
@@ -205,7 +230,7 @@ def _max_offset(dims) -> int:
     return sum((s - 1) * abs(st) for s, st in dims)
 
 
-def _make_pass(kdims, rdims, esize: int, allow_split: bool) -> _Pass:
+def _make_pass(kdims, rdims, esize: int, acc: torch.dtype, allow_split: bool) -> _Pass:
     n_out = math.prod(s for s, _ in kdims)
     n_red = math.prod(s for s, _ in rdims)
     bo, br, warps = _blocks(kdims, rdims, n_out, n_red, esize)
@@ -225,7 +250,7 @@ def _make_pass(kdims, rdims, esize: int, allow_split: bool) -> _Pass:
     kshape, kstride = (tuple(s for s, _ in kdims), tuple(st for _, st in kdims)) if kdims else ((1,), (0,))
     rshape, rstride = (tuple(s for s, _ in rdims), tuple(st for _, st in rdims)) if rdims else ((1,), (0,))
     return _Pass(n_out, n_red, steps_per_split * br, n_split, n_oblk, kshape, kstride, rshape, rstride,
-                 bo, br, o_contig, o_div, r_contig, r_div, i64, warps)
+                 bo, br, o_contig, o_div, r_contig, r_div, i64, warps, acc, next(_uids))
 
 
 def _normalize_dims(op: str, dims, ndim: int) -> tuple[int, ...]:
@@ -272,14 +297,14 @@ def _plan_for(op: str, shape: tuple[int, ...], strides: tuple[int, ...], dtype: 
                           "contiguous ones", f"{len(kdims)} kept and {len(rdims)} reduced (shape "
                           f"{shape}, strides {strides})")
     esize = torch.empty((), dtype=dtype).element_size()
-    first = _make_pass(kdims, rdims, esize, allow_split=True)
+    first = _make_pass(kdims, rdims, esize, acc, allow_split=True)
     if first.n_split == 1:
         return _Plan(out_shape, out_dtype, acc, False, (first,))
     # finish: sum the (n_split, n_out) workspace over its first dim, in one pass, in a fixed order
     ws_esize = torch.empty((), dtype=acc).element_size()
     ws_k = [(first.n_out, 1)]
     ws_r = [(first.n_split, first.n_out)]
-    second = _make_pass(ws_k, ws_r, ws_esize, allow_split=False)
+    second = _make_pass(ws_k, ws_r, ws_esize, acc, allow_split=False)
     return _Plan(out_shape, out_dtype, acc, False, (first, second))
 
 
@@ -298,36 +323,78 @@ def _get_plan(op: str, x: torch.Tensor, dims, out_dtype) -> _Plan:
         raise Unsupported(op, "out_dtype", "one of float32, float16, bfloat16, float64", out_dtype)
     nd = _normalize_dims(op, dims, x.dim())
     plan = _plan_for(op, tuple(x.shape), tuple(x.stride()), x.dtype, nd, out_dtype)
+    _remember(key, plan)
+    return plan
+
+
+def _remember(key, plan: _Plan) -> None:
     if key is not None:
         if len(_plans) > 4096:
             _plans.clear()
         _plans[key] = plan
+
+
+def plan_view(shape: tuple[int, ...], strides: tuple[int, ...], dtype: torch.dtype, dims: tuple[int, ...], *,
+              op: str, out_dtype: torch.dtype | None = None) -> _Plan:
+    """The (cached) plan for summing a view with `shape` and `strides` of a tensor of `dtype` over `dims`, for
+    callers that validated the view themselves (every offset it reaches lies within their tensor's elements;
+    `dims` sorted, distinct, in range). Run it with `run_plan`."""
+    out_dtype = out_dtype or dtype
+    key = ("view", shape, strides, dtype, dims, out_dtype, op)
+    plan = _plans.get(key)
+    if plan is None:
+        plan = _plan_for(op, shape, strides, dtype, dims, out_dtype)
+        _remember(key, plan)
     return plan
 
 
-def _run_pass(p: _Pass, src: torch.Tensor, dst: torch.Tensor, acc: torch.dtype, device: int) -> None:
-    grid = (p.n_oblk * p.n_split,)
-    args = (src, dst, p.n_out, p.n_red, p.red_per_split, p.n_oblk, p.kshape, p.kstride, p.rshape, p.rstride)
-    consts = {"KR": len(p.kshape), "RR": len(p.rshape), "ACC": _TL[acc], "BLOCK_O": p.block_o,
-              "BLOCK_R": p.block_r, "O_CONTIG": p.o_contig, "O_DIV": p.o_div, "R_CONTIG": p.r_contig,
-              "R_DIV": p.r_div, "I64": p.i64, "num_warps": p.num_warps}
-    launch(_sum_kernel, grid, args, consts, device)
+def run_plan(plan: _Plan, x: torch.Tensor, out_shape: Sequence[int] | None = None) -> torch.Tensor:
+    """Run a `plan_view` plan on x's data (from its first element); the result gets `out_shape` if given (same
+    number of elements as the plan's)."""
+    return _execute(plan, x, out_shape)
 
 
-def _execute(plan: _Plan, x: torch.Tensor) -> torch.Tensor:
+_launchers: dict = {}  # (pass uid, alignment of both pointers, device) -> direct launcher of the compiled kernel
+_FAST = not _runtime.INTERPRET
+
+
+def _run_pass(p: _Pass, src: torch.Tensor, dst: torch.Tensor, device: int) -> None:
+    grid0 = p.n_oblk * p.n_split
+    if _FAST:
+        sp, dp = src.data_ptr(), dst.data_ptr()
+        key = (p.uid, (sp & 15) == 0, (dp & 15) == 0, device)
+        fn = _launchers.get(key)
+        if fn is not None and torch._C._cuda_getDevice() == device and hooks_idle():
+            fn(grid0, torch._C._cuda_getCurrentRawStream(device), sp, dp, *p.ints, *p.consts)
+            return
+    kw = dict(zip(("KR", "RR", "ACC", "BLOCK_O", "BLOCK_R", "O_CONTIG", "O_DIV", "R_CONTIG", "R_DIV", "I64"),
+                  p.consts, strict=True))
+    if device >= 0 and torch.cuda.current_device() != device:
+        with torch.cuda.device(device):
+            _sum_kernel[(grid0,)](src, dst, *p.ints, num_warps=p.num_warps, **kw)
+        return
+    ck = _sum_kernel[(grid0,)](src, dst, *p.ints, num_warps=p.num_warps, **kw)
+    if _FAST and relaunchable(ck):
+        if len(_launchers) > 4096:
+            _launchers.clear()
+        _launchers[key] = direct_launcher(ck)
+
+
+def _execute(plan: _Plan, x: torch.Tensor, out_shape=None) -> torch.Tensor:
+    shape = plan.out_shape if out_shape is None else out_shape
     if plan.zeros:
-        return torch.zeros(plan.out_shape, dtype=plan.out_dtype, device=x.device)
-    out = torch.empty(plan.out_shape, dtype=plan.out_dtype, device=x.device)
+        return torch.zeros(shape, dtype=plan.out_dtype, device=x.device)
+    out = torch.empty(shape, dtype=plan.out_dtype, device=x.device)
     if not plan.passes:
         return out
     device = x.get_device()
     if len(plan.passes) == 1:
-        _run_pass(plan.passes[0], x, out, plan.acc_dtype, device)
+        _run_pass(plan.passes[0], x, out, device)
         return out
     first, second = plan.passes
     ws = torch.empty((first.n_split, first.n_out), dtype=plan.acc_dtype, device=x.device)
-    _run_pass(first, x, ws, plan.acc_dtype, device)
-    _run_pass(second, ws, out, plan.acc_dtype, device)
+    _run_pass(first, x, ws, device)
+    _run_pass(second, ws, out, device)
     return out
 
 
