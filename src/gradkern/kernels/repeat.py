@@ -1,0 +1,197 @@
+"""repeat backward: dx[c] = sum of grad over every tile, as one deterministic strided reduction.
+
+The gradient of `x.repeat(r0, ..., r{m-1})` (x of shape s, padded with leading 1s to rank m) has shape
+(r0*s0, ..., r{m-1}*s{m-1}); seen in place as (r0, s0, r1, s1, ...) - element (k*s_i + c) along dim i sits at
+offset k*(s_i*stride_i) + c*stride_i - it is summed over the r dims by the shared reduction
+(`gradkern.reduction`): coalesced across outputs, fp32 accumulation (fp64 for f64), one fixed order.
+
+Autograd: `repeat`'s derivative is a C++ function (`repeat_backward` in FunctionsManual.cpp, a reshape plus
+sum), not an ATen op, so there is nothing to override below autograd. `enable()` registers aten::repeat on the
+autograd key instead: a `torch.autograd.Function` whose forward is stock `repeat` (redispatched below autograd)
+and whose backward is this kernel; its own backward (double backward) is `repeat` again. Forward-mode AD (jvp)
+repeats the tangent."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+import torch.autograd.forward_ad as _forward_ad
+
+from .. import dispatch
+from .._runtime import DEVICE_TYPE, FLOAT_DTYPES
+from ..elementwise import check_tensor
+from ..errors import InvalidProblem, Unsupported
+from ..reduction import plan_view, run_plan
+from ..registry import Case, register_op
+
+_OP = "repeat_backward"
+MAX_REPEAT_RANK = 8
+_views: dict = {}
+
+
+def _ints(name: str, values, what: str) -> tuple[int, ...]:
+    if isinstance(values, torch.Size):
+        return tuple(values)
+    try:
+        out = tuple(int(v) for v in values)
+        if any(isinstance(v, bool) or (isinstance(v, float) and v != int(v)) for v in values):
+            raise TypeError
+    except (TypeError, ValueError):
+        raise InvalidProblem(_OP, name, f"a sequence of {what}", values) from None
+    if any(v < 0 for v in out):
+        raise InvalidProblem(_OP, name, f"a sequence of {what}", out)
+    return out
+
+
+def _plan(grad: torch.Tensor, repeats, input_shape):
+    """(the reduction plan reading grad in place as (r0, s0, r1, s1, ...), input_shape), after validation."""
+    check_tensor(_OP, "grad", grad)
+    reps = _ints("repeats", repeats, "non-negative ints")
+    shape = _ints("input_shape", input_shape, "non-negative sizes")
+    if len(reps) < len(shape):
+        raise InvalidProblem(_OP, "repeats", f"at least {len(shape)} repeats (the input's rank), as Tensor.repeat "
+                             "requires", f"{len(reps)} ({list(reps)})")
+    if len(reps) > MAX_REPEAT_RANK:
+        raise Unsupported(_OP, "repeats", f"at most {MAX_REPEAT_RANK} repeats (rank <= {MAX_REPEAT_RANK})",
+                          len(reps))
+    padded = (1,) * (len(reps) - len(shape)) + shape
+    expected = tuple(r * s for r, s in zip(reps, padded, strict=True))
+    if tuple(grad.shape) != expected:
+        raise InvalidProblem(_OP, "grad", f"shape {expected} (repeats {list(reps)} times input_shape "
+                             f"{list(shape)})", tuple(grad.shape))
+    vshape: list[int] = []
+    vstride: list[int] = []
+    for r, s, g in zip(reps, padded, grad.stride(), strict=True):
+        vshape += [r, s]
+        vstride += [s * g, g]
+    dims = tuple(range(0, 2 * len(reps), 2))
+    return plan_view(tuple(vshape), tuple(vstride), grad.dtype, dims, op=_OP), shape
+
+
+def repeat_backward(grad: torch.Tensor, repeats: Sequence[int], input_shape: Sequence[int]) -> torch.Tensor:
+    """Gradient of `x.repeat(*repeats)` for x of `input_shape`: grad summed over every tile (fp32 accumulation,
+    fp64 for f64; a fixed summation order). Repeats may add leading dims and contain 1s and 0s (0: zeros)."""
+    try:
+        key = (grad.shape, grad.stride(), grad.dtype, grad.device.type, tuple(repeats), tuple(input_shape))
+        plan = _views.get(key)
+    except (AttributeError, TypeError):
+        key, plan = None, None
+    if plan is None:
+        plan = _plan(grad, repeats, input_shape)
+        if key is not None:
+            if len(_views) > 4096:
+                _views.clear()
+            _views[key] = plan
+    return run_plan(plan[0], grad, plan[1])
+
+
+def _stock_repeat_backward(grad: torch.Tensor, repeats, input_shape) -> torch.Tensor:
+    """autograd's own formula (torch/csrc/autograd/FunctionsManual.cpp `repeat_backward`), step for step."""
+    repeats, input_shape = list(repeats), list(input_shape)
+    if 0 in repeats:
+        return torch.zeros(input_shape, dtype=grad.dtype, device=grad.device)
+    n_lead = grad.dim() - len(input_shape)
+    for _ in range(n_lead):
+        grad = grad.sum(0)
+    size: list[int] = []
+    sum_dims: list[int] = []
+    for d, s in enumerate(input_shape):
+        if repeats[d + n_lead] != 1:
+            size.append(repeats[d + n_lead])
+            sum_dims.append(len(size) - 1)
+        size.append(s)
+    if sum_dims:
+        grad = grad.reshape(size).sum(sum_dims)
+    return grad
+
+
+# ----------------------------------------------------------------------------------------------- autograd
+class _Repeat(torch.autograd.Function):
+    """Tensor.repeat with gradkern's backward (stock forward)."""
+
+    @staticmethod
+    def forward(ctx, x, repeats):
+        ctx.repeats = tuple(repeats)
+        ctx.input_shape = tuple(x.shape)
+        ctx.kernel = x.dtype in FLOAT_DTYPES
+        return _stock_repeat()(x, repeats)
+
+    @staticmethod
+    def backward(ctx, grad):
+        if torch.is_grad_enabled() or not ctx.kernel or grad.device.type != DEVICE_TYPE:
+            # create_graph=True (the gradient must itself be differentiable) or a dtype the kernel does not
+            # take: autograd's own formula, so higher-order gradients are stock PyTorch's
+            return _stock_repeat_backward(grad, ctx.repeats, ctx.input_shape), None
+        return repeat_backward(grad, ctx.repeats, ctx.input_shape), None
+
+    @staticmethod
+    def jvp(ctx, x_t, _repeats_t):
+        return x_t.repeat(ctx.repeats)
+
+
+_STOCK: list = []
+
+
+def _stock_repeat():
+    if not _STOCK:
+        from ..registry import REGISTRY
+
+        _STOCK.append(dispatch.stock_call(REGISTRY[_OP], "repeat"))
+    return _STOCK[0]
+
+
+def _plain(x) -> bool:
+    """A plain strided tensor on gradkern's device, outside functorch transforms and torch-dispatch modes."""
+    return (type(x) in (torch.Tensor, torch.nn.Parameter) and x.layout == torch.strided
+            and x.device.type == DEVICE_TYPE and not torch._C._are_functorch_transforms_active()
+            and not torch._C._len_torch_dispatch_stack())
+
+
+def _repeat_autograd(self: torch.Tensor, repeats: Sequence[int]) -> torch.Tensor:
+    """aten::repeat at the autograd key: when a gradient will be needed, a Function whose forward is stock
+    `repeat` and whose backward is gradkern's kernel; otherwise declined (stock PyTorch runs)."""
+    if not _plain(self):
+        return NotImplemented
+    if (torch.is_grad_enabled() and self.requires_grad) or _forward_ad._current_level >= 0:
+        return _Repeat.apply(self, repeats)
+    return NotImplemented
+
+
+# ----------------------------------------------------------------------------------------------- cases
+_SHAPES = {
+    "tiny": [((16, 16), (4, 4))],
+    "small": [((24, 20), (4, 4)), ((32, 8), (2, 8)), ((16, 8), (64, 1)), ((4, 4), (16, 16)),
+              ((3, 5), (2, 1, 3)), ((2, 3, 4), (1, 2, 3)), ((7,), (3, 1, 2))],
+    "check": [((256, 256), (4, 4)), ((1024, 64), (2, 8)), ((1024, 64), (64, 1)), ((16, 16), (64, 64)),
+              ((8, 16, 32), (2, 3, 1, 2))],
+    "large": [((1024, 1024), (4, 4)), ((4096, 256), (2, 8)), ((4096, 256), (64, 1)), ((64, 64), (256, 256))],
+}
+
+
+def _cases(device, dtype, size: str) -> list[Case]:
+    el = torch.empty((), dtype=dtype).element_size()
+    out = []
+    for shape, reps in _SHAPES[size]:
+        padded = (1,) * (len(reps) - len(shape)) + shape
+        gshape = tuple(r * s for r, s in zip(reps, padded, strict=True))
+        grad = torch.randn(gshape, device=device, dtype=torch.float32).to(dtype)
+        n_in = math.prod(shape)
+        label = f"{'x'.join(map(str, shape))} rep {tuple(reps)}"
+        out.append(Case(label, (grad, list(reps), list(shape)), {}, bytes=(grad.numel() + n_in) * el,
+                        elements=n_in))
+    return out
+
+
+def _aten_examples(device, dtype) -> dict:
+    x = torch.randn(3, 4, device=device, dtype=dtype, requires_grad=True)
+    return {"repeat": ((x, [2, 1, 3]), {})}
+
+
+def _fake(grad: torch.Tensor, repeats, input_shape) -> torch.Tensor:
+    return grad.new_empty(tuple(input_shape))
+
+
+register_op(_OP, aten={"repeat": _repeat_autograd}, dispatch="autograd", accumulates=True,
+            reference=_stock_repeat_backward, cases=_cases, aten_examples=_aten_examples, fake=_fake)(repeat_backward)
