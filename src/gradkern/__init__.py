@@ -16,5 +16,6 @@ __version__ = "0.1.0"
 
 __all__ = [
     "enable", "disable", "use", "is_enabled", "ops", "device", "guarantee", "supported_ops", "Guarantee",
-    "GradkernError", "InvalidProblem", "Unsupported", "__version__",
+    "GradkernError", "InvalidProblem", "Unsupported", "__version__", "segment_max",
 ]
+from .kernels.segment_max import segment_max  # noqa: E402,I001  (an autograd-aware op PyTorch lacks)

@@ -1,0 +1,634 @@
+"""segment_max: per-segment max with its first argmax, forward and backward; and `torch.segment_reduce(...,
+"max")`'s backward (`aten::_segment_reduce_backward`) with PyTorch's own tie rule.
+
+Segments are CSR offsets along `axis`: segment s holds rows offsets[s] <= j < offsets[s+1]. Every kernel runs one
+program per (outer index, segment, block of inner columns) and walks its segment's rows in tiles of
+BLOCK_L x BLOCK_D: a gather over rows, so there are no atomics and the results do not depend on the tiling (max,
+argmax and tie counts are exact). Offsets are clamped to [0, N] in the kernels, so even invalid offsets never
+read or write out of bounds.
+
+Semantics of `gradkern.segment_max` (first-argmax, like torch_scatter's segment_csr):
+* values[s] = the max over the segment, as the element data[indices[s]] itself (so of two tied zeros the first
+  one's sign); NaN counts as larger than every number: a segment holding NaN has its first NaN as value and index;
+* indices[s] = the lowest row index (absolute, along `axis`) holding that value;
+* an empty segment has value 0 and index N (= data.size(axis), one past the last row: out of range on purpose,
+  so that it cannot alias a real row) and gets no gradient;
+* backward: the gradient of values[s] goes to exactly one element, data[indices[s]]; every other element gets 0.
+
+`_segment_reduce_backward` with reduce="max" (PyTorch's rule, CUDA and CPU kernels alike): every element equal to
+its segment's output, or NaN, gets g; when a segment (column) has k >= 2 such elements, those whose g > 0 get
+g / k instead (the division as ATen does it: in fp32 with k first rounded to the dtype for f16/bf16). Empty
+segments give no gradient. gradkern's kernel reproduces this bit for bit.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import _runtime, dispatch
+from .._runtime import DEVICE_TYPE, FLOAT_DTYPES
+from ..elementwise import check_tensor
+from ..errors import InvalidProblem, Unsupported
+from ..registry import Case, register_op
+from ..tl_helpers import cast_out
+
+_INDEX_DTYPES = (torch.int32, torch.int64)
+_TL = {torch.float32: tl.float32, torch.float64: tl.float64}
+
+
+# ----------------------------------------------------------------------------------------------- kernels
+@triton.jit
+def _segment(offs, soff_o, outer, seg, N):
+    """The clamped row range [start, end) of segment `seg` of outer slice `outer`."""
+    base = offs + outer * soff_o + seg
+    start = tl.load(base).to(tl.int64)
+    end = tl.load(base + 1).to(tl.int64)
+    start = tl.minimum(tl.maximum(start, 0), N)
+    end = tl.minimum(tl.maximum(end, start), N)
+    return start, end
+
+
+@triton.jit
+def _ids(n_dblk, S):
+    pid = tl.program_id(0).to(tl.int64)
+    dblk = pid % n_dblk
+    t = pid // n_dblk
+    return dblk, t % S, t // S
+
+
+@triton.jit
+def _zero_rows(out, lo, hi, d, dmask, so_n, dtype: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr):
+    """out[lo:hi, d] = 0 (rows no segment covers; empty unless the offsets skip rows)."""
+    zero = tl.zeros([BLOCK_L, BLOCK_D], dtype)
+    for r0 in range(lo, hi, BLOCK_L):
+        rows = r0 + tl.arange(0, BLOCK_L)
+        tl.store(out + rows[:, None] * so_n + d[None, :], zero, mask=(rows < hi)[:, None] & dmask[None, :])
+
+
+@triton.jit
+def _segment_max_fwd_kernel(x, offs, vals, idxs, S, N, INNER, n_dblk,
+                            sx_o, sx_n, sx_i, soff_o,
+                            BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, MATH: tl.constexpr):
+    dblk, seg, outer = _ids(n_dblk, S)
+    start, end = _segment(offs, soff_o, outer, seg, N)
+    d = dblk * BLOCK_D + tl.arange(0, BLOCK_D)
+    dmask = d < INNER
+    xb = x + outer * sx_o + d * sx_i
+    best = tl.full([BLOCK_D], float("-inf"), MATH)
+    best_idx = tl.full([BLOCK_D], -1, tl.int64)  # -1: no row seen yet
+    best_nan = tl.zeros([BLOCK_D], tl.int32)  # the best so far is a NaN: nothing later replaces it
+    for r0 in range(start, end, BLOCK_L):
+        rows = r0 + tl.arange(0, BLOCK_L)
+        m = (rows < end)[:, None] & dmask[None, :]
+        v = tl.load(xb[None, :] + rows[:, None] * sx_n, mask=m, other=float("-inf")).to(MATH)
+        isn = (v != v) & m
+        has_nan = tl.max(isn.to(tl.int32), axis=0)
+        vn = tl.where(isn, float("-inf"), v)
+        cmax = tl.max(vn, axis=0)
+        match = tl.where((has_nan > 0)[None, :], isn, (vn == cmax[None, :]) & m)
+        cidx = tl.min(tl.where(match, rows[:, None], N), axis=0)
+        # the first tile always wins; later tiles only with a strictly larger value (or a first NaN)
+        take = (best_idx < 0) | ((best_nan == 0) & ((has_nan > 0) | (cmax > best)))
+        best = tl.where(take, cmax, best)
+        best_idx = tl.where(take, cidx, best_idx)
+        best_nan = tl.where(take, has_nan, best_nan)
+    empty = best_idx < 0
+    idx = tl.where(empty, N, best_idx)
+    # the value is the element at the index, bits and all (NaN payload, the sign of a tied zero)
+    val = tl.load(xb + tl.where(empty, 0, best_idx) * sx_n, mask=dmask & (~empty), other=0.0)
+    o = (outer * S + seg) * INNER + d
+    tl.store(vals + o, val, mask=dmask)
+    tl.store(idxs + o, idx, mask=dmask)
+
+
+@triton.jit
+def _segment_max_bwd_kernel(g, idxs, offs, gx, S, N, INNER, n_dblk,
+                            sg_o, sg_s, sg_i, soff_o,
+                            BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr):
+    dblk, seg, outer = _ids(n_dblk, S)
+    start, end = _segment(offs, soff_o, outer, seg, N)
+    d = dblk * BLOCK_D + tl.arange(0, BLOCK_D)
+    dmask = d < INNER
+    gv = tl.load(g + outer * sg_o + seg * sg_s + d * sg_i, mask=dmask)
+    iv = tl.load(idxs + (outer * S + seg) * INNER + d, mask=dmask, other=-1)
+    zero = tl.zeros([BLOCK_L, BLOCK_D], gv.dtype)
+    ob = gx + outer * N * INNER
+    for r0 in range(start, end, BLOCK_L):
+        rows = r0 + tl.arange(0, BLOCK_L)
+        m = (rows < end)[:, None] & dmask[None, :]
+        out = tl.where(rows[:, None] == iv[None, :], gv[None, :], zero)
+        tl.store(ob + rows[:, None] * INNER + d[None, :], out, mask=m)
+    if seg == 0:
+        _zero_rows(ob, 0, start, d, dmask, INNER, gv.dtype, BLOCK_L, BLOCK_D)
+    if seg == S - 1:
+        _zero_rows(ob, end, N, d, dmask, INNER, gv.dtype, BLOCK_L, BLOCK_D)
+
+
+@triton.jit
+def _segment_reduce_max_bwd_kernel(g, o, x, offs, gx, S, N, INNER, n_dblk,
+                                   sg_o, sg_s, sg_i, so_o, so_s, so_i, sx_o, sx_n, sx_i, soff_o,
+                                   BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, MATH: tl.constexpr):
+    dblk, seg, outer = _ids(n_dblk, S)
+    start, end = _segment(offs, soff_o, outer, seg, N)
+    d = dblk * BLOCK_D + tl.arange(0, BLOCK_D)
+    dmask = d < INNER
+    ob = gx + outer * N * INNER
+    xb = x + outer * sx_o + d * sx_i
+    if end > start:
+        ov = tl.load(o + outer * so_o + seg * so_s + d * so_i, mask=dmask).to(MATH)
+        gv = tl.load(g + outer * sg_o + seg * sg_s + d * sg_i, mask=dmask).to(MATH)
+        zero = tl.zeros([BLOCK_L, BLOCK_D], gx.dtype.element_ty)
+        if end - start <= BLOCK_L:  # one tile: load it once
+            rows = start + tl.arange(0, BLOCK_L)
+            m = (rows < end)[:, None] & dmask[None, :]
+            v = tl.load(xb[None, :] + rows[:, None] * sx_n, mask=m, other=0.0).to(MATH)
+            sel = ((v != v) | (v == ov[None, :])) & m
+            cnt = tl.sum(sel.to(tl.int32), axis=0)
+            q = _tie_grad(gv, cnt, gx.dtype.element_ty, MATH)
+            tl.store(ob + rows[:, None] * INNER + d[None, :], tl.where(sel, q[None, :], zero), mask=m)
+        else:  # count the ties, then write (the second read mostly hits L2)
+            cnt = tl.zeros([BLOCK_D], tl.int32)
+            for r0 in range(start, end, BLOCK_L):
+                rows = r0 + tl.arange(0, BLOCK_L)
+                m = (rows < end)[:, None] & dmask[None, :]
+                v = tl.load(xb[None, :] + rows[:, None] * sx_n, mask=m, other=0.0).to(MATH)
+                cnt += tl.sum((((v != v) | (v == ov[None, :])) & m).to(tl.int32), axis=0)
+            q = _tie_grad(gv, cnt, gx.dtype.element_ty, MATH)
+            for r0 in range(start, end, BLOCK_L):
+                rows = r0 + tl.arange(0, BLOCK_L)
+                m = (rows < end)[:, None] & dmask[None, :]
+                v = tl.load(xb[None, :] + rows[:, None] * sx_n, mask=m, other=0.0).to(MATH)
+                sel = ((v != v) | (v == ov[None, :])) & m
+                tl.store(ob + rows[:, None] * INNER + d[None, :], tl.where(sel, q[None, :], zero), mask=m)
+    if seg == 0:
+        _zero_rows(ob, 0, start, d, dmask, INNER, gx.dtype.element_ty, BLOCK_L, BLOCK_D)
+    if seg == S - 1:
+        _zero_rows(ob, end, N, d, dmask, INNER, gx.dtype.element_ty, BLOCK_L, BLOCK_D)
+
+
+@triton.jit
+def _tie_grad(gv, cnt, DT: tl.constexpr, MATH: tl.constexpr):
+    """ATen's rule: g, or g / k (k = the tie count, as the dtype) where k >= 2 and g > 0; in the output dtype."""
+    k = cast_out(cnt.to(MATH), DT).to(MATH)
+    if MATH == tl.float32:
+        div = tl.math.div_rn(gv, k)
+    else:
+        div = gv / k
+    q = tl.where((cnt >= 2) & (gv > 0), div, gv)
+    return cast_out(q, DT)
+
+
+# ----------------------------------------------------------------------------------------------- host helpers
+def _npow2(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+def _collapse(sizes, strides) -> tuple[int, int] | None:
+    """(size, stride) of dims that form one strided run, or None."""
+    dims = [(s, st) for s, st in zip(sizes, strides, strict=True) if s != 1]
+    if not dims:
+        return (1, 0) if math.prod(sizes) else (0, 0)
+    size, stride = dims[-1]
+    for s, st in reversed(dims[:-1]):
+        if st != stride * size:
+            return None
+        size *= s
+    return size, stride
+
+
+def _layout(t: torch.Tensor, axis: int) -> tuple[torch.Tensor, tuple[int, int, int]]:
+    """t (maybe made contiguous) and its (outer, axis, inner) strides, outer/inner dims collapsed."""
+    outer = _collapse(t.shape[:axis], t.stride()[:axis])
+    inner = _collapse(t.shape[axis + 1:], t.stride()[axis + 1:])
+    if outer is None or inner is None:
+        t = t.contiguous()
+        outer = _collapse(t.shape[:axis], t.stride()[:axis])
+        inner = _collapse(t.shape[axis + 1:], t.stride()[axis + 1:])
+    return t, (outer[1], t.stride(axis) if t.dim() else 0, inner[1])
+
+
+def _blocks(inner: int, n: int, s: int) -> tuple[int, int, int]:
+    """(BLOCK_L, BLOCK_D, num_warps) from the inner size and the mean segment length (results never depend on
+    them: max, argmax and tie counts are exact)."""
+    bd = min(_npow2(max(inner, 1)), 128)
+    mean = max(1, n // max(s, 1))
+    bl = max(1, min(_npow2(mean), max(1, 4096 // bd), 256))
+    return bl, bd, 4 if bl * bd <= 2048 else 8
+
+
+def _norm_axis(op: str, axis, ndim: int) -> int:
+    if not isinstance(axis, int) or isinstance(axis, bool) or not -max(ndim, 1) <= axis < max(ndim, 1) or ndim == 0:
+        raise InvalidProblem(op, "axis", f"an int in [{-ndim}, {ndim - 1}] for data of rank {ndim}"
+                             if ndim else "data of rank >= 1", axis)
+    return axis % ndim
+
+
+def _check_offsets_tensor(op: str, name: str, t, device, *, ndim: int | None = 1) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise InvalidProblem(op, name, "an int32/int64 tensor", type(t).__name__)
+    if t.dtype not in _INDEX_DTYPES:
+        raise InvalidProblem(op, name, "an int32/int64 tensor", t.dtype)
+    if ndim is not None and t.dim() != ndim:
+        raise InvalidProblem(op, name, f"a {ndim}-D tensor", f"shape {tuple(t.shape)}")
+    if t.device != device:
+        raise InvalidProblem(op, name, f"a tensor on {device} (data's device)", t.device)
+
+
+def _launch(kernel, grid0: int, args: tuple, consts: dict, device: int) -> None:
+    if device >= 0 and torch.cuda.current_device() != device:
+        with torch.cuda.device(device):
+            kernel[(grid0,)](*args, **consts)
+        return
+    kernel[(grid0,)](*args, **consts)
+
+
+def _offsets_2d(offsets: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """offsets made contiguous, and the stride between outer slices (0 when shared)."""
+    offsets = offsets.contiguous()
+    return offsets, (offsets.shape[-1] if offsets.dim() > 1 else 0)
+
+
+# ----------------------------------------------------------------------------------------------- the ops
+def _fwd(data: torch.Tensor, offsets: torch.Tensor, axis: int, op: str):
+    data, (sx_o, sx_n, sx_i) = _layout(data, axis)
+    n = data.shape[axis]
+    s = offsets.shape[-1] - 1
+    outer = math.prod(data.shape[:axis])
+    inner = math.prod(data.shape[axis + 1:])
+    out_shape = (*data.shape[:axis], s, *data.shape[axis + 1:])
+    vals = torch.empty(out_shape, dtype=data.dtype, device=data.device)
+    idxs = torch.empty(out_shape, dtype=torch.int64, device=data.device)
+    if vals.numel() == 0:
+        return vals, idxs
+    offsets, soff_o = _offsets_2d(offsets)
+    bl, bd, warps = _blocks(inner, n, s)
+    n_dblk = triton.cdiv(inner, bd)
+    _launch(_segment_max_fwd_kernel, outer * s * n_dblk,
+            (data, offsets, vals, idxs, s, n, inner, n_dblk, sx_o, sx_n, sx_i, soff_o),
+            {"BLOCK_L": bl, "BLOCK_D": bd, "MATH": _TL[_runtime.math_dtype(data.dtype)], "num_warps": warps},
+            data.get_device())
+    return vals, idxs
+
+
+def _bwd(grad: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor, num_rows: int, axis: int):
+    s = offsets.shape[-1] - 1
+    out_shape = (*grad.shape[:axis], num_rows, *grad.shape[axis + 1:])
+    outer = math.prod(grad.shape[:axis])
+    inner = math.prod(grad.shape[axis + 1:])
+    if s == 0 or outer * inner == 0 or num_rows == 0:
+        return torch.zeros(out_shape, dtype=grad.dtype, device=grad.device)
+    gx = torch.empty(out_shape, dtype=grad.dtype, device=grad.device)
+    grad, (sg_o, sg_s, sg_i) = _layout(grad, axis)
+    indices = indices.contiguous()
+    offsets, soff_o = _offsets_2d(offsets)
+    bl, bd, warps = _blocks(inner, num_rows, s)
+    n_dblk = triton.cdiv(inner, bd)
+    _launch(_segment_max_bwd_kernel, outer * s * n_dblk,
+            (grad, indices, offsets, gx, s, num_rows, inner, n_dblk, sg_o, sg_s, sg_i, soff_o),
+            {"BLOCK_L": bl, "BLOCK_D": bd, "num_warps": warps}, grad.get_device())
+    return gx
+
+
+def _check_data(op: str, data, axis) -> int:
+    check_tensor(op, "data", data)
+    return _norm_axis(op, axis, data.dim())
+
+
+def segment_max_forward(data: torch.Tensor, offsets: torch.Tensor, axis: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-segment max over CSR `offsets` (S+1 int32/int64, assumed valid: starts at 0, non-decreasing, ends at
+    data.size(axis)) along `axis`: (values, indices) with the first argmax (absolute row index); NaN wins; empty
+    segments give value 0 and index data.size(axis)."""
+    op = "segment_max_forward"
+    axis = _check_data(op, data, axis)
+    _check_offsets_tensor(op, "offsets", offsets, data.device)
+    if offsets.numel() < 1:
+        raise InvalidProblem(op, "offsets", "S + 1 >= 1 entries", 0)
+    return _fwd(data, offsets, axis, op)
+
+
+def segment_max_backward(grad: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor, num_rows: int,
+                         axis: int = 0) -> torch.Tensor:
+    """Gradient of segment_max: grad[s] goes to row indices[s] of segment s (exactly one element); every other
+    element, and every element of an empty segment, gets 0. Result: grad's shape with num_rows along axis."""
+    op = "segment_max_backward"
+    check_tensor(op, "grad", grad)
+    axis = _norm_axis(op, axis, grad.dim())
+    _check_offsets_tensor(op, "offsets", offsets, grad.device)
+    if not isinstance(indices, torch.Tensor) or indices.dtype != torch.int64:
+        raise InvalidProblem(op, "indices", "an int64 tensor (segment_max_forward's indices)",
+                             getattr(indices, "dtype", type(indices).__name__))
+    if tuple(indices.shape) != tuple(grad.shape) or indices.device != grad.device:
+        raise InvalidProblem(op, "indices", f"a tensor of grad's shape {tuple(grad.shape)} on {grad.device}",
+                             f"{tuple(indices.shape)} on {indices.device}")
+    if grad.shape[axis] != offsets.numel() - 1:
+        raise InvalidProblem(op, "grad", f"size {offsets.numel() - 1} (the number of segments) along axis {axis}",
+                             grad.shape[axis])
+    if not isinstance(num_rows, int) or num_rows < 0:
+        raise InvalidProblem(op, "num_rows", "a non-negative int", num_rows)
+    return _bwd(grad, indices, offsets, int(num_rows), axis)
+
+
+def _segment_reduce_backward(grad: torch.Tensor, output: torch.Tensor, data: torch.Tensor, reduce: str,
+                             lengths: torch.Tensor | None = None, offsets: torch.Tensor | None = None,
+                             axis: int = 0, initial: float | None = None) -> torch.Tensor:
+    """aten::_segment_reduce_backward for reduce="max": PyTorch's tie rule (every element equal to its segment's
+    max, or NaN, gets g; with k >= 2 such elements, those with g > 0 get g / k), bit for bit."""
+    op = "_segment_reduce_backward"
+    if reduce != "max":
+        raise Unsupported(op, "reduce", "'max' (other reductions run stock PyTorch)", repr(reduce))
+    check_tensor(op, "data", data)
+    check_tensor(op, "grad", grad)
+    check_tensor(op, "output", output)
+    if (lengths is None) == (offsets is None):
+        raise InvalidProblem(op, "lengths/offsets", "exactly one of lengths and offsets", "both" if lengths
+                             is not None else "neither")
+    seg = offsets if offsets is not None else lengths
+    _check_offsets_tensor(op, "offsets" if offsets is not None else "lengths", seg, data.device, ndim=None)
+    axis = seg.dim() - 1  # as ATen: the segments run along lengths/offsets' last dim
+    if seg.dim() < 1 or data.dim() <= axis or tuple(seg.shape[:-1]) != tuple(data.shape[:axis]):
+        raise InvalidProblem(op, "lengths/offsets", f"leading dims equal to data's {tuple(data.shape[:axis])}",
+                             tuple(seg.shape))
+    if offsets is None:
+        offsets = torch.cat([torch.zeros((*lengths.shape[:-1], 1), dtype=lengths.dtype, device=lengths.device),
+                             lengths.cumsum(-1)], -1)
+    s = offsets.shape[-1] - 1
+    expected = (*data.shape[:axis], s, *data.shape[axis + 1:])
+    for name, t in (("grad", grad), ("output", output)):
+        if tuple(t.shape) != expected or t.dtype != data.dtype or t.device != data.device:
+            raise InvalidProblem(op, name, f"shape {expected}, dtype {data.dtype} on {data.device}",
+                                 f"{tuple(t.shape)}, {t.dtype} on {t.device}")
+    n = data.shape[axis]
+    outer = math.prod(data.shape[:axis])
+    inner = math.prod(data.shape[axis + 1:])
+    if s == 0 or data.numel() == 0:
+        return torch.zeros(data.shape, dtype=data.dtype, device=data.device)
+    gx = torch.empty(data.shape, dtype=data.dtype, device=data.device)
+    data, (sx_o, sx_n, sx_i) = _layout(data, axis)
+    grad, (sg_o, sg_s, sg_i) = _layout(grad, axis)
+    output, (so_o, so_s, so_i) = _layout(output, axis)
+    offsets = offsets.reshape(outer, s + 1) if axis else offsets
+    offsets, soff_o = _offsets_2d(offsets)
+    bl, bd, warps = _blocks(inner, n, s)
+    n_dblk = triton.cdiv(inner, bd)
+    _launch(_segment_reduce_max_bwd_kernel, outer * s * n_dblk,
+            (grad, output, data, offsets, gx, s, n, inner, n_dblk, sg_o, sg_s, sg_i, so_o, so_s, so_i,
+             sx_o, sx_n, sx_i, soff_o),
+            {"BLOCK_L": bl, "BLOCK_D": bd, "MATH": _TL[_runtime.math_dtype(data.dtype)], "num_warps": warps},
+            data.get_device())
+    return gx
+
+
+# ----------------------------------------------------------------------------------------------- user API
+def _offsets_from(op: str, n: int, device, offsets, lengths, segment_ids, num_segments, check: bool):
+    given = [name for name, v in (("offsets", offsets), ("lengths", lengths), ("segment_ids", segment_ids))
+             if v is not None]
+    if len(given) != 1:
+        raise InvalidProblem(op, "offsets/lengths/segment_ids", "exactly one of them", given or "none")
+    if num_segments is not None and (not isinstance(num_segments, int) or num_segments < 0):
+        raise InvalidProblem(op, "num_segments", "a non-negative int", num_segments)
+    if offsets is not None:
+        _check_offsets_tensor(op, "offsets", offsets, device)
+        if offsets.numel() < 1:
+            raise InvalidProblem(op, "offsets", "S + 1 >= 1 entries (CSR offsets)", "an empty tensor")
+        if check:
+            first, last, mono = torch.stack([offsets[0].long(), offsets[-1].long(),
+                                             (offsets.diff() >= 0).all().long()]).tolist()
+            if first != 0 or last != n or not mono:
+                raise InvalidProblem(op, "offsets", f"non-decreasing offsets from 0 to N = {n}",
+                                     f"first {first}, last {last}" + ("" if mono else ", decreasing somewhere"))
+        result = offsets
+    elif lengths is not None:
+        _check_offsets_tensor(op, "lengths", lengths, device)
+        if check and lengths.numel():
+            neg, total = torch.stack([(lengths < 0).any().long(), lengths.long().sum()]).tolist()
+            if neg or total != n:
+                raise InvalidProblem(op, "lengths", f"non-negative lengths summing to N = {n}",
+                                     f"sum {total}" + (", a negative length" if neg else ""))
+        elif check and n != 0:
+            raise InvalidProblem(op, "lengths", f"non-negative lengths summing to N = {n}", "no segments")
+        result = torch.cat([torch.zeros(1, dtype=torch.int64, device=device), lengths.long().cumsum(0)])
+    else:
+        _check_offsets_tensor(op, "segment_ids", segment_ids, device)
+        if segment_ids.numel() != n:
+            raise InvalidProblem(op, "segment_ids", f"one id per row (N = {n})", segment_ids.numel())
+        if num_segments is None:
+            num_segments = int(segment_ids[-1].item()) + 1 if n else 0
+        if check and n:
+            lo, hi, sorted_ = torch.stack([segment_ids.min().long(), segment_ids.max().long(),
+                                           (segment_ids.diff() >= 0).all().long()]).tolist()
+            if not sorted_:
+                raise InvalidProblem(op, "segment_ids", "sorted (non-decreasing) ids; sort data and ids first, or "
+                                     "pass check=False to promise they are", "unsorted ids")
+            if lo < 0 or hi >= num_segments:
+                raise InvalidProblem(op, "segment_ids", f"ids in [0, {num_segments})", f"ids in [{lo}, {hi}]")
+        bounds = torch.arange(num_segments + 1, device=device, dtype=segment_ids.dtype)
+        result = torch.searchsorted(segment_ids.contiguous(), bounds)
+    if num_segments is not None and result.numel() - 1 != num_segments:
+        raise InvalidProblem(op, "num_segments", f"{result.numel() - 1} (the segments given)", num_segments)
+    return result
+
+
+class _SegmentMax(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, data, offsets, axis):
+        vals, idxs = _fwd(data, offsets, axis, "segment_max")
+        ctx.save_for_backward(idxs, offsets)
+        ctx.num_rows, ctx.axis = data.shape[axis], axis
+        ctx.mark_non_differentiable(idxs)
+        return vals, idxs
+
+    @staticmethod
+    def backward(ctx, g, _gi):
+        idxs, offsets = ctx.saved_tensors
+        if g is None:
+            return None, None, None
+        if torch.is_grad_enabled():  # create_graph: a differentiable composite of the same map
+            return _backward_composite(g, idxs, ctx.num_rows, ctx.axis), None, None
+        if g.dtype not in FLOAT_DTYPES or g.device.type != DEVICE_TYPE:
+            return _backward_composite(g, idxs, ctx.num_rows, ctx.axis), None, None
+        return _bwd(g, idxs, offsets, ctx.num_rows, ctx.axis), None, None
+
+
+def _backward_composite(g: torch.Tensor, idxs: torch.Tensor, num_rows: int, axis: int) -> torch.Tensor:
+    """grad_data = scatter of g to rows idxs (empty segments, idx == num_rows, add nothing); differentiable."""
+    shape = (*g.shape[:axis], num_rows, *g.shape[axis + 1:])
+    if num_rows == 0 or g.numel() == 0:
+        return g.new_zeros(shape)
+    valid = idxs < num_rows
+    src = torch.where(valid, g, torch.zeros((), dtype=g.dtype, device=g.device))
+    return g.new_zeros(shape).scatter_add(axis, idxs.clamp(max=num_rows - 1), src)
+
+
+def segment_max(data: torch.Tensor, offsets: torch.Tensor | None = None, *, lengths: torch.Tensor | None = None,
+                segment_ids: torch.Tensor | None = None, num_segments: int | None = None, axis: int = 0,
+                check: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Max of each segment of `data` along `axis`, and the index of its first maximum: `(values, indices)`, like
+    `torch.max(dim=...)`, with autograd (the gradient of values[s] goes to exactly data[indices[s]]).
+
+    Segments are given by exactly one of: CSR `offsets` (S+1 entries, from 0 to N = data.size(axis),
+    non-decreasing), `lengths` (S non-negative entries summing to N) or `segment_ids` (one int per row, sorted
+    non-decreasing, in [0, num_segments); `num_segments` defaults to the last id + 1 and may add trailing empty
+    segments). `indices` are absolute row indices along `axis` (int64). NaN counts as larger than any number (a
+    segment holding NaN gives NaN and the first NaN's index). An empty segment gives value 0 and index N (out of
+    range on purpose) and no gradient.
+
+    `check=True` (default) verifies the segment description on the device before any kernel runs (one
+    synchronisation) and raises `InvalidProblem` for offsets that do not run from 0 to N or decrease, lengths
+    that are negative or do not sum to N, and unsorted or out-of-range segment ids. With `check=False` that is a
+    precondition: invalid segments give unspecified values (the kernels still never touch memory out of bounds);
+    unsorted ids in particular are not grouped - sort them (and data) first."""
+    op = "segment_max"
+    axis = _check_data(op, data, axis)
+    offs = _offsets_from(op, data.shape[axis], data.device, offsets, lengths, segment_ids, num_segments, check)
+    return _SegmentMax.apply(data, offs, axis)
+
+
+# ----------------------------------------------------------------------------------------------- references
+def _segment_ids(offsets: torch.Tensor, n: int) -> torch.Tensor:
+    lengths = offsets.diff()
+    return torch.repeat_interleave(torch.arange(lengths.numel(), device=offsets.device), lengths, output_size=n)
+
+
+def _reference_forward(data: torch.Tensor, offsets: torch.Tensor, axis: int = 0):
+    """A torch composite: stock segment_reduce's max, then the first row holding it (or the first NaN)."""
+    axis = axis % data.dim()
+    n = data.shape[axis]
+    vals = torch.segment_reduce(data, "max", offsets=offsets.long(), axis=axis, unsafe=True)
+    lengths = offsets.long().diff()
+    shape = [1] * data.dim()
+    shape[axis] = -1
+    empty = (lengths == 0).view(shape)
+    ids = _segment_ids(offsets.long(), n)
+    per_row = vals.index_select(axis, ids)
+    match = (data == per_row) | (torch.isnan(data) & torch.isnan(per_row))
+    rows = torch.arange(n, device=data.device).view(shape).expand_as(data)
+    cand = torch.where(match, rows, torch.full_like(rows, n))
+    idx = torch.full(vals.shape, n, dtype=torch.int64, device=data.device)
+    idx = idx.scatter_reduce(axis, ids.view(shape).expand_as(data), cand, "amin", include_self=True)
+    idx = torch.where(empty, torch.full_like(idx, n), idx)
+    vals = data.gather(axis, idx.clamp(max=max(n - 1, 0))) if n else vals
+    vals = torch.where(empty, torch.zeros((), dtype=vals.dtype, device=vals.device), vals)
+    return vals, idx
+
+
+def _reference_backward(grad: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor, num_rows: int,
+                        axis: int = 0) -> torch.Tensor:
+    return _backward_composite(grad, indices, num_rows, axis % grad.dim())
+
+
+def _fake_forward(data, offsets, axis=0):
+    axis = axis % data.dim()
+    shape = (*data.shape[:axis], offsets.shape[-1] - 1, *data.shape[axis + 1:])
+    return data.new_empty(shape), data.new_empty(shape, dtype=torch.int64)
+
+
+def _fake_backward(grad, indices, offsets, num_rows, axis=0):
+    axis = axis % grad.dim()
+    return grad.new_empty((*grad.shape[:axis], num_rows, *grad.shape[axis + 1:]))
+
+
+def _fake_segment_reduce_backward(grad, output, data, reduce, lengths=None, offsets=None, axis=0, initial=None):
+    return torch.empty_like(data)
+
+
+# ----------------------------------------------------------------------------------------------- cases
+_SIZES = {"tiny": (256, 16), "small": (2048, 8), "check": (1 << 16, 64), "large": (1 << 20, 64)}
+
+
+def _offset_sets(n: int, device, generator) -> list[tuple[str, torch.Tensor]]:
+    fixed = torch.arange(0, n + 1, 16, device=device)
+    if fixed[-1] != n:
+        fixed = torch.cat([fixed, torch.tensor([n], device=device)])
+    lens = torch.randint(1, 257, (n,), generator=generator)
+    cum = torch.cumsum(lens, 0)
+    cut = int((cum <= n).sum())
+    lens = lens[:cut].tolist()
+    if sum(lens) < n:
+        lens.append(n - sum(lens))
+    rand = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device=device)
+    return [("len 16", fixed), ("len 1-256", rand)]
+
+
+def _make(device, dtype, size):
+    n, d = _SIZES[size]
+    gen = torch.Generator().manual_seed(0)
+    data = torch.randn(n, d, generator=gen).to(dtype).to(device)
+    return n, d, data, _offset_sets(n, device, gen)
+
+
+def _fwd_cases(device, dtype, size: str) -> list[Case]:
+    n, d, data, sets = _make(device, dtype, size)
+    el = data.element_size()
+    return [Case(f"N={n} D={d} {label}", (data, offs, 0), {},
+                 bytes=n * d * el + (offs.numel() - 1) * d * (el + 8), elements=n * d) for label, offs in sets]
+
+
+def _bwd_cases(device, dtype, size: str) -> list[Case]:
+    n, d, data, sets = _make(device, dtype, size)
+    el = data.element_size()
+    out = []
+    for label, offs in sets:
+        _vals, idx = _fwd(data, offs, 0, "cases")
+        g = torch.randn(idx.shape, generator=torch.Generator().manual_seed(1)).to(dtype).to(device)
+        out.append(Case(f"N={n} D={d} {label}", (g, idx, offs, n, 0), {},
+                        bytes=n * d * el + idx.numel() * (el + 8), elements=n * d))
+    return out
+
+
+def _segred_cases(device, dtype, size: str) -> list[Case]:
+    n, d, data, sets = _make(device, dtype, size)
+    el = data.element_size()
+    out = []
+    if size != "large":  # ties, so that the tie rule is exercised
+        data = (data * 2).round() / 2
+    for label, offs in sets:
+        lengths = offs.diff()
+        output = _stock_segment_reduce_max(data, lengths)
+        g = torch.randn(output.shape, generator=torch.Generator().manual_seed(1)).to(dtype).to(device)
+        out.append(Case(f"N={n} D={d} {label}", (g, output, data, "max"), {"lengths": lengths},
+                        bytes=2 * n * d * el + 2 * output.numel() * el, elements=n * d))
+    return out
+
+
+def _stock_segment_reduce_max(data, lengths):
+    with dispatch.use(False):
+        return torch.segment_reduce(data, "max", lengths=lengths)
+
+
+def _segred_examples(device, dtype) -> dict:
+    data = torch.randn(10, 3, device=device, dtype=dtype)
+    lengths = torch.tensor([3, 0, 7], device=device)
+    output = _stock_segment_reduce_max(data, lengths)
+    return {"_segment_reduce_backward": ((torch.ones_like(output), output, data, "max"), {"lengths": lengths})}
+
+
+# ----------------------------------------------------------------------------------------------- registration
+def _plain(t) -> bool:
+    return (isinstance(t, torch.Tensor) and type(t) in (torch.Tensor, torch.nn.Parameter)
+            and t.layout == torch.strided and t.device.type == DEVICE_TYPE)
+
+
+def _segment_reduce_backward_aten(grad, output, data, reduce, *, lengths=None, offsets=None, axis=0, initial=None):
+    """aten::_segment_reduce_backward at the autograd key: reduce="max" on plain float tensors runs gradkern's
+    kernel; anything else (other reductions, dtypes, a differentiable call, transforms) is declined to stock."""
+    tensors = (grad, output, data, lengths, offsets)
+    if (reduce != "max" or data.dtype not in FLOAT_DTYPES or grad.dtype != data.dtype
+            or output.dtype != data.dtype
+            or not all(t is None or _plain(t) for t in tensors)
+            or torch._C._are_functorch_transforms_active() or torch._C._len_torch_dispatch_stack()
+            or (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors))):
+        return NotImplemented
+    return _segment_reduce_backward(grad, output, data, reduce, lengths, offsets, axis, initial)
+
+
+register_op("segment_max_forward", exact=True, reference=_reference_forward, cases=_fwd_cases,
+            fake=_fake_forward)(segment_max_forward)
+register_op("segment_max_backward", exact=True, reference=_reference_backward, cases=_bwd_cases,
+            fake=_fake_backward)(segment_max_backward)
+register_op("_segment_reduce_backward", aten={"_segment_reduce_backward": _segment_reduce_backward_aten},
+            dispatch="autograd", exact=True, cases=_segred_cases, aten_examples=_segred_examples,
+            fake=_fake_segment_reduce_backward)(_segment_reduce_backward)

@@ -1,0 +1,350 @@
+"""segment_max (first-argmax forward/backward, autograd-aware) and torch.segment_reduce(..., "max")'s backward
+through enable() (PyTorch's tie rule, bit for bit)."""
+
+import math
+
+import pytest
+import torch
+
+import gradkern
+from conftest import DEVICE, DTYPES, dtype_id, gpu_only
+from gradkern import InvalidProblem, Unsupported, ops
+from gradkern.kernels import segment_max as sm
+from gradkern.testing import assert_bitwise_equal
+
+
+def _data(shape, dtype, seed=0, ties=False):
+    g = torch.Generator().manual_seed(seed)
+    t = torch.randn(shape, generator=g)
+    if ties:
+        t = (t * 2).round() / 2
+    return t.to(dtype).to(DEVICE)
+
+
+def _offsets(lengths):
+    return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device=DEVICE)
+
+
+def _expected(data, offsets, axis=0):
+    """A plain Python loop over segments in float64: (values, first argmax), NaN largest, empty -> (0, N)."""
+    d = data.detach().cpu().double().movedim(axis, 0)
+    n = d.shape[0]
+    offs = offsets.cpu().tolist()
+    vals, idxs = [], []
+    for s in range(len(offs) - 1):
+        a, b = offs[s], offs[s + 1]
+        seg = d[a:b]
+        if b == a:
+            vals.append(torch.zeros(d.shape[1:], dtype=torch.float64))
+            idxs.append(torch.full(d.shape[1:], n, dtype=torch.int64))
+            continue
+        nan = torch.isnan(seg)
+        m = torch.where(nan, torch.full_like(seg, -math.inf), seg).amax(0)
+        has_nan = nan.any(0)
+        match = torch.where(has_nan, nan, seg == m)
+        first = match.int().argmax(0)
+        vals.append(seg.gather(0, first.unsqueeze(0)).squeeze(0))  # the element itself (sign of a tied zero)
+        idxs.append(first + a)
+    v = torch.stack(vals).movedim(0, axis).to(data.dtype)
+    i = torch.stack(idxs).movedim(0, axis)
+    return v, i
+
+
+LENGTH_SETS = {
+    "uniform": [4] * 6,
+    "with-empty": [3, 0, 5, 0, 0, 9, 1],
+    "long": [1, 70, 2, 300],
+    "single": [17],
+    "all-empty-tail": [5, 6, 0, 0],
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("name", sorted(LENGTH_SETS))
+def test_forward_matches_loop_reference(name, dtype):
+    lengths = LENGTH_SETS[name]
+    n = sum(lengths)
+    for shape in [(n,), (n, 3), (n, 2, 5), (n, 130)]:
+        data = _data(shape, dtype, ties=True)
+        offs = _offsets(lengths)
+        vals, idxs = gradkern.segment_max(data, offs)
+        ev, ei = _expected(data, offs)
+        assert_bitwise_equal(vals, ev, f"{name} {shape} values")
+        assert_bitwise_equal(idxs, ei, f"{name} {shape} indices")
+        rv, ri = sm._reference_forward(data, offs)  # the registry's composite reference agrees
+        assert_bitwise_equal(rv, ev, "composite reference")
+        assert_bitwise_equal(ri, ei, "composite reference")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_special_values(dtype):
+    nan, inf = math.nan, math.inf
+    col = [1.0, nan, 2.0, nan,  # NaN wins, first NaN's index
+           -inf, -inf,  # all -inf: value -inf, first index
+           3.0, 3.0, 1.0,  # ties: first
+           inf, 5.0, inf,  # +inf
+           -0.0, 0.0]  # -0 and 0 compare equal: the first one
+    data = torch.tensor(col, dtype=torch.float64).to(dtype).to(DEVICE)
+    offs = _offsets([4, 2, 3, 3, 2])
+    vals, idxs = gradkern.segment_max(data, offs)
+    assert idxs.cpu().tolist() == [1, 4, 6, 9, 12]
+    v = vals.cpu().double()
+    assert math.isnan(v[0]) and v[1] == -inf and v[2] == 3 and v[3] == inf
+    assert v[4] == 0 and math.copysign(1, v[4]) == -1  # the first of the tied zeros: -0.0
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_lengths_segment_ids_and_axis(dtype):
+    lengths = [3, 0, 5, 4]
+    n = sum(lengths)
+    data = _data((n, 6), dtype, ties=True)
+    offs = _offsets(lengths)
+    ref = gradkern.segment_max(data, offs)
+    L = torch.tensor(lengths, device=DEVICE)
+    assert_bitwise_equal(gradkern.segment_max(data, lengths=L), ref)
+    assert_bitwise_equal(gradkern.segment_max(data, lengths=L.int()), ref)
+    assert_bitwise_equal(gradkern.segment_max(data, offs.int()), ref)
+    ids = torch.repeat_interleave(torch.arange(4, device=DEVICE), L)
+    assert_bitwise_equal(gradkern.segment_max(data, segment_ids=ids), ref)
+    v6, i6 = gradkern.segment_max(data, segment_ids=ids, num_segments=6)  # two trailing empty segments
+    assert v6.shape == (6, 6) and bool((v6[4:] == 0).all()) and bool((i6[4:] == n).all())
+    assert_bitwise_equal((v6[:4], i6[:4]), ref)
+    # axis: segments along dim 1 of (2, n, 3); and negative axis
+    d3 = _data((2, n, 3), dtype, seed=3, ties=True)
+    for axis in (1, -2):
+        v, i = gradkern.segment_max(d3, offs, axis=axis)
+        ev, ei = _expected(d3, offs, axis=1)
+        assert_bitwise_equal(v, ev, f"axis {axis}")
+        assert_bitwise_equal(i, ei, f"axis {axis}")
+    # strided data read in place (transposed, sliced)
+    dt = _data((6, n), dtype, seed=4, ties=True).t()
+    assert_bitwise_equal(gradkern.segment_max(dt, offs), _expected(dt, offs))
+    ds = _data((n, 12), dtype, seed=5, ties=True)[:, ::2]
+    assert_bitwise_equal(gradkern.segment_max(ds, offs), _expected(ds, offs))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_backward_goes_to_first_argmax_only(dtype):
+    lengths = [3, 0, 5, 1, 70]
+    n = sum(lengths)
+    data = _data((n, 4), dtype, ties=True).requires_grad_()
+    offs = _offsets(lengths)
+    vals, idxs = gradkern.segment_max(data, offs)
+    assert not idxs.requires_grad
+    g = _data(vals.shape, dtype, seed=7)
+    (gx,) = torch.autograd.grad(vals, data, g)
+    expected = torch.zeros(n, 4, dtype=torch.float64)
+    ii = idxs.cpu()
+    for s in range(len(lengths)):
+        for d in range(4):
+            if ii[s, d] < n:
+                expected[ii[s, d], d] = g[s, d].double().cpu()
+    assert_bitwise_equal(gx, expected.to(dtype), "gradient")
+    assert int((gx != 0).sum()) <= int((g != 0).sum())
+    assert_bitwise_equal(ops.segment_max_backward(g, idxs, offs, n, 0), gx, "ops.segment_max_backward")
+
+
+def test_backward_trailing_dims_axis_and_double_backward():
+    lengths = [2, 0, 4, 3]
+    n = sum(lengths)
+    offs = _offsets(lengths)
+    x = _data((3, n, 2, 2), torch.float64, ties=True).requires_grad_()
+    w = _data((3, n, 2, 2), torch.float64, seed=2)  # does not require grad
+    vals, idxs = gradkern.segment_max(x * 1.0 + w * 0.0, offs, axis=1)
+    g = _data(vals.shape, torch.float64, seed=9).requires_grad_()
+    (gx,) = torch.autograd.grad(vals, x, g, create_graph=True)
+    comp = sm._backward_composite(g.detach(), idxs, n, 1)
+    assert_bitwise_equal(gx.detach(), comp)
+    # double backward: d/dg of <gx, x> is x gathered at the argmax rows
+    (gg,) = torch.autograd.grad((gx * x.detach()).sum(), g)
+    expected = torch.where(idxs < n, x.detach().gather(1, idxs.clamp(max=n - 1)), torch.zeros((), dtype=x.dtype))
+    assert_bitwise_equal(gg, expected.to(DEVICE))
+    assert w.grad is None
+
+
+def test_no_grad_and_determinism():
+    lengths = [5, 0, 9, 30]
+    offs = _offsets(lengths)
+    data = _data((44, 8), torch.float32, ties=True)
+    with torch.no_grad():
+        v, i = gradkern.segment_max(data.requires_grad_(), offs)
+    assert v.grad_fn is None
+    for _ in range(2):
+        assert_bitwise_equal(gradkern.segment_max(data.detach(), offs), (v, i))
+
+
+def test_bad_inputs_raise_named_errors():
+    data = _data((10, 3), torch.float32)
+    good = _offsets([4, 6])
+    with pytest.raises(InvalidProblem, match="segment_max.*axis"):
+        gradkern.segment_max(data, good, axis=2)
+    with pytest.raises(InvalidProblem, match="axis"):
+        gradkern.segment_max(data, good, axis=-3)
+    with pytest.raises(InvalidProblem, match="offsets"):
+        gradkern.segment_max(data, _offsets([4, 5]))  # ends at 9, not N = 10
+    with pytest.raises(InvalidProblem, match="offsets"):
+        gradkern.segment_max(data, torch.tensor([1, 4, 10], device=DEVICE))  # does not start at 0
+    with pytest.raises(InvalidProblem, match="offsets"):
+        gradkern.segment_max(data, torch.tensor([0, 6, 4, 10], device=DEVICE))  # not monotone
+    with pytest.raises(InvalidProblem, match="offsets"):
+        gradkern.segment_max(data, good.float())
+    with pytest.raises(InvalidProblem, match="offsets"):
+        gradkern.segment_max(data, good.view(1, -1))
+    with pytest.raises(InvalidProblem, match="lengths"):
+        gradkern.segment_max(data, lengths=torch.tensor([4, 5], device=DEVICE))
+    with pytest.raises(InvalidProblem, match="lengths"):
+        gradkern.segment_max(data, lengths=torch.tensor([12, -2], device=DEVICE))
+    with pytest.raises(InvalidProblem, match="exactly one"):
+        gradkern.segment_max(data, good, lengths=torch.tensor([4, 6], device=DEVICE))
+    with pytest.raises(InvalidProblem, match="exactly one"):
+        gradkern.segment_max(data)
+    ids = torch.tensor([0, 0, 1, 1, 1, 0, 2, 2, 2, 2], device=DEVICE)
+    with pytest.raises(InvalidProblem, match="segment_ids.*sorted"):
+        gradkern.segment_max(data, segment_ids=ids)
+    with pytest.raises(InvalidProblem, match="segment_ids"):
+        gradkern.segment_max(data, segment_ids=ids.sort().values, num_segments=2)  # id 2 out of range
+    with pytest.raises(InvalidProblem, match="segment_ids"):
+        gradkern.segment_max(data, segment_ids=ids[:5])
+    with pytest.raises(InvalidProblem, match="num_segments"):
+        gradkern.segment_max(data, good, num_segments=3)
+    with pytest.raises(Unsupported, match="data"):
+        gradkern.segment_max(data.to(torch.int32), good)
+    # check=False: unsorted ids are a broken precondition - unspecified values, but it runs and stays in bounds
+    v, i = gradkern.segment_max(data, segment_ids=ids, num_segments=3, check=False)
+    assert v.shape == (3, 3)
+    v, i = gradkern.segment_max(data, torch.tensor([0, 7, 3, 99], device=DEVICE), check=False)
+    assert v.shape == (3, 3) and bool(((i >= 0) & (i <= 10)).all())
+    # the ops check their structural arguments
+    with pytest.raises(InvalidProblem, match="indices"):
+        ops.segment_max_backward(data[:2], torch.zeros(2, 3, dtype=torch.int32, device=DEVICE), good, 10)
+    with pytest.raises(InvalidProblem, match="grad"):
+        ops.segment_max_backward(data[:3], torch.zeros(3, 3, dtype=torch.int64, device=DEVICE), good, 10)
+    with pytest.raises(Unsupported, match="reduce"):
+        ops._segment_reduce_backward(data[:2], data[:2], data, "sum", lengths=torch.tensor([4, 6], device=DEVICE))
+
+
+def test_empty_inputs():
+    data = _data((0, 3), torch.float32)
+    v, i = gradkern.segment_max(data, torch.tensor([0, 0, 0], device=DEVICE))
+    assert v.shape == (2, 3) and bool((v == 0).all()) and bool((i == 0).all())
+    v, i = gradkern.segment_max(_data((5, 3), torch.float32), torch.tensor([0, 5], device=DEVICE))
+    assert v.shape == (1, 3)
+    v, i = gradkern.segment_max(_data((0,), torch.float32), lengths=torch.zeros(0, dtype=torch.int64, device=DEVICE))
+    assert v.shape == (0,)
+    x = _data((4, 0), torch.float32).requires_grad_()
+    v, i = gradkern.segment_max(x, torch.tensor([0, 4], device=DEVICE))
+    assert v.shape == (1, 0)
+    v.sum().backward()
+    assert x.grad.shape == (4, 0)
+
+
+# ------------------------------------------------------------------------------------------------ segment_reduce
+def _spy(monkeypatch):
+    calls = []
+    real = sm._segment_reduce_backward
+
+    def spy(*a, **k):
+        calls.append(1)
+        return real(*a, **k)
+
+    monkeypatch.setattr(sm, "_segment_reduce_backward", spy)
+    return calls
+
+
+def _both(data, g, **kw):
+    """Gradients of segment_reduce(data, 'max', **kw) with gradkern enabled and stock."""
+    out = []
+    for enabled in (True, False):
+        x = data.clone().requires_grad_()
+        with gradkern.use(enabled):
+            y = torch.segment_reduce(x, "max", **kw)
+            (gx,) = torch.autograd.grad(y, x, g)
+        out.append((y, gx))
+    return out
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_segment_reduce_backward_equals_stock(dtype, monkeypatch):
+    calls = _spy(monkeypatch)
+    lengths = [3, 0, 6, 1, 40, 2]
+    n = sum(lengths)
+    data = _data((n, 5), dtype, ties=True)
+    data[4, 0] = math.nan
+    data[5, 1] = math.nan
+    data[6, 1] = math.nan
+    data[10:15, 2] = 7.0  # five-way tie
+    L = torch.tensor(lengths, device=DEVICE)
+    for g in (_data((len(lengths), 5), dtype, seed=3), -_data((len(lengths), 5), dtype, seed=3).abs(),
+              torch.full((len(lengths), 5), 3.0, dtype=dtype, device=DEVICE)):
+        for kw in ({"lengths": L}, {"offsets": _offsets(lengths)}, {"lengths": L.int()},
+                   {"lengths": L, "initial": 0.25}):
+            (y, gx), (ys, gxs) = _both(data, g, **kw)
+            assert_bitwise_equal(y, ys, f"forward {kw.keys()}")
+            assert_bitwise_equal(gx, gxs, f"backward {list(kw)}")
+    assert calls, "gradkern's kernel did not run"
+
+
+def test_segment_reduce_tie_count_rounding_in_bf16_and_f16():
+    """257 tied elements: ATen divides by the count converted to the dtype (257 -> 256 in bf16)."""
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        data = torch.full((300, 1), 2.0, dtype=dtype, device=DEVICE)
+        data[:43] = 1.0
+        g = torch.tensor([[3.0]], dtype=dtype, device=DEVICE)
+        (_, gx), (_, gxs) = _both(data, g, lengths=torch.tensor([300], device=DEVICE))
+        assert_bitwise_equal(gx, gxs, f"{dtype}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=dtype_id)
+def test_segment_reduce_axis_and_2d_lengths(dtype):
+    data = _data((2, 9, 3), dtype, ties=True)
+    lengths = torch.tensor([[2, 0, 7], [4, 5, 0]], device=DEVICE)
+    g = _data((2, 3, 3), dtype, seed=1)
+    (y, gx), (ys, gxs) = _both(data, g, lengths=lengths, axis=1)
+    assert_bitwise_equal(gx, gxs)
+    offsets = torch.cat([torch.zeros(2, 1, dtype=torch.int64, device=DEVICE), lengths.cumsum(1)], 1)
+    (y, gx), (ys, gxs) = _both(data, g, offsets=offsets, axis=1)
+    assert_bitwise_equal(gx, gxs)
+
+
+def test_segment_reduce_other_reductions_and_double_backward_stay_stock(monkeypatch):
+    calls = _spy(monkeypatch)
+    data = _data((12, 2), torch.float64, ties=True)
+    L = torch.tensor([5, 0, 7], device=DEVICE)
+    g = _data((3, 2), torch.float64, seed=1)
+    for reduce in ("sum", "mean", "min", "prod"):
+        outs = []
+        for enabled in (True, False):
+            x = data.clone().requires_grad_()
+            with gradkern.use(enabled):
+                (gx,) = torch.autograd.grad(torch.segment_reduce(x, reduce, lengths=L), x, g)
+            outs.append(gx)
+        assert_bitwise_equal(outs[0], outs[1], reduce)
+    assert not calls
+    # create_graph=True: stock's own autograd kernel runs (its gradient has a grad_fn that is not implemented)
+    x = data.clone().requires_grad_()
+    gg = g.clone().requires_grad_()
+    with gradkern.use():
+        (gx,) = torch.autograd.grad(torch.segment_reduce(x, "max", lengths=L), x, gg, create_graph=True)
+    x2 = data.clone().requires_grad_()
+    (gx2,) = torch.autograd.grad(torch.segment_reduce(x2, "max", lengths=L), x2, gg, create_graph=True)
+    assert_bitwise_equal(gx, gx2)
+    assert type(gx.grad_fn) is type(gx2.grad_fn)
+    assert not calls
+
+
+# ------------------------------------------------------------------------------------------------ GPU sizes
+@gpu_only
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_large_shapes_on_gpu(dtype):
+    n, d = 1 << 18, 64
+    gen = torch.Generator().manual_seed(0)
+    data = _data((n, d), dtype, ties=True)
+    for label, offs in sm._offset_sets(n, DEVICE, gen):
+        vals, idxs = ops.segment_max_forward(data, offs, 0)
+        rv, ri = sm._reference_forward(data, offs)
+        assert_bitwise_equal(vals, rv, label)
+        assert_bitwise_equal(idxs, ri, label)
+        g = _data(vals.shape, dtype, seed=1)
+        assert_bitwise_equal(ops.segment_max_backward(g, idxs, offs, n, 0), sm._backward_composite(g, idxs, n, 0))
+        (y, gx), (ys, gxs) = _both(data, g, offsets=offs)
+        assert_bitwise_equal(gx, gxs, f"segment_reduce {label}")
