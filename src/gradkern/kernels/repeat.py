@@ -13,13 +13,13 @@ repeats the tangent."""
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 
 import torch
 import torch.autograd.forward_ad as _forward_ad
 
-from .. import dispatch
 from .._runtime import DEVICE_TYPE, FLOAT_DTYPES
 from ..elementwise import check_tensor
 from ..errors import InvalidProblem, Unsupported
@@ -128,18 +128,16 @@ class _Repeat(torch.autograd.Function):
 
     @staticmethod
     def jvp(ctx, x_t, _repeats_t):
-        return x_t.repeat(ctx.repeats)
-
-
-_STOCK: list = []
+        return _stock_repeat()(x_t, ctx.repeats)
 
 
 def _stock_repeat():
-    if not _STOCK:
-        from ..registry import REGISTRY
+    """Stock aten::repeat: ATen's own autograd kernel for it, called directly (it stays registered on the Autograd
+    alias key while gradkern's overrides the per-device key), so it never comes back here."""
+    return _STOCK_REPEAT
 
-        _STOCK.append(dispatch.stock_call(REGISTRY[_OP], "repeat"))
-    return _STOCK[0]
+
+_STOCK_REPEAT = functools.partial(torch.ops.aten.repeat.default._op_dk, torch._C.DispatchKey.Autograd)
 
 
 def _plain(x) -> bool:
@@ -151,12 +149,10 @@ def _plain(x) -> bool:
 
 def _repeat_autograd(self: torch.Tensor, repeats: Sequence[int]) -> torch.Tensor:
     """aten::repeat at the autograd key: when a gradient will be needed, a Function whose forward is stock
-    `repeat` and whose backward is gradkern's kernel; otherwise declined (stock PyTorch runs)."""
-    if not _plain(self):
-        return NotImplemented
-    if (torch.is_grad_enabled() and self.requires_grad) or _forward_ad._current_level >= 0:
+    `repeat` and whose backward is gradkern's kernel; otherwise stock PyTorch's autograd kernel, graph included."""
+    if _plain(self) and ((torch.is_grad_enabled() and self.requires_grad) or _forward_ad._current_level >= 0):
         return _Repeat.apply(self, repeats)
-    return NotImplemented
+    return _stock_repeat()(self, repeats)  # nothing to differentiate here, or a tensor gradkern leaves to stock
 
 
 # ----------------------------------------------------------------------------------------------- cases

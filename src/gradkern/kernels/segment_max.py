@@ -23,6 +23,7 @@ segments give no gradient. gradkern's kernel reproduces this bit for bit.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -621,8 +622,14 @@ def _segment_reduce_backward_aten(grad, output, data, reduce, *, lengths=None, o
             or not all(t is None or _plain(t) for t in tensors)
             or torch._C._are_functorch_transforms_active() or torch._C._len_torch_dispatch_stack()
             or (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors))):
-        return NotImplemented
+        # stock: ATen's own autograd kernel, called directly (it stays registered on the Autograd alias key)
+        return _STOCK_SEGMENT_REDUCE_BACKWARD(grad, output, data, reduce, lengths=lengths, offsets=offsets,
+                                              axis=axis, initial=initial)
     return _segment_reduce_backward(grad, output, data, reduce, lengths, offsets, axis, initial)
+
+
+_STOCK_SEGMENT_REDUCE_BACKWARD = functools.partial(torch.ops.aten._segment_reduce_backward.default._op_dk,
+                                                   torch._C.DispatchKey.Autograd)
 
 
 register_op("segment_max_forward", exact=True, reference=_reference_forward, cases=_fwd_cases,
