@@ -8,6 +8,7 @@ autograd key. Overrides never re-enter themselves: while one runs, a nested call
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 import warnings
 from collections.abc import Callable, Iterator
@@ -33,8 +34,13 @@ def stock_call(info: OpInfo, overload: str) -> Callable:
     """A callable that runs stock PyTorch for `overload`, bypassing gradkern's registration of it."""
     op = _overload(overload)
     if info.dispatch == "autograd":
-        keyset = torch._C._after_autograd_keyset
-        return lambda *a, **k: op.redispatch(keyset, *a, **k)
+        # ATen's own autograd kernel for the op, called directly (it stays registered on the alias key while ours
+        # overrides the runtime key): a declined or nested call gets stock autograd, graph included. (Redispatching
+        # below autograd would drop the graph - zero gradients - and needs the caller's keyset.)
+        for key in (torch._C.DispatchKey.Autograd, torch._C.DispatchKey.CompositeImplicitAutograd):
+            if torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), key):
+                return functools.partial(op._op_dk, key)
+        raise RuntimeError(f"gradkern: aten::{overload} has no stock autograd kernel to fall back to")
     decomp = torch._decomp.decomposition_table.get(op)
     if decomp is None:
         raise RuntimeError(f"gradkern: no stock path for {overload} while its override is active")
