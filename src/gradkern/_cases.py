@@ -19,6 +19,12 @@ def randn(shape, device, dtype, *, scale: float = 1.0, generator: torch.Generato
     return t.to(dtype)
 
 
+def stand_in(shape, device, dtype) -> torch.Tensor:
+    """A tensor of `shape` and `dtype` that owns one element (a broadcast view): for arguments whose shape and
+    dtype are all a kernel reads (e.g. where's self/other), so that large cases do not allocate them."""
+    return torch.empty((), dtype=dtype, device=device).expand(shape)
+
+
 def pointwise_cases(make_args, n_inputs: int, n_outputs: int = 1):
     """A `cases(device, dtype, size)` for an elementwise op: `make_args(device, dtype, n)` returns a list of
     (label, args) pairs over 1-D tensors of n elements."""
