@@ -1,0 +1,95 @@
+"""Autograd-level overrides: how `enable()` puts a fused backward under a stock ATen op without bypassing autograd.
+
+An op whose gradients gradkern computes in one fused pass (where, lerp, prelu) cannot be routed on the backend key:
+its backward is a formula of several ATen calls (one kernel per input) that autograd runs, so a backend kernel
+would only replace the forward - and registering a backend kernel for an op autograd *decomposes*
+(CompositeImplicitAutograd, e.g. `where.ScalarOther`) replaces the decomposition on that device and silently drops
+the graph: the zero gradients of FlagGems #1971. Instead such an op registers on the autograd key
+(`register_op(..., dispatch="autograd")`) an override made by `fused_autograd`:
+
+* it declines (NotImplemented -> `dispatch` runs ATen's own autograd kernel, so stock autograd, graph included)
+  unless grad mode is on, some input requires grad, and every tensor is a plain strided tensor on gradkern's
+  device, outside functorch transforms, forward-mode AD and torch-dispatch modes (FakeTensor tracing), and the
+  op's own `accepts` (dtypes: integer `torch.where` stays stock) agrees;
+* otherwise it runs a `torch.autograd.Function`: the forward is stock PyTorch (`dispatch.stock_call`), it saves
+  only what the requested gradients need, and its backward runs the fused kernel for exactly the inputs that
+  require grad;
+* double backward: with `create_graph=True` the backward runs the op's `composite` instead - the differentiable
+  ATen formula of derivatives.yaml - so higher-order gradients are stock PyTorch's.
+
+Pick the overload that autograd itself differentiates (its kernel on the `Autograd` alias key, `derivatives.yaml`):
+`where.self`, `lerp.Scalar`, `lerp.Tensor`, `_prelu_kernel`. Composite entry points (`where.ScalarOther`,
+`Tensor.where`, `prelu`) decompose into these above the autograd key and so reach the override on their own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch.autograd import forward_ad
+
+from . import _runtime
+from .dispatch import stock_call
+from .registry import REGISTRY
+
+__all__ = ["fused_autograd", "plain_tensors"]
+
+_PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
+
+
+def plain_tensors(args) -> bool:
+    """True when gradkern's kernels can take the tensors among `args` as they are: plain strided tensors (or
+    Parameters) all on one device of gradkern's type, with no functorch transform, forward-AD level or torch
+    dispatch mode active (those need ATen's own autograd kernel)."""
+    if (torch._C._are_functorch_transforms_active() or forward_ad._current_level >= 0
+            or torch._C._len_torch_dispatch_stack()):
+        return False
+    device = None
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            if (type(a) not in _PLAIN_TYPES or a.layout != torch.strided or a.is_neg()
+                    or a.device.type != _runtime.DEVICE_TYPE):
+                return False
+            if device is None:
+                device = a.device
+            elif a.device != device:
+                return False
+    return device is not None
+
+
+def fused_autograd(op_name: str, overload: str, *, accepts: Callable[..., bool], save: Callable,
+                   fused: Callable, composite: Callable) -> Callable:
+    """The autograd-key override of ATen `overload` for gradkern op `op_name`.
+
+    `accepts(*args)`: whether the fused path takes these ATen arguments (beyond `plain_tensors`).
+    `save(ctx, needs, *args)`: keep on `ctx` what the backward needs (`ctx.save_for_backward` for tensors);
+    `needs` is `ctx.needs_input_grad`.
+    `fused(ctx, grad, needs)` / `composite(ctx, grad, needs)`: one gradient (or None) per ATen argument - the
+    fused kernel, and the differentiable ATen formula used when the backward itself is differentiated."""
+    stock: list[Callable] = []
+
+    def forward(ctx, *args):
+        if not stock:
+            stock.append(stock_call(REGISTRY[op_name], overload))
+        save(ctx, ctx.needs_input_grad, *args)
+        return stock[0](*args)
+
+    def backward(ctx, grad):
+        if torch.is_grad_enabled():  # create_graph=True: the gradient must itself be differentiable
+            return tuple(composite(ctx, grad, ctx.needs_input_grad))
+        return tuple(fused(ctx, grad, ctx.needs_input_grad))
+
+    name = "Gradkern" + "".join(p.capitalize() for p in overload.replace(".", "_").split("_"))  # node: ...Backward
+    function = type(name, (torch.autograd.Function,), {
+        "forward": staticmethod(forward), "backward": staticmethod(backward), "__module__": __name__})
+
+    def override(*args, **kwargs):
+        if (kwargs or not torch.is_grad_enabled()
+                or not any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
+                or not plain_tensors(args) or not accepts(*args)):
+            return NotImplemented
+        return function.apply(*args)
+
+    override.function = function  # for tests: the Function whose backward is fused
+    return override

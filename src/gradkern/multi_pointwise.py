@@ -1,0 +1,269 @@
+"""A multi-output elementwise launcher: one pass reads up to four operands and writes up to three results.
+
+Made for fused backwards (where, lerp, prelu), where one read of grad_output (and the saved inputs) produces the
+gradient of every input at once. An op supplies a scalar `@triton.jit` math function
+`fn(a, b, c, d, s0, s1, FLAG) -> (r0, r1, r2)` (operands upcast to the math dtype; an operand not passed repeats
+`a`; results an op does not ask for may be anything - they are never stored, and the compiler drops their math)
+and calls `MultiPointwise(...)(inputs, outputs, scalars=..., flag=...)`:
+
+* `inputs`: up to four tensors or None (not read); the first one is required. They broadcast together to the
+  problem shape B. Each is read in place (any strides, stride-0 broadcast).
+* `outputs`: per result, None (not computed, not written) or `(shape, dtype)`: the result is computed at B and, if
+  `shape` is not B, summed back to `shape` (autograd's sum_to) by `reduction.sum_to_shape` - deterministic, fixed
+  order. Results at B are written once, in the output dtype; results to be summed are written at B in the math
+  dtype (fp32, fp64 for f64: not rounded to a 16-bit dtype before they are added up) and summed in it - or, for
+  an op whose results are selections of the first input (`exact=True`: nothing to round), in that input's dtype.
+
+A flat 1-D pass over storage runs when every input has shape B and the same dense strides (contiguous,
+channels_last or any dense permutation; outputs then take that layout); otherwise a strided pass with int64
+offsets over up to 8 dims (after merging dims contiguous in every operand). Validation of dtypes is the calling
+op's job (it knows the rules); this checks devices and shapes, before any launch. Plans are cached per problem.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from . import _runtime
+from .elementwise import _broadcast_strides, _collapse, _dense_strides, launch, scalar_bits
+from .errors import InvalidProblem, Unsupported
+from .reduction import sum_to_shape
+from .tl_helpers import cast_out, scalar
+
+__all__ = ["MultiPointwise", "check_output_mask", "MAX_INPUTS", "MAX_OUTPUTS", "MAX_RANK"]
+
+MAX_INPUTS, MAX_OUTPUTS, MAX_RANK = 4, 3, 8
+_I32_MAX = 2**31 - 1
+FLAT_BLOCK, FLAT_WARPS = 1024, 4
+STRIDED_BLOCK, STRIDED_WARPS = 1024, 4
+_TL_MATH = {torch.float32: tl.float32, torch.float64: tl.float64}
+
+
+def check_output_mask(op: str, output_mask, n: int) -> tuple[bool, ...]:
+    """`output_mask` (which gradients a fused backward computes, as in ATen's multi-output backwards) as n bools."""
+    try:
+        mask = tuple(bool(m) for m in output_mask)
+    except TypeError:
+        mask = ()
+    if len(mask) != n:
+        raise InvalidProblem(op, "output_mask", f"a sequence of {n} booleans", output_mask)
+    return mask
+
+
+# ----------------------------------------------------------------------------------------------- kernels
+@triton.jit
+def _store_results(o0, o1, o2, offs, mask, r0, r1, r2, OUTS: tl.constexpr):
+    if OUTS & 1:
+        tl.store(o0 + offs, cast_out(r0, o0.dtype.element_ty), mask=mask)
+    if OUTS & 2:
+        tl.store(o1 + offs, cast_out(r1, o1.dtype.element_ty), mask=mask)
+    if OUTS & 4:
+        tl.store(o2 + offs, cast_out(r2, o2.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _flat_kernel(o0, o1, o2, x0, x1, x2, x3, s0, s1, n,
+                 FN: tl.constexpr, INS: tl.constexpr, OUTS: tl.constexpr, FLAG: tl.constexpr,
+                 MATH: tl.constexpr, BLOCK: tl.constexpr, I64: tl.constexpr):
+    if I64:
+        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    else:
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    a = tl.load(x0 + offs, mask=mask).to(MATH)
+    b = a
+    c = a
+    d = a
+    if INS & 2:
+        b = tl.load(x1 + offs, mask=mask).to(MATH)
+    if INS & 4:
+        c = tl.load(x2 + offs, mask=mask).to(MATH)
+    if INS & 8:
+        d = tl.load(x3 + offs, mask=mask).to(MATH)
+    r0, r1, r2 = FN(a, b, c, d, scalar(s0, MATH), scalar(s1, MATH), FLAG)
+    _store_results(o0, o1, o2, offs, mask, r0, r1, r2, OUTS)
+
+
+@triton.jit
+def _strided_kernel(o0, o1, o2, x0, x1, x2, x3, s0, s1, n, SHAPE, SO, S0, S1, S2, S3,
+                    FN: tl.constexpr, INS: tl.constexpr, OUTS: tl.constexpr, FLAG: tl.constexpr,
+                    MATH: tl.constexpr, RANK: tl.constexpr, BLOCK: tl.constexpr, I64: tl.constexpr):
+    if I64:  # (32-bit index math where every offset fits: the divisions below are much cheaper)
+        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    else:
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    rem = offs
+    oo = tl.zeros_like(offs)
+    f0 = tl.zeros_like(offs)
+    f1 = tl.zeros_like(offs)
+    f2 = tl.zeros_like(offs)
+    f3 = tl.zeros_like(offs)
+    for i in tl.static_range(RANK):
+        size = SHAPE[RANK - 1 - i]
+        idx = rem % size
+        rem = rem // size
+        oo += idx * SO[RANK - 1 - i]
+        f0 += idx * S0[RANK - 1 - i]
+        if INS & 2:
+            f1 += idx * S1[RANK - 1 - i]
+        if INS & 4:
+            f2 += idx * S2[RANK - 1 - i]
+        if INS & 8:
+            f3 += idx * S3[RANK - 1 - i]
+    a = tl.load(x0 + f0, mask=mask).to(MATH)
+    b = a
+    c = a
+    d = a
+    if INS & 2:
+        b = tl.load(x1 + f1, mask=mask).to(MATH)
+    if INS & 4:
+        c = tl.load(x2 + f2, mask=mask).to(MATH)
+    if INS & 8:
+        d = tl.load(x3 + f3, mask=mask).to(MATH)
+    r0, r1, r2 = FN(a, b, c, d, scalar(s0, MATH), scalar(s1, MATH), FLAG)
+    _store_results(o0, o1, o2, oo, mask, r0, r1, r2, OUTS)
+
+
+# ----------------------------------------------------------------------------------------------- planning
+@dataclass(frozen=True)
+class _Plan:
+    shape: tuple[int, ...]  # B, the broadcast shape every result is computed at
+    n: int
+    math: object  # tl dtype
+    ins: int  # bit i: input i is read
+    outs: int  # bit j: result j is computed
+    out_dtypes: tuple  # per result: the dtype written at B (None: not computed)
+    reduce_to: tuple  # per result: the shape to sum it back to, or None (written at B in its final dtype)
+    final_dtypes: tuple  # per result: the dtype after summing back
+    flat: bool
+    dense_like: int  # flat: index of an input whose layout the results copy (-1: contiguous)
+    rank: int = 0
+    shape_c: tuple = ()
+    strides_c: tuple = ()  # output strides, then one tuple per input slot
+    i64: bool = True  # strided: index math in int64
+
+
+class MultiPointwise:
+    """A fused elementwise op with up to four inputs and three outputs; `inputs` / `outputs` name them for error
+    messages."""
+
+    def __init__(self, op: str, math_fn: Callable, inputs: Sequence[str], outputs: Sequence[str], *,
+                 exact: bool = False):
+        if not 1 <= len(inputs) <= MAX_INPUTS or not 1 <= len(outputs) <= MAX_OUTPUTS:
+            raise ValueError(f"MultiPointwise takes 1..{MAX_INPUTS} inputs and 1..{MAX_OUTPUTS} outputs")
+        self.op, self.math_fn, self.inputs, self.outputs = op, math_fn, tuple(inputs), tuple(outputs)
+        self.exact = exact
+        self._plans: dict = {}
+
+    def _plan(self, ins: Sequence, outs: Sequence) -> _Plan:
+        given = [(name, t) for name, t in zip(self.inputs, ins, strict=False) if t is not None]
+        dev = ins[0].device
+        for name, t in given:
+            if not isinstance(t, torch.Tensor):
+                raise Unsupported(self.op, name, "a torch.Tensor", type(t).__name__)
+            if t.device != dev:
+                raise Unsupported(self.op, name, f"a tensor on {dev} (the device of '{self.inputs[0]}')", t.device)
+        try:
+            shape = tuple(torch.broadcast_shapes(*(t.shape for _, t in given)))
+        except RuntimeError:
+            desc = ", ".join(f"{name}{tuple(t.shape)}" for name, t in given)
+            raise InvalidProblem(self.op, "/".join(n for n, _ in given), "shapes that broadcast together",
+                                 desc) from None
+        mdt = _TL_MATH[_runtime.math_dtype(ins[0].dtype)]
+        compute = ins[0].dtype if self.exact else _runtime.math_dtype(ins[0].dtype)  # what results to sum are in
+        out_dtypes, reduce_to, final = [], [], []
+        for spec in outs:
+            if spec is None:
+                out_dtypes.append(None), reduce_to.append(None), final.append(None)
+                continue
+            oshape, odt = tuple(spec[0]), spec[1]
+            final.append(odt)
+            if oshape == shape:
+                out_dtypes.append(odt), reduce_to.append(None)
+            else:
+                out_dtypes.append(compute), reduce_to.append(oshape)
+        ins_mask = sum(1 << i for i, t in enumerate(ins) if t is not None)
+        outs_mask = sum(1 << j for j, s in enumerate(outs) if s is not None)
+        n = math.prod(shape)
+        present = [t for _, t in given]
+        same = all(tuple(t.shape) == shape for t in present) and len({t.stride() for t in present}) == 1
+        common = dict(shape=shape, n=n, math=mdt, ins=ins_mask, outs=outs_mask, out_dtypes=tuple(out_dtypes),
+                      reduce_to=tuple(reduce_to), final_dtypes=tuple(final))
+        if same and (present[0].is_contiguous() or _dense_strides(present[0])):
+            return _Plan(**common, flat=True, dense_like=-1 if present[0].is_contiguous() else 0)
+        operands = [torch.empty(shape, device="meta").stride()]
+        operands += [_broadcast_strides(t, shape) if t is not None else None for t in ins]
+        operands += [None] * (1 + MAX_INPUTS - len(operands))
+        live = [s for s in operands if s is not None]
+        cshape, cstr = _collapse(shape, live)
+        if not cshape:  # every dim has size 1
+            cshape, cstr = (1,), [(0,)] * len(live)
+        if len(cshape) > MAX_RANK:
+            raise Unsupported(self.op, self.inputs[0], f"rank <= {MAX_RANK} (after merging dims)", len(shape))
+        it = iter(cstr)
+        strides = tuple(next(it) if s is not None else cstr[0] for s in operands)
+        span = max(sum((d - 1) * abs(st) for d, st in zip(cshape, sc, strict=True)) for sc in cstr)
+        i64 = n + STRIDED_BLOCK > _I32_MAX or span > _I32_MAX
+        return _Plan(**common, flat=False, dense_like=-1, rank=len(cshape), shape_c=cshape, strides_c=strides,
+                     i64=i64)
+
+    def __call__(self, inputs: Sequence[torch.Tensor | None], outputs: Sequence[tuple | None], *,
+                 scalars: Sequence[float] = (), flag: int = 0) -> tuple[torch.Tensor | None, ...]:
+        ins = list(inputs) + [None] * (MAX_INPUTS - len(inputs))
+        outs = tuple(outputs) + (None,) * (MAX_OUTPUTS - len(outputs))
+        if ins[0] is None:
+            raise TypeError(f"{self.op}: the first input ('{self.inputs[0]}') is required")
+        try:
+            key = (flag, outs, *[None if t is None else (t.shape, t.stride(), t.dtype, t.device) for t in ins])
+            plan = self._plans.get(key)
+        except (AttributeError, TypeError):  # a non-tensor argument: let validation name it
+            plan, key = None, None
+        if plan is None:
+            plan = self._plan(ins, outs)
+            if key is not None:
+                if len(self._plans) > 4096:
+                    self._plans.clear()
+                self._plans[key] = plan
+        first = ins[0]
+        results: list = []
+        for odt in plan.out_dtypes:
+            if odt is None:
+                results.append(None)
+            elif plan.flat and plan.dense_like >= 0:
+                results.append(torch.empty_like(first, dtype=odt))
+            else:
+                results.append(torch.empty(plan.shape, dtype=odt, device=first.device))
+        if plan.n > 0 and plan.outs:
+            self._launch(plan, ins, results, scalars, flag)
+        return tuple(
+            r if r is None or shape is None else sum_to_shape(r, shape, op=self.op, out_dtype=dt)
+            for r, shape, dt in zip(results[:len(self.outputs)], plan.reduce_to, plan.final_dtypes, strict=False)
+        )
+
+    def _launch(self, plan: _Plan, ins: list, results: list, scalars: Sequence[float], flag: int) -> None:
+        first = ins[0]
+        x = [t if t is not None else first for t in ins]
+        o = [r if r is not None else first for r in results]
+        bits = [scalar_bits(s) for s in scalars] + [0] * (2 - len(scalars))
+        device = first.get_device()
+        if plan.flat:
+            i64 = plan.n + FLAT_BLOCK > _I32_MAX
+            values = (self.math_fn, plan.ins, plan.outs, flag, plan.math, FLAT_BLOCK, i64)
+            consts = {"FN": self.math_fn, "INS": plan.ins, "OUTS": plan.outs, "FLAG": flag, "MATH": plan.math,
+                      "BLOCK": FLAT_BLOCK, "I64": i64, "num_warps": FLAT_WARPS, "__values__": values}
+            ptrs = (*o, *x)
+            spec = (self, plan, tuple(t.data_ptr() % 16 == 0 for t in ptrs), tuple(t.dtype for t in ptrs),
+                    tuple(-(2**31) <= b <= _I32_MAX for b in bits), plan.n % 16 == 0, plan.n == 1)
+            launch(_flat_kernel, (triton.cdiv(plan.n, FLAT_BLOCK),), (*o, *x, *bits, plan.n), consts, device, spec)
+            return
+        consts = {"FN": self.math_fn, "INS": plan.ins, "OUTS": plan.outs, "FLAG": flag, "MATH": plan.math,
+                  "RANK": plan.rank, "BLOCK": STRIDED_BLOCK, "I64": plan.i64, "num_warps": STRIDED_WARPS}
+        args = (*o, *x, *bits, plan.n, plan.shape_c, *plan.strides_c)
+        launch(_strided_kernel, (triton.cdiv(plan.n, STRIDED_BLOCK),), args, consts, device)
