@@ -1,0 +1,354 @@
+"""PReLU backward: ATen's `_prelu_kernel_backward`, and the fused `prelu_backward` that `enable()` uses.
+
+`_prelu_kernel_backward(g, x, w)` keeps ATen's signature and result: gi = x > 0 ? g : w*g and the full-shape
+gw = x > 0 ? 0 : x*g (w broadcast to x), in one elementwise pass. Autograd would then sum gw to the weight's shape
+in a second kernel; `prelu_backward(g, x, weight)` instead reduces grad_weight in the same pass: each program sums
+its tile's x*g per channel in fp32 (fp64 for f64) and writes one partial per channel; a fixed-order second pass
+(`reduction.reduce_sum`) adds the partials. No atomics; the split depends on the shape only, so results are
+bitwise reproducible. The channel is dim 1 (a 1-D or 0-d input has one channel), as `torch.prelu` defines it -
+never guessed from where the weight's size happens to match (a C == W input would otherwise go wrong).
+
+Fused layouts: contiguous input of any rank (x seen as (A, C, L): A = dim 0, L = the trailing dims) and
+channels_last / channels_last_3d (x seen as (A, C) with C innermost), with grad in the same layout; a scalar
+weight with any dense layout. Anything else (arbitrary strides, mixed layouts) takes the elementwise pass plus a
+deterministic sum. With `enable()`, `F.prelu` / `nn.PReLU` reach the `_prelu_kernel` override on the autograd key
+(`prelu` itself is CompositeImplicitAutograd: it checks and reshapes the weight to (1, C, 1, ...), then calls
+`_prelu_kernel`)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from .._cases import randn
+from .._runtime import FLOAT_DTYPES, math_dtype
+from ..autograd_routing import fused_autograd
+from ..elementwise import _dense_strides, check_tensor, launch
+from ..errors import InvalidProblem, Unsupported
+from ..multi_pointwise import MultiPointwise, check_output_mask
+from ..reduction import reduce_sum
+from ..registry import Case, register_op
+from ..tl_helpers import cast_out
+
+_OP = "prelu_backward"
+_OP_FULL = "_prelu_kernel_backward"
+_I32_MAX = 2**31 - 1
+
+
+# ------------------------------------------------------------------------------------- elementwise (ATen's op)
+@triton.jit
+def _prelu_backward_math(g, x, w, _d, _s0, _s1, _flag: tl.constexpr):
+    pos = x > 0
+    return tl.where(pos, g, w * g), tl.where(pos, 0.0, x * g), g
+
+
+_PRELU_FULL = MultiPointwise(_OP_FULL, _prelu_backward_math, ("grad_output", "self", "weight"),
+                             ("grad_input", "grad_weight"))
+
+
+def _kernel_backward_cases(device, dtype, size: str) -> list[Case]:
+    shape = _SHAPES[size]
+    n = math.prod(shape)
+    el = torch.empty((), dtype=dtype).element_size()
+    g, x = randn(shape, device, dtype), randn(shape, device, dtype)
+    w = randn((1, shape[1], 1, 1), device, dtype, scale=0.25)
+    return [Case(f"{'x'.join(map(str, shape))} weight (1, C, 1, 1)", (g, x, w), {}, bytes=4 * n * el, elements=n)]
+
+
+@register_op(_OP_FULL, aten=(_OP_FULL,), exact=True, cases=_kernel_backward_cases)
+def _prelu_kernel_backward(grad_output: torch.Tensor, self: torch.Tensor, weight: torch.Tensor
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """ATen's prelu backward: (x > 0 ? g : w*g, x > 0 ? 0 : x*g), both at the broadcast shape (w broadcast to x)."""
+    for name, t in (("grad_output", grad_output), ("self", self), ("weight", weight)):
+        check_tensor(_OP_FULL, name, t)
+        if t.dtype != self.dtype:
+            raise Unsupported(_OP_FULL, name, f"dtype {self.dtype} (the dtype of self)", t.dtype)
+    try:
+        shape = tuple(torch.broadcast_shapes(grad_output.shape, self.shape, weight.shape))
+    except RuntimeError:
+        given = f"grad_output{tuple(grad_output.shape)}, self{tuple(self.shape)}, weight{tuple(weight.shape)}"
+        raise InvalidProblem(_OP_FULL, "grad_output/self/weight", "shapes that broadcast together", given) from None
+    spec = (shape, self.dtype)
+    return _PRELU_FULL((grad_output, self, weight), (spec, spec))
+
+
+# ------------------------------------------------------------------------------------- fused kernels
+@triton.jit
+def _prelu_rows_kernel(g, x, w, gi, part, A, C, L, NB, TILES, TPP, S,
+                       MATH: tl.constexpr, HAS_GI: tl.constexpr, HAS_GW: tl.constexpr,
+                       BA: tl.constexpr, BL: tl.constexpr, I64: tl.constexpr):
+    # x is (A, C, L) contiguous. Program c*S + s walks tiles [s*TPP, (s+1)*TPP) of channel c's (A, L) plane, a
+    # tile being BA rows x BL columns; it writes channel c's partial grad_weight to part[c, s] (part is (C, S)).
+    pid = tl.program_id(0)
+    c = pid // S
+    s = pid - c * S
+    wc = tl.load(w + c).to(MATH)
+    acc = tl.zeros([BA, BL], dtype=MATH)
+    for t in range(s * TPP, tl.minimum(s * TPP + TPP, TILES)):
+        ab = t // NB
+        a = ab * BA + tl.arange(0, BA)
+        i = (t - ab * NB) * BL + tl.arange(0, BL)
+        if I64:
+            a = a.to(tl.int64)
+        off = (a[:, None] * C + c) * L + i[None, :]
+        mask = (a[:, None] < A) & (i[None, :] < L)
+        xv = tl.load(x + off, mask=mask, other=0.0).to(MATH)
+        gv = tl.load(g + off, mask=mask, other=0.0).to(MATH)
+        pos = xv > 0
+        if HAS_GI:
+            tl.store(gi + off, cast_out(tl.where(pos, gv, wc * gv), gi.dtype.element_ty), mask=mask)
+        if HAS_GW:
+            acc += tl.where(pos, 0.0, xv * gv)
+    if HAS_GW:
+        tl.store(part + pid, tl.sum(tl.sum(acc, axis=1), axis=0))
+
+
+@triton.jit
+def _prelu_cols_kernel(g, x, w, gi, part, A, K, L, RPP, NKB,
+                       MATH: tl.constexpr, HAS_GI: tl.constexpr, HAS_GW: tl.constexpr,
+                       BA: tl.constexpr, BK: tl.constexpr, I64: tl.constexpr):
+    # x is (A, K) row-major, column k of channel k // L. Program s*NKB + kb walks rows [s*RPP, (s+1)*RPP) of
+    # columns [kb*BK, (kb+1)*BK), BA rows at a time; it writes column k's partial to part[s, k] (part is
+    # (S, C, L)).
+    pid = tl.program_id(0)
+    s = pid // NKB
+    k = (pid - s * NKB) * BK + tl.arange(0, BK)
+    kmask = k < K
+    wk = tl.load(w + k // L, mask=kmask, other=0.0).to(MATH)
+    acc = tl.zeros([BA, BK], dtype=MATH)
+    a_end = tl.minimum(s * RPP + RPP, A)
+    for a0 in range(s * RPP, a_end, BA):
+        a = a0 + tl.arange(0, BA)
+        if I64:
+            a = a.to(tl.int64)
+        off = a[:, None] * K + k[None, :]
+        mask = (a[:, None] < a_end) & kmask[None, :]
+        xv = tl.load(x + off, mask=mask, other=0.0).to(MATH)
+        gv = tl.load(g + off, mask=mask, other=0.0).to(MATH)
+        pos = xv > 0
+        if HAS_GI:
+            tl.store(gi + off, cast_out(tl.where(pos, gv, wk[None, :] * gv), gi.dtype.element_ty), mask=mask)
+        if HAS_GW:
+            acc += tl.where(pos, 0.0, xv * gv)
+    if HAS_GW:
+        tl.store(part + s * K + k, tl.sum(acc, axis=0), mask=kmask)
+
+
+# Launch parameters depend on the shape and dtype only (never on timing), so the summation order is fixed.
+_TILE_BYTES = 8192  # bytes of each operand a program loads per loop step (elements: this / element size)
+_ROWS_TPP = 2  # tiles per program of the row kernel (one partial per program: no limit from the partials)
+_COLS_RPP = 64  # at least this many rows per program of the column kernel (its partials are per column)
+_ROWS_MIN_L = 32  # (A, C, L) inputs with L >= this walk rows of L; smaller L (channels_last: L = 1) walk columns
+_COLS_BK = 256  # the column kernel's widest column block
+_WARPS = 4
+_TL_MATH = {torch.float32: tl.float32, torch.float64: tl.float64}
+
+
+def _npow2(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+@dataclass(frozen=True)
+class _Fused:
+    rows: bool  # which kernel
+    programs: int  # a 1-D grid
+    args: tuple  # the kernel's integer arguments after the five pointers
+    block: tuple[int, int]  # (BA, BL) or (BA, BK)
+    part_shape: tuple[int, ...]  # the fp32/fp64 partials: (C, S) or (S, C, L)
+    part_dims: tuple[int, ...]  # the dims of part that a channel's partials span
+    i64: bool
+
+
+_plans: dict = {}
+
+
+def _rows_plan(A: int, C: int, L: int, tile: int) -> _Fused:
+    bl = min(_npow2(L), tile // 2)
+    ba = min(_npow2(A), max(1, tile // bl))
+    nb = triton.cdiv(L, bl)
+    tiles = triton.cdiv(A, ba) * nb
+    split = triton.cdiv(tiles, _ROWS_TPP)
+    tpp = triton.cdiv(tiles, split)
+    return _Fused(True, C * split, (A, C, L, nb, tiles, tpp, split), (ba, bl), (C, split), (1,),
+                  A * C * L + tile > _I32_MAX)
+
+
+def _cols_plan(A: int, C: int, L: int, tile: int) -> _Fused:
+    K = C * L
+    bk = min(_npow2(K), _COLS_BK)
+    ba = min(_npow2(A), max(1, tile // bk))
+    nkb = triton.cdiv(K, bk)
+    rpp = triton.cdiv(_COLS_RPP, ba) * ba
+    split = triton.cdiv(A, rpp)
+    return _Fused(False, nkb * split, (A, K, L, rpp, nkb), (ba, bk), (split, C, L), (0, 2),
+                  A * K + tile > _I32_MAX)
+
+
+def _fused_plan(x: torch.Tensor, g: torch.Tensor, C: int) -> _Fused | None:
+    """How the fused kernels see x (and g, in the same layout) for a weight of C elements; None if they can't."""
+    key = (x.shape, x.stride(), g.stride(), x.dtype, C)
+    if key in _plans:
+        return _plans[key]
+    plan = None
+    n = x.numel()
+    tile = _TILE_BYTES // x.element_size()
+    if C == 1:  # one weight: any dense layout, read flat
+        if x.stride() == g.stride() and _dense_strides(x):
+            plan = _rows_plan(1, 1, n, tile)
+    elif x.is_contiguous() and g.is_contiguous():
+        A, L = x.shape[0], math.prod(x.shape[2:])
+        plan = _rows_plan(A, C, L, tile) if L >= _ROWS_MIN_L else _cols_plan(A, C, L, tile)
+    else:
+        fmt = {4: torch.channels_last, 5: torch.channels_last_3d}.get(x.dim())
+        if fmt is not None and x.is_contiguous(memory_format=fmt) and g.is_contiguous(memory_format=fmt):
+            plan = _cols_plan(n // C, C, 1, tile)
+    if len(_plans) > 4096:
+        _plans.clear()
+    _plans[key] = plan
+    return plan
+
+
+def _channel_shape(x: torch.Tensor, C: int) -> list[int]:
+    """The shape `prelu` gives the weight to broadcast over x: 1 everywhere but C at dim 1."""
+    shape = [1] * x.dim()
+    if x.dim() > 1:
+        shape[1] = C
+    return shape
+
+
+def _prelu_grads(grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, need_input: bool, need_weight: bool):
+    """(grad_input, grad_weight), grad_weight in weight's shape; weight holds 1 or x.size(1) elements, the
+    channels of dim 1."""
+    C = weight.numel()
+    if x.numel() == 0:
+        return (torch.empty_like(x) if need_input else None,
+                torch.zeros_like(weight) if need_weight else None)
+    plan = _fused_plan(x, grad, C)
+    if plan is None:  # a layout the fused kernels do not walk: elementwise pass + deterministic sum
+        w = weight.reshape(_channel_shape(x, C))
+        gi, gw = _PRELU_FULL((grad, x, w), ((x.shape, x.dtype) if need_input else None,
+                                             (w.shape, w.dtype) if need_weight else None))
+        return gi, gw.view(weight.shape) if gw is not None else None
+    w = weight.reshape(-1)
+    mdt = math_dtype(x.dtype)
+    gi = torch.empty_like(x) if need_input else None
+    part = torch.empty(plan.part_shape, dtype=mdt, device=x.device) if need_weight else None
+    kernel = _prelu_rows_kernel if plan.rows else _prelu_cols_kernel
+    consts = {"MATH": _TL_MATH[mdt], "HAS_GI": need_input, "HAS_GW": need_weight, "BA": plan.block[0],
+              ("BL" if plan.rows else "BK"): plan.block[1], "I64": plan.i64, "num_warps": _WARPS}
+    args = (grad, x, w, gi if need_input else x, part if need_weight else x, *plan.args)
+    launch(kernel, (plan.programs,), args, consts, x.get_device())
+    if not need_weight:
+        return gi, None
+    # the second, fixed-order pass over the per-program partials
+    return gi, reduce_sum(part, plan.part_dims, op=_OP, out_dtype=weight.dtype).view(weight.shape)
+
+
+# ------------------------------------------------------------------------------------- the fused op
+def _check_prelu(op: str, x: torch.Tensor, weight: torch.Tensor) -> None:
+    """PyTorch's rule for prelu's weight: 0-d or 1-D, one element or x.size(1) of them (1 for a 1-D x)."""
+    if weight.dim() > 1:
+        raise InvalidProblem(op, "weight", "a 0-d or 1-D tensor", f"a {weight.dim()}-d tensor")
+    if weight.numel() != 1:
+        if x.dim() == 0:
+            raise InvalidProblem(op, "weight", "one element for a 0-d input", f"{weight.numel()} elements")
+        channels = x.shape[1] if x.dim() > 1 else 1
+        if weight.numel() != channels:
+            raise InvalidProblem(op, "weight", f"1 or {channels} elements (the channels: dim 1 of the input)",
+                                 f"{weight.numel()} elements")
+
+
+def _prelu_backward_reference(grad_output, self, weight, output_mask=(True, True)):
+    """What stock autograd computes: prelu reshapes the weight to (1, C, 1, ...), `_prelu_kernel_backward` gives
+    the full-shape grad_weight, autograd sums it to the weight's shape."""
+    w = weight.reshape(_channel_shape(self, weight.numel())) if self.dim() != weight.dim() else weight
+    gi, gw = torch.ops.aten._prelu_kernel_backward(grad_output, self, w)
+    return gi if output_mask[0] else None, gw.sum_to_size(w.shape).view(weight.shape) if output_mask[1] else None
+
+
+_SHAPES = {"tiny": (2, 8, 16, 16), "small": (2, 8, 16, 16), "check": (16, 64, 32, 32), "large": (64, 64, 128, 128)}
+
+
+def _prelu_cases(device, dtype, size: str) -> list[Case]:
+    shape = _SHAPES[size]
+    n, C = math.prod(shape), shape[1]
+    el = torch.empty((), dtype=dtype).element_size()
+    g, x = randn(shape, device, dtype), randn(shape, device, dtype)
+    w = randn((C,), device, dtype, scale=0.25)
+    cl = torch.channels_last
+    g2, x2 = g.view(n // 256, 256), x.view(n // 256, 256)
+    w2 = randn((256,), device, dtype, scale=0.25)
+    label = "x".join(map(str, shape))
+    return [
+        Case(f"{label} per-channel", (g, x, w), {}, bytes=3 * n * el, elements=n),
+        Case(f"{label} channels_last", (g.contiguous(memory_format=cl), x.contiguous(memory_format=cl), w), {},
+             bytes=3 * n * el, elements=n),
+        Case(f"{label} one weight", (g, x, w[:1]), {}, bytes=3 * n * el, elements=n),
+        Case(f"{n // 256}x256 (N, C)", (g2, x2, w2), {}, bytes=3 * n * el, elements=n),
+    ]
+
+
+def _canonical(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether `_prelu_kernel`'s weight is prelu's: one element, or x.size(1) of them along dim 1 only."""
+    if weight.numel() == 1:
+        return True
+    return (x.dim() >= 2 and weight.dim() == x.dim() and weight.shape[1] == x.shape[1]
+            and weight.numel() == x.shape[1])
+
+
+def _kernel_accepts(self, weight) -> bool:
+    return self.dtype in FLOAT_DTYPES and weight.dtype == self.dtype
+
+
+def _kernel_save(ctx, _needs, self, weight) -> None:
+    ctx.save_for_backward(self, weight)
+
+
+def _kernel_fused(ctx, grad, needs):
+    x, weight = ctx.saved_tensors
+    if tuple(grad.shape) == tuple(x.shape) and _canonical(x, weight):
+        return _prelu_grads(grad, x, weight, needs[0], needs[1])
+    # a weight that broadcasts some other way (only a direct `_prelu_kernel` call makes one)
+    return _PRELU_FULL((grad, x, weight), ((x.shape, x.dtype) if needs[0] else None,
+                                           (weight.shape, weight.dtype) if needs[1] else None))[:2]
+
+
+def _kernel_composite(ctx, grad, needs):
+    x, weight = ctx.saved_tensors
+    gi, gw = torch.ops.aten._prelu_kernel_backward(grad, x, weight)
+    return gi.sum_to_size(x.shape) if needs[0] else None, gw.sum_to_size(weight.shape) if needs[1] else None
+
+
+def _kernel_examples(device, dtype):
+    x = randn((2, 3, 4), device, dtype).requires_grad_(True)
+    w = randn((1, 3, 1), device, dtype).requires_grad_(True)
+    return {"_prelu_kernel": ((x, w), {})}
+
+
+_KERNEL_OVERRIDE = fused_autograd(_OP, "_prelu_kernel", accepts=_kernel_accepts, save=_kernel_save,
+                                  fused=_kernel_fused, composite=_kernel_composite)
+
+
+@register_op(_OP, aten={"_prelu_kernel": _KERNEL_OVERRIDE}, dispatch="autograd", accumulates=True,
+             reference=_prelu_backward_reference, cases=_prelu_cases, aten_examples=_kernel_examples)
+def prelu_backward(grad_output: torch.Tensor, self: torch.Tensor, weight: torch.Tensor,
+                   output_mask: Sequence[bool] = (True, True)) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """Gradients of torch.prelu(self, weight) in one pass: (grad_input, grad_weight), grad_weight in weight's
+    shape (reduced in the same pass, deterministically); None where output_mask says so."""
+    mask = check_output_mask(_OP, output_mask, 2)
+    for name, t in (("grad_output", grad_output), ("self", self), ("weight", weight)):
+        check_tensor(_OP, name, t)
+        if t.dtype != self.dtype:  # PyTorch's rule: no type promotion
+            raise Unsupported(_OP, name, f"dtype {self.dtype} (the dtype of self)", t.dtype)
+        if t.device != self.device:
+            raise Unsupported(_OP, name, f"a tensor on {self.device} (the device of self)", t.device)
+    _check_prelu(_OP, self, weight)
+    if grad_output.shape != self.shape:
+        raise InvalidProblem(_OP, "grad_output", f"shape {tuple(self.shape)} (the shape of self)",
+                             tuple(grad_output.shape))
+    return _prelu_grads(grad_output, self, weight, *mask)
