@@ -16,6 +16,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "enable", "disable", "use", "is_enabled", "ops", "device", "guarantee", "supported_ops", "Guarantee",
-    "GradkernError", "InvalidProblem", "Unsupported", "__version__", "segment_max",
+    "GradkernError", "InvalidProblem", "Unsupported", "__version__", "sparsemax", "segment_max",
 ]
+from .kernels.sparsemax import sparsemax  # noqa: E402,I001  (an autograd-aware op PyTorch lacks)
 from .kernels.segment_max import segment_max  # noqa: E402,I001  (an autograd-aware op PyTorch lacks)

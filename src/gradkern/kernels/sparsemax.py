@@ -1,0 +1,688 @@
+"""Sparsemax (Martins & Astudillo, 2016): forward, backward and the autograd-aware `gradkern.sparsemax`.
+
+p = sparsemax(z) is the Euclidean projection of z onto the probability simplex along `dim`: p = max(z - tau, 0)
+with tau the root of sum(max(z - tau, 0)) = 1 (shared/docs/semantics.md gives the sort-based definition).
+
+Forward, without sorting. Per row, in the math dtype (fp32; fp64 for fp64): shift by the row max, d = z - max,
+so tau lies in [-1, 0). Each iteration evaluates `_G` thresholds at once, each giving |{d > t}| and the sum of
+those d: a Newton step from the bracket's lower end (Michelot's step, tau' = (sum_S d - 1)/|S| with S = {d > lo},
+which never overshoots the root) and `_G - 1` points splitting the rest of the bracket. The row is finished
+when the Newton candidate keeps the support of `lo` (|{d > t}| = |S|): then tau = t is the self-consistent
+threshold, S = {d > tau} and tau = (sum_S d - 1)/|S| exactly as evaluated, which is the sort-based definition's
+k = |S|. (If rounding makes the Newton point not exceed `lo`, the row also stops there: an element lies within
+rounding of the threshold.) A fixed iteration cap bounds pathological rows; typical rows take 2-5 iterations.
+
+Rows of up to `_BLOCK_MAX` elements are held in registers by one program, several rows per program when short,
+and iterate in place (one read of x, one write of p). Longer rows are split into chunks across programs, with
+one launch per iteration (a fixed count: the iteration cap + 2, so no host synchronisation): each chunk program
+combines the previous launch's per-chunk counts and sums in a fixed order (no atomics, so results are
+bit-stable) and evaluates the next thresholds on its chunk; rows already finished read only their small state.
+
+Backward, one pass: dx = 1_S * (g - sum_S g / |S|) with S = {y > 0}, counted from y itself.
+
+Special values (both directions are pinned by the tests):
+- a row holding a NaN gives NaN everywhere in that row;
+- -inf entries get probability 0 (exactly), the rest of the row is sparsemax of the finite entries;
+- a row whose maximum is infinite (an entry +inf, or every entry -inf) puts equal mass on the entries equal to
+  that maximum: 1/k on each of the k entries equal to +inf, 0 elsewhere; 1/n on each entry of a row of n -inf;
+  these are the limits of the finite cases, so the output is always a distribution unless a NaN is present;
+- entries tied exactly at the threshold get 0 (the sort-based k excludes them) and ties above it share the mass.
+Backward: entries with y > 0 get g - mean_S(g); entries with y == 0 get 0 whatever g holds; entries whose y is
+NaN get NaN (so the rows the forward fills with NaN get NaN gradients).
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+import operator
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import _runtime
+from .._cases import randn
+from ..elementwise import _collapse, _dense_strides, check_tensor, launch
+from ..errors import InvalidProblem, Unsupported
+from ..registry import Case, register_op
+from ..tl_helpers import cast_out
+
+__all__ = ["sparsemax", "sparsemax_forward", "sparsemax_backward"]
+
+_G = 4  # thresholds evaluated per iteration
+# Iteration caps (fp64; fp32 math for the rest). A row the cap stops takes the Newton point from lo, within the
+# bracket of the exact threshold: at most 4**-(cap - 1) wide (about 1e-14 in fp32, 3e-24 in fp64).
+_MAXIT = {torch.float64: 40}
+_MAXIT_DEFAULT = 24
+_BLOCK_MAX = 16384  # the longest row one program keeps in registers (8192 in fp64); longer rows are split
+_ROW_TILE = 4096  # a program takes several short contiguous rows, up to this many elements
+_COL_ROWS = 16  # rows a program takes when the reduced dim is strided (rows adjacent in memory)
+_KB = 64  # chunk partials combined per step, in a fixed order
+_I32_MAX = 2**31 - 1
+
+
+# --------------------------------------------------------------------------------------------- shared Triton
+@triton.jit
+def _count_sum(d, t):
+    """Per row of the tile d [R, B]: |{d > t}| (int32) and the sum of those d, for thresholds t [R]."""
+    sel = d > t[:, None]
+    return tl.sum(sel.to(tl.int32), 1), tl.sum(tl.where(sel, d, 0.0), 1)
+
+
+@triton.jit
+def _support_sum(y, g):
+    """Per row: |S| and sum_S g, S = {y > 0}."""
+    sel = y > 0.0
+    return tl.sum(sel.to(tl.int32), 1), tl.sum(tl.where(sel, g, 0.0), 1)
+
+
+@triton.jit
+def _outer_offset(o, OSHAPE, OSTRIDE, ORANK: tl.constexpr):
+    """The storage offset (int64) of outer index `o` over the collapsed outer dims (innermost last)."""
+    off = 0
+    rem = o.to(tl.int64)
+    for i in tl.static_range(ORANK):
+        off += (rem % OSHAPE[ORANK - 1 - i]) * OSTRIDE[ORANK - 1 - i]
+        rem = rem // OSHAPE[ORANK - 1 - i]
+    return off
+
+
+@triton.jit
+def _span(block, SIZE: tl.constexpr, I64: tl.constexpr):
+    """Indices block*SIZE ... block*SIZE + SIZE - 1 (int64 where offsets can pass 2^31)."""
+    if I64:
+        return block.to(tl.int64) * SIZE + tl.arange(0, SIZE)
+    else:
+        return block * SIZE + tl.arange(0, SIZE)
+
+
+@triton.jit
+def _tile_offsets(rows, cols, s_inner, s_dim):
+    return rows[:, None] * s_inner + cols[None, :] * s_dim
+
+
+@triton.jit
+def _candidate(lo, hi, cnt_lo, s_lo, first, J: tl.constexpr, G: tl.constexpr):
+    """Threshold J of an iteration: the Newton step from lo (J = 0), then G - 1 points splitting what is left
+    of the bracket [lo, hi]; on the first iteration (no sums at lo yet) G points from lo = -1 up."""
+    newton = (s_lo - 1.0) / tl.maximum(cnt_lo, 1).to(lo.dtype)
+    base = tl.where(first, lo, tl.maximum(newton, lo))
+    if J == 0:
+        t = tl.where(first, lo, newton)
+    else:
+        t = base + (hi - base) * (J / G)
+    return t
+
+
+@triton.jit
+def _absorb(J: tl.constexpr, t, c, s, n_lo, n_cnt, n_s, n_hi, fin, lo, cnt_lo, first):
+    """Fold threshold J's count and sum into the next bracket (n_lo with its count and sum, n_hi)."""
+    if J == 0:
+        # the Newton point is a lower bound of the root; it is the root when it keeps lo's support
+        fin = tl.where(first, False, (c == cnt_lo) | (t <= lo))  # (`first` may be a Python bool)
+        n_lo, n_cnt, n_s = t, c, s
+    else:
+        below = s - c.to(t.dtype) * t - 1.0 >= 0.0  # f(t) >= 0: t <= root
+        n_lo = tl.where(below, t, n_lo)
+        n_cnt = tl.where(below, c, n_cnt)
+        n_s = tl.where(below, s, n_s)
+        n_hi = tl.where(below, n_hi, tl.minimum(n_hi, t))
+    return n_lo, n_cnt, n_s, n_hi, fin
+
+
+@triton.jit
+def _start(rmask, R: tl.constexpr, MATH: tl.constexpr):
+    """The bracket before the first iteration: lo = -1, hi = 0 (no count and sum at lo yet, nothing found);
+    (lo, hi, cnt_lo, s_lo, tau, done), rows outside the tensor done."""
+    zero = tl.zeros((R,), MATH)
+    return zero - 1.0, zero, tl.zeros((R,), tl.int32), zero, zero, ~rmask
+
+
+@triton.jit
+def _advance(lo, hi, cnt_lo, s_lo, tau, done, t0, n_lo, n_cnt, n_s, n_hi, fin):
+    """Apply one iteration's outcome to the rows not finished yet."""
+    live = ~done
+    tau = tl.where(live & fin, t0, tau)
+    step = live & ~fin
+    lo = tl.where(step, n_lo, lo)
+    hi = tl.where(step, n_hi, hi)
+    cnt_lo = tl.where(step, n_cnt, cnt_lo)
+    s_lo = tl.where(step, n_s, s_lo)
+    return lo, hi, cnt_lo, s_lo, tau, done | fin
+
+
+@triton.jit
+def _shifted(z, m, mask):
+    """d = z - max per row; where the max is infinite, 0 on the entries equal to it and -inf elsewhere."""
+    inf_max = (m == float("inf")) | (m == float("-inf"))
+    finite_m = tl.where(inf_max, 0.0, m)  # (no inf - inf computed, even where it is not selected)
+    d = tl.where(inf_max[:, None], tl.where(z == m[:, None], 0.0, float("-inf")), z - finite_m[:, None])
+    return tl.where(mask, d, float("-inf"))
+
+
+@triton.jit
+def _finish(d, tau, done, lo, cnt_lo, s_lo, nan_row):
+    newton = (s_lo - 1.0) / tl.maximum(cnt_lo, 1).to(lo.dtype)
+    tau = tl.where(done, tau, newton)
+    p = tl.maximum(d - tau[:, None], 0.0)
+    return tl.where(nan_row[:, None], float("nan"), p)
+
+
+@triton.jit
+def _tile(K, N_IB, INNER, N, R: tl.constexpr, B: tl.constexpr, I64: tl.constexpr):
+    """This program's tile: chunk k (of K per row; 0 of 1 for whole rows) of rows `rows` (ids `rid` in the
+    scratch buffers) at outer index o, and its mask."""
+    pid = tl.program_id(0)
+    k = pid % K
+    rt = pid // K
+    o = rt // N_IB
+    rows = _span(rt % N_IB, R, I64)
+    rmask = rows < INNER
+    cols = _span(k, B, I64)
+    return k, o, rows, rmask, o.to(tl.int64) * INNER + rows, cols, rmask[:, None] & (cols < N)[None, :]
+
+
+@triton.jit
+def _combine(part_c, part_s, base, step, K, rmask, R: tl.constexpr, KB: tl.constexpr, MATH: tl.constexpr):
+    """Per row: the sums of the K chunk partials at base + k*step (counts, sums), in a fixed order."""
+    c = tl.zeros((R,), tl.int32)
+    s = tl.zeros((R,), MATH)
+    for k0 in range(0, K, KB):
+        kk = k0 + tl.arange(0, KB)
+        pm = rmask[:, None] & (kk < K)[None, :]
+        at = base[:, None] + kk[None, :] * step
+        c += tl.sum(tl.load(part_c + at, mask=pm, other=0), 1)
+        s += tl.sum(tl.load(part_s + at, mask=pm, other=0.0), 1)
+    return c, s
+
+
+# --------------------------------------------------------------------------------------------- forward kernels
+# Shapes and strides come as scalars (outer dims padded to _MAX_OUTER), so compiled kernels can be relaunched
+# directly with plain ints (elementwise.launch).
+@triton.jit
+def _fwd_rows_kernel(x, y, N, INNER, N_IB, o0, o1, o2, o3, o4, o5,
+                     xo0, xo1, xo2, xo3, xo4, xo5, yo0, yo1, yo2, yo3, yo4, yo5, xs_i, xs_n, ys_i, ys_n,
+                     ORANK: tl.constexpr, R: tl.constexpr, B: tl.constexpr, G: tl.constexpr,
+                     MAXIT: tl.constexpr, MATH: tl.constexpr, I64: tl.constexpr):
+    _k, o, rows, rmask, _rid, cols, mask = _tile(1, N_IB, INNER, N, R, B, I64)
+    oshape = (o0, o1, o2, o3, o4, o5)
+    xp = x + _outer_offset(o, oshape, (xo0, xo1, xo2, xo3, xo4, xo5), ORANK)
+    z = tl.load(xp + _tile_offsets(rows, cols, xs_i, xs_n), mask=mask, other=float("-inf")).to(MATH)
+    isnan = z != z
+    nan_row = tl.sum(isnan.to(tl.int32), 1) > 0
+    z = tl.where(isnan, float("-inf"), z)
+    d = _shifted(z, tl.max(z, 1), mask)
+
+    lo, hi, cnt_lo, s_lo, tau, done = _start(rmask, R, MATH)
+    it = 0
+    go = tl.sum((~done).to(tl.int32), 0) > 0
+    while go:
+        first = it == 0
+        t0 = lo
+        n_lo, n_cnt, n_s, n_hi, fin = lo, cnt_lo, s_lo, hi, done
+        for j in tl.static_range(G):
+            t = _candidate(lo, hi, cnt_lo, s_lo, first, j, G)
+            c, s = _count_sum(d, t)
+            if j == 0:
+                t0 = t
+            n_lo, n_cnt, n_s, n_hi, fin = _absorb(j, t, c, s, n_lo, n_cnt, n_s, n_hi, fin, lo, cnt_lo, first)
+        lo, hi, cnt_lo, s_lo, tau, done = _advance(lo, hi, cnt_lo, s_lo, tau, done, t0,
+                                                   n_lo, n_cnt, n_s, n_hi, fin)
+        it += 1
+        go = (tl.sum((~done).to(tl.int32), 0) > 0) & (it < MAXIT)
+
+    p = _finish(d, tau, done, lo, cnt_lo, s_lo, nan_row)
+    yp = y + _outer_offset(o, oshape, (yo0, yo1, yo2, yo3, yo4, yo5), ORANK)
+    tl.store(yp + _tile_offsets(rows, cols, ys_i, ys_n), cast_out(p, y.dtype.element_ty), mask=mask)
+
+
+@triton.jit(do_not_specialize=["STAGE"])
+def _fwd_split_kernel(x, y, pmax, pnan, part_c, part_s, st_f, st_i, STAGE, LAST, M, N, INNER, N_IB, K,
+                      o0, o1, o2, o3, o4, o5, xo0, xo1, xo2, xo3, xo4, xo5, yo0, yo1, yo2, yo3, yo4, yo5,
+                      xs_i, xs_n, ys_i, ys_n,
+                      ORANK: tl.constexpr, R: tl.constexpr, B: tl.constexpr, G: tl.constexpr, KB: tl.constexpr,
+                      MATH: tl.constexpr, I64: tl.constexpr):
+    """One launch of a split row's iteration. STAGE 0: per-chunk max and NaN count. STAGE s in 1..LAST-1:
+    combine the row max, take iteration s-2's combined counts and sums into the bracket (s >= 2; chunk 0
+    stores the state), evaluate iteration s-1's thresholds on this chunk. STAGE LAST: as s, then write p."""
+    k, o, rows, rmask, rid, cols, mask = _tile(K, N_IB, INNER, N, R, B, I64)
+    oshape = (o0, o1, o2, o3, o4, o5)
+    xp = x + _outer_offset(o, oshape, (xo0, xo1, xo2, xo3, xo4, xo5), ORANK)
+    xp += _tile_offsets(rows, cols, xs_i, xs_n)
+
+    if STAGE == 0:
+        z = tl.load(xp, mask=mask, other=float("-inf")).to(MATH)
+        isnan = z != z
+        tl.store(pnan + rid * K + k, tl.sum(isnan.to(tl.int32), 1), mask=rmask)
+        tl.store(pmax + rid * K + k, tl.max(tl.where(isnan, float("-inf"), z), 1), mask=rmask)
+    else:
+        # the row max and NaN count, from every chunk's partials
+        m = tl.full((R,), float("-inf"), MATH)
+        nans = tl.zeros((R,), tl.int32)
+        for k0 in range(0, K, KB):
+            kk = k0 + tl.arange(0, KB)
+            pm = rmask[:, None] & (kk < K)[None, :]
+            at = rid[:, None] * K + kk[None, :]
+            m = tl.maximum(m, tl.max(tl.load(pmax + at, mask=pm, other=float("-inf")), 1))
+            nans += tl.sum(tl.load(pnan + at, mask=pm, other=0), 1)
+
+        cur = STAGE % 2
+        prev = 1 - cur
+        if STAGE == 1:
+            lo, hi, cnt_lo, s_lo, tau, done = _start(rmask, R, MATH)
+        else:
+            sf = st_f + (prev * M + rid) * 4
+            si = st_i + (prev * M + rid) * 2
+            lo = tl.load(sf, mask=rmask, other=0.0)
+            hi = tl.load(sf + 1, mask=rmask, other=0.0)
+            s_lo = tl.load(sf + 2, mask=rmask, other=0.0)
+            tau = tl.load(sf + 3, mask=rmask, other=0.0)
+            cnt_lo = tl.load(si, mask=rmask, other=0)
+            done = tl.load(si + 1, mask=rmask, other=1) != 0
+            first = STAGE == 2
+            t0 = lo
+            n_lo, n_cnt, n_s, n_hi, fin = lo, cnt_lo, s_lo, hi, done
+            for j in tl.static_range(G):
+                t = _candidate(lo, hi, cnt_lo, s_lo, first, j, G)
+                c, s = _combine(part_c, part_s, (prev * M + rid) * K * G + j, G, K, rmask, R, KB, MATH)
+                if j == 0:
+                    t0 = t
+                n_lo, n_cnt, n_s, n_hi, fin = _absorb(j, t, c, s, n_lo, n_cnt, n_s, n_hi, fin, lo, cnt_lo, first)
+            lo, hi, cnt_lo, s_lo, tau, done = _advance(lo, hi, cnt_lo, s_lo, tau, done, t0,
+                                                       n_lo, n_cnt, n_s, n_hi, fin)
+
+        if STAGE < LAST:
+            if k == 0:
+                sf = st_f + (cur * M + rid) * 4
+                si = st_i + (cur * M + rid) * 2
+                tl.store(sf, lo, mask=rmask)
+                tl.store(sf + 1, hi, mask=rmask)
+                tl.store(sf + 2, s_lo, mask=rmask)
+                tl.store(sf + 3, tau, mask=rmask)
+                tl.store(si, cnt_lo, mask=rmask)
+                tl.store(si + 1, done.to(tl.int32), mask=rmask)
+            live = mask & (~done)[:, None]
+            if tl.sum(live.to(tl.int32)) > 0:  # rows already finished read nothing more
+                z = tl.load(xp, mask=live, other=float("-inf")).to(MATH)
+                d = _shifted(tl.where(z != z, float("-inf"), z), m, live)
+                first = STAGE == 1
+                for j in tl.static_range(G):
+                    t = _candidate(lo, hi, cnt_lo, s_lo, first, j, G)
+                    c, s = _count_sum(d, t)
+                    at = ((cur * M + rid) * K + k) * G + j
+                    tl.store(part_c + at, c, mask=rmask)
+                    tl.store(part_s + at, s, mask=rmask)
+        else:
+            z = tl.load(xp, mask=mask, other=float("-inf")).to(MATH)
+            d = _shifted(tl.where(z != z, float("-inf"), z), m, mask)
+            p = _finish(d, tau, done, lo, cnt_lo, s_lo, nans > 0)
+            yp = y + _outer_offset(o, oshape, (yo0, yo1, yo2, yo3, yo4, yo5), ORANK)
+            tl.store(yp + _tile_offsets(rows, cols, ys_i, ys_n), cast_out(p, y.dtype.element_ty), mask=mask)
+
+
+# --------------------------------------------------------------------------------------------- backward kernels
+@triton.jit
+def _bwd_dx(g, y, c, s):
+    mean = s / tl.maximum(c, 1).to(s.dtype)
+    return tl.where(y > 0.0, g - mean[:, None], tl.where(y == y, 0.0, float("nan")))
+
+
+@triton.jit
+def _bwd_load(y, g, o, rows, cols, mask, oshape, yo, go, ys_i, ys_n, gs_i, gs_n,
+              ORANK: tl.constexpr, MATH: tl.constexpr):
+    yv = tl.load(y + _outer_offset(o, oshape, yo, ORANK) + _tile_offsets(rows, cols, ys_i, ys_n),
+                 mask=mask, other=0.0).to(MATH)
+    gv = tl.load(g + _outer_offset(o, oshape, go, ORANK) + _tile_offsets(rows, cols, gs_i, gs_n),
+                 mask=mask, other=0.0).to(MATH)
+    return yv, gv
+
+
+@triton.jit
+def _bwd_rows_kernel(y, g, dx, N, INNER, N_IB, o0, o1, o2, o3, o4, o5, yo0, yo1, yo2, yo3, yo4, yo5,
+                     go0, go1, go2, go3, go4, go5, do0, do1, do2, do3, do4, do5, ys_i, ys_n, gs_i, gs_n, ds_i, ds_n,
+                     ORANK: tl.constexpr, R: tl.constexpr, B: tl.constexpr, MATH: tl.constexpr,
+                     I64: tl.constexpr):
+    _k, o, rows, _rmask, _rid, cols, mask = _tile(1, N_IB, INNER, N, R, B, I64)
+    oshape = (o0, o1, o2, o3, o4, o5)
+    yv, gv = _bwd_load(y, g, o, rows, cols, mask, oshape, (yo0, yo1, yo2, yo3, yo4, yo5),
+                       (go0, go1, go2, go3, go4, go5), ys_i, ys_n, gs_i, gs_n, ORANK, MATH)
+    c, s = _support_sum(yv, gv)
+    dp = dx + _outer_offset(o, oshape, (do0, do1, do2, do3, do4, do5), ORANK)
+    tl.store(dp + _tile_offsets(rows, cols, ds_i, ds_n), cast_out(_bwd_dx(gv, yv, c, s), dx.dtype.element_ty),
+             mask=mask)
+
+
+@triton.jit(do_not_specialize=["STAGE"])
+def _bwd_split_kernel(y, g, dx, part_c, part_s, STAGE, N, INNER, N_IB, K, o0, o1, o2, o3, o4, o5,
+                      yo0, yo1, yo2, yo3, yo4, yo5, go0, go1, go2, go3, go4, go5, do0, do1, do2, do3, do4, do5,
+                      ys_i, ys_n, gs_i, gs_n, ds_i, ds_n,
+                      ORANK: tl.constexpr, R: tl.constexpr, B: tl.constexpr, KB: tl.constexpr,
+                      MATH: tl.constexpr, I64: tl.constexpr):
+    """STAGE 0: per-chunk |S| and sum_S g. STAGE 1: combine them in a fixed order and write dx."""
+    k, o, rows, rmask, rid, cols, mask = _tile(K, N_IB, INNER, N, R, B, I64)
+    oshape = (o0, o1, o2, o3, o4, o5)
+    yv, gv = _bwd_load(y, g, o, rows, cols, mask, oshape, (yo0, yo1, yo2, yo3, yo4, yo5),
+                       (go0, go1, go2, go3, go4, go5), ys_i, ys_n, gs_i, gs_n, ORANK, MATH)
+    if STAGE == 0:
+        c, s = _support_sum(yv, gv)
+        tl.store(part_c + rid * K + k, c, mask=rmask)
+        tl.store(part_s + rid * K + k, s, mask=rmask)
+    else:
+        c, s = _combine(part_c, part_s, rid * K, 1, K, rmask, R, KB, MATH)
+        dp = dx + _outer_offset(o, oshape, (do0, do1, do2, do3, do4, do5), ORANK)
+        tl.store(dp + _tile_offsets(rows, cols, ds_i, ds_n),
+                 cast_out(_bwd_dx(gv, yv, c, s), dx.dtype.element_ty), mask=mask)
+
+
+# --------------------------------------------------------------------------------------------- host: plans
+_TL_MATH = {torch.float32: tl.float32, torch.float64: tl.float64}
+_MAX_OUTER = 6  # outer dims a kernel decomposes (rank 8 less the reduced and the inner dim)
+_plan_ids = itertools.count(1)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """How a problem maps onto programs: rows are the positions of every dim but `dim`, collapsed; the
+    dim with the smallest stride (the inner dim) is a tile axis, the other (outer) dims are decomposed per
+    program. Each program takes R rows of the inner dim and B entries of each row (all of it when K == 1,
+    else chunk k of K). `ints` are the kernel's shape and stride arguments, operands in kernel order."""
+
+    out_strides: tuple[int, ...]
+    n: int
+    inner: int
+    n_outer: int
+    orank: int
+    R: int
+    B: int
+    K: int
+    warps: int
+    i64: bool
+    math: torch.dtype
+    ints: tuple[int, ...]
+    uid: int  # identifies the plan (and so its kernels' specialisation) in the relaunch cache
+
+    @property
+    def n_ib(self) -> int:
+        return triton.cdiv(self.inner, self.R)
+
+    @property
+    def tiles(self) -> int:
+        return self.n_outer * self.n_ib
+
+
+def _norm_dim(op: str, t: torch.Tensor, dim) -> int:
+    try:
+        d = operator.index(dim)
+    except TypeError:
+        raise InvalidProblem(op, "dim", "an int", repr(dim)) from None
+    nd = max(t.dim(), 1)
+    if not -nd <= d < nd:
+        raise InvalidProblem(op, "dim", f"a dim in [{-nd}, {nd - 1}] for a tensor of rank {t.dim()}", d)
+    return d % nd
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+def _contiguous_strides(shape) -> tuple[int, ...]:
+    out, acc = [], 1
+    for size in reversed(shape):
+        out.append(acc)
+        acc *= max(size, 1)
+    return tuple(reversed(out))
+
+
+def _out_strides(t: torch.Tensor) -> tuple[int, ...]:
+    """The result's layout: the input's where that is dense (no gaps, no overlap), else contiguous."""
+    return tuple(t.stride()) if _dense_strides(t) else _contiguous_strides(t.shape)
+
+
+@functools.lru_cache(maxsize=4096)
+def _plan(op: str, shape: tuple[int, ...], strides: tuple[tuple[int, ...], ...], dtype: torch.dtype, dim: int,
+          block_max: int) -> _Plan:
+    """`strides`: the operands' strides, the one that sets the tiling first, the output last."""
+    if not shape:  # 0-d: one row of one entry
+        shape, strides = (1,), tuple((1,) for _ in strides)
+    n = shape[dim]
+    bshape = shape[:dim] + shape[dim + 1:]
+    cshape, cstr = _collapse(bshape, [st[:dim] + st[dim + 1:] for st in strides])
+    if cshape:
+        inner_at = min(range(len(cshape)), key=lambda i: (abs(cstr[0][i]), -i))
+        inner = cshape[inner_at]
+        s_inner = [st[inner_at] for st in cstr]
+        outer = [i for i in range(len(cshape)) if i != inner_at]
+    else:
+        inner, s_inner, outer = 1, [0] * len(strides), []
+    if len(outer) > _MAX_OUTER:
+        raise Unsupported(op, "x" if op.endswith("forward") else "y",
+                          f"at most {_MAX_OUTER + 2} dims after merging contiguous ones", len(shape))
+    oshape = [cshape[i] for i in outer]
+    pad = _MAX_OUTER - len(outer)
+    s_dim = [st[dim] for st in strides]
+
+    if dtype == torch.float64:
+        block_max = max(block_max // 2, 1)
+    bn = _pow2(n)
+    if s_dim[0] == 1 or n == 1:  # rows are contiguous: short ones grouped, long ones split
+        R = max(1, min(_ROW_TILE // bn, _pow2(inner)))
+        B = min(bn, block_max)
+    else:  # rows are strided: take adjacent rows together so that loads coalesce
+        R = max(1, min(_COL_ROWS, _pow2(inner)))
+        B = min(bn, max(block_max // R, 1))
+    K = triton.cdiv(n, B)
+    warps = max(1, min(16, R * B // 256))
+    extent = max(sum((s - 1) * abs(st) for s, st in zip(shape, t, strict=False)) for t in strides)
+    i64 = extent + R * max(map(abs, s_inner)) + B * max(map(abs, s_dim)) > _I32_MAX
+    ints = (*oshape, *[1] * pad)
+    for st in cstr:
+        ints += (*[st[i] for i in outer], *[0] * pad)
+    for si, sd in zip(s_inner, s_dim, strict=False):
+        ints += (si, sd)
+    return _Plan(strides[-1], n, inner, math.prod(oshape), len(outer), R, B, K, warps, i64,
+                 _runtime.math_dtype(dtype), ints, next(_plan_ids))
+
+
+def _launch(kernel, plan: _Plan, grid: int, ptrs: tuple, ints: tuple, extra: dict, device: int) -> None:
+    """Launch through `elementwise.launch`: after a specialisation's first launch its compiled kernel is
+    called directly (the plan fixes every int argument's specialisation; pointers are keyed by alignment).
+    Every kernel's constexprs are ORANK, R, B, then `extra`'s, then MATH, I64."""
+    consts = {"ORANK": plan.orank, "R": plan.R, "B": plan.B, **extra, "MATH": _TL_MATH[plan.math], "I64": plan.i64}
+    consts["__values__"] = tuple(consts.values())
+    consts["num_warps"] = plan.warps
+    spec = (kernel, plan.uid, device, tuple(p.data_ptr() % 16 == 0 for p in ptrs))
+    launch(kernel, (grid,), (*ptrs, *ints), consts, device, spec)
+
+
+# --------------------------------------------------------------------------------------------- host: ops
+def _check_forward(x: torch.Tensor, dim) -> tuple[_Plan, tuple[int, ...]]:
+    op = "sparsemax_forward"
+    check_tensor(op, "x", x)
+    d = _norm_dim(op, x, dim)
+    out_strides = _out_strides(x)
+    return _plan(op, tuple(x.shape), (tuple(x.stride()), out_strides), x.dtype, d, _BLOCK_MAX), out_strides
+
+
+def _forward(x: torch.Tensor, dim: int) -> torch.Tensor:
+    plan, out_strides = _check_forward(x, dim)
+    y = torch.empty_strided(tuple(x.shape), out_strides, dtype=x.dtype, device=x.device)
+    if y.numel() == 0:
+        return y
+    dev = x.get_device()
+    if plan.K == 1:
+        _launch(_fwd_rows_kernel, plan, plan.tiles, (x, y), (plan.n, plan.inner, plan.n_ib, *plan.ints),
+                {"G": _G, "MAXIT": _MAXIT.get(x.dtype, _MAXIT_DEFAULT)}, dev)
+        return y
+    rows = plan.n_outer * plan.inner
+    f = dict(dtype=plan.math, device=x.device)
+    i = dict(dtype=torch.int32, device=x.device)
+    scratch = (torch.empty(rows * plan.K, **f), torch.empty(rows * plan.K, **i),  # chunk max, NaN count
+               torch.empty(2 * rows * plan.K * _G, **i), torch.empty(2 * rows * plan.K * _G, **f),  # counts, sums
+               torch.empty(2 * rows * 4, **f), torch.empty(2 * rows * 2, **i))  # bracket state, double-buffered
+    last = _MAXIT.get(x.dtype, _MAXIT_DEFAULT) + 1
+    for stage in range(last + 1):
+        _launch(_fwd_split_kernel, plan, plan.tiles * plan.K, (x, y, *scratch),
+                (stage, last, rows, plan.n, plan.inner, plan.n_ib, plan.K, *plan.ints), {"G": _G, "KB": _KB}, dev)
+    return y
+
+
+def _check_backward(grad: torch.Tensor, y: torch.Tensor, dim) -> tuple[_Plan, tuple[int, ...]]:
+    op = "sparsemax_backward"
+    check_tensor(op, "grad", grad)
+    check_tensor(op, "y", y)
+    if grad.shape != y.shape:
+        raise InvalidProblem(op, "grad", f"the shape of y {tuple(y.shape)}", tuple(grad.shape))
+    if grad.dtype != y.dtype:
+        raise Unsupported(op, "grad", f"the dtype of y ({y.dtype})", grad.dtype)
+    if grad.device != y.device:
+        raise Unsupported(op, "grad", f"a tensor on {y.device} (the device of y)", grad.device)
+    d = _norm_dim(op, y, dim)
+    out_strides = _out_strides(y)
+    plan = _plan(op, tuple(y.shape), (tuple(y.stride()), tuple(grad.stride()), out_strides), y.dtype, d,
+                 _BLOCK_MAX)
+    return plan, out_strides
+
+
+def _backward(grad: torch.Tensor, y: torch.Tensor, dim: int) -> torch.Tensor:
+    plan, out_strides = _check_backward(grad, y, dim)
+    dx = torch.empty_strided(tuple(y.shape), out_strides, dtype=y.dtype, device=y.device)
+    if dx.numel() == 0:
+        return dx
+    dev = y.get_device()
+    if plan.K == 1:
+        _launch(_bwd_rows_kernel, plan, plan.tiles, (y, grad, dx), (plan.n, plan.inner, plan.n_ib, *plan.ints),
+                {}, dev)
+        return dx
+    rows = plan.n_outer * plan.inner
+    scratch = (torch.empty(rows * plan.K, dtype=torch.int32, device=y.device),
+               torch.empty(rows * plan.K, dtype=plan.math, device=y.device))
+    for stage in (0, 1):
+        _launch(_bwd_split_kernel, plan, plan.tiles * plan.K, (y, grad, dx, *scratch),
+                (stage, plan.n, plan.inner, plan.n_ib, plan.K, *plan.ints), {"KB": _KB}, dev)
+    return dx
+
+
+# --------------------------------------------------------------------------------------------- references
+def sparsemax_reference(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """The sort-based definition (shared/docs/semantics.md) as a torch composite, with this module's
+    conventions for NaN and infinite maxima; differentiable (autograd through sort/cumsum/gather)."""
+    if x.dim() == 0:
+        return sparsemax_reference(x.reshape(1), 0).reshape(())
+    z = x.movedim(dim, -1)
+    if z.numel() == 0:
+        return torch.empty_like(x)
+    nan_row = z.isnan().any(-1, keepdim=True)
+    z = z.masked_fill(z.isnan(), -math.inf)
+    m = z.amax(-1, keepdim=True)
+    z = torch.where(m.isinf(), torch.where(z == m, 0.0, -math.inf).to(z.dtype), z - m)
+    zs = z.sort(-1, descending=True).values
+    cs = zs.cumsum(-1)
+    j = torch.arange(1, z.shape[-1] + 1, device=z.device, dtype=z.dtype)
+    k = ((1 + j * zs > cs) * torch.arange(1, z.shape[-1] + 1, device=z.device)).amax(-1, keepdim=True)
+    tau = (cs.gather(-1, k - 1) - 1) / k.to(z.dtype)
+    p = (z - tau).clamp_min(0)
+    p = torch.where(nan_row, math.nan, p)
+    return p.movedim(-1, dim)
+
+
+def _forward_fake(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """The result's shape, dtype and layout, for torch.compile (the reference's layout can differ)."""
+    return torch.empty_strided(x.shape, _out_strides(x), dtype=x.dtype, device=x.device)
+
+
+def _backward_fake(grad: torch.Tensor, y: torch.Tensor, dim: int) -> torch.Tensor:
+    return _forward_fake(y, dim)
+
+
+def _backward_reference(grad: torch.Tensor, y: torch.Tensor, dim: int) -> torch.Tensor:
+    s = y > 0
+    mean = torch.where(s, grad, 0).sum(dim, keepdim=True) / s.sum(dim, keepdim=True)
+    dx = torch.where(s, grad - mean, 0)
+    return torch.where(y.isnan(), math.nan, dx)
+
+
+# --------------------------------------------------------------------------------------------- cases
+_SHAPES = {  # (shape, dim, label)
+    "tiny": [((4, 1024), -1, "")],
+    "small": [((48, 37), -1, ""), ((37, 24), 0, "dim 0"), ((5, 19, 6), 1, "middle dim")],
+    "check": [((4096, 1024), -1, ""), ((1024, 1000), 0, "dim 0"), ((8, 100_000), -1, "long rows")],
+    "large": [((32768, 1024), -1, ""), ((64, 1 << 20), -1, "long rows"), ((1024, 32768), 0, "dim 0")],
+}
+
+
+def _rows(device, dtype, size: str):
+    for shape, dim, label in _SHAPES[size]:
+        x = randn(shape, device, dtype, scale=2.0)
+        yield f"{label + ' ' if label else ''}{'x'.join(map(str, shape))} dim={dim}", x, dim
+
+
+def _forward_cases(device, dtype, size: str) -> list[Case]:
+    el = torch.empty((), dtype=dtype).element_size()
+    return [Case(label, (x, dim), bytes=2 * x.numel() * el, elements=x.numel())
+            for label, x, dim in _rows(device, dtype, size)]
+
+
+def _backward_cases(device, dtype, size: str) -> list[Case]:
+    el = torch.empty((), dtype=dtype).element_size()
+    out = []
+    for label, x, dim in _rows(device, dtype, size):
+        y = _forward(x, dim)
+        out.append(Case(label, (randn(x.shape, device, dtype), y, dim), bytes=3 * x.numel() * el,
+                        elements=x.numel()))
+    return out
+
+
+# --------------------------------------------------------------------------------------------- ops
+@register_op("sparsemax_forward", accumulates=True, reference=sparsemax_reference, cases=_forward_cases,
+             fake=_forward_fake)
+def sparsemax_forward(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """Sparsemax along `dim`: max(x - tau, 0) summing to 1 (sort-free threshold search; see `sparsemax`)."""
+    return _forward(x, dim)
+
+
+@register_op("sparsemax_backward", accumulates=True, reference=_backward_reference, cases=_backward_cases,
+             fake=_backward_fake)
+def sparsemax_backward(grad: torch.Tensor, y: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """Gradient of sparsemax from its output y: 1_S * (g - sum_S g / |S|) along `dim`, S = {y > 0}."""
+    return _backward(grad, y, dim)
+
+
+class _Sparsemax(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, dim: int) -> torch.Tensor:
+        y = _forward(x, dim)
+        ctx.save_for_backward(y)
+        ctx.dim = dim
+        return y
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: torch.Tensor):
+        (y,) = ctx.saved_tensors
+        return _backward(grad, y, ctx.dim), None
+
+
+def sparsemax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """Sparsemax along `dim` (any dim, negative too), differentiable: the Euclidean projection of x onto the
+    probability simplex, p = max(x - tau, 0) with tau such that p sums to 1 (Martins & Astudillo, 2016).
+
+    Sparse where softmax is dense: entries at or below the threshold get exactly 0. Math in fp32 (fp64 for
+    fp64 inputs), result in x's dtype; deterministic and bit-stable (no atomics). Strided inputs are read in
+    place; the result has x's layout when x is dense, else is contiguous. Special values:
+
+    - a row (the entries along `dim` at one position of the other dims) holding a NaN is NaN throughout;
+    - -inf entries get 0; a row whose maximum is infinite puts 1/k on each of its k entries equal to that
+      maximum (k entries of +inf share the mass; a row of n -inf is uniform, 1/n); so, NaN aside, every row
+      is a distribution;
+    - entries tied exactly at the threshold get 0; ties above it share equally.
+
+    The backward is dx = g - mean(g over S) on S = {y > 0} and 0 elsewhere (whatever g holds there), NaN where
+    y is NaN. Integer or complex inputs raise `gradkern.Unsupported`; a dim out of range raises
+    `gradkern.InvalidProblem`, before anything runs.
+
+        p = gradkern.sparsemax(torch.tensor([1.5, 0.5, 0.5, -1.0], device="cuda"))   # [1, 0, 0, 0]
+    """
+    return _Sparsemax.apply(x, dim)
