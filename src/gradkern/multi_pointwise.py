@@ -58,13 +58,26 @@ def check_output_mask(op: str, output_mask, n: int) -> tuple[bool, ...]:
 
 # ----------------------------------------------------------------------------------------------- kernels
 @triton.jit
-def _store_results(o0, o1, o2, offs, mask, r0, r1, r2, OUTS: tl.constexpr):
+def _apply(o0, o1, o2, x0, x1, x2, x3, oo, f0, f1, f2, f3, mask, s0, s1,
+           FN: tl.constexpr, INS: tl.constexpr, OUTS: tl.constexpr, FLAG: tl.constexpr, MATH: tl.constexpr):
+    """Load the operands INS names (at offsets f*), apply FN, store the results OUTS names (at offsets oo)."""
+    a = tl.load(x0 + f0, mask=mask).to(MATH)
+    b = a
+    c = a
+    d = a
+    if INS & 2:
+        b = tl.load(x1 + f1, mask=mask).to(MATH)
+    if INS & 4:
+        c = tl.load(x2 + f2, mask=mask).to(MATH)
+    if INS & 8:
+        d = tl.load(x3 + f3, mask=mask).to(MATH)
+    r0, r1, r2 = FN(a, b, c, d, scalar(s0, MATH), scalar(s1, MATH), FLAG)
     if OUTS & 1:
-        tl.store(o0 + offs, cast_out(r0, o0.dtype.element_ty), mask=mask)
+        tl.store(o0 + oo, cast_out(r0, o0.dtype.element_ty), mask=mask)
     if OUTS & 2:
-        tl.store(o1 + offs, cast_out(r1, o1.dtype.element_ty), mask=mask)
+        tl.store(o1 + oo, cast_out(r1, o1.dtype.element_ty), mask=mask)
     if OUTS & 4:
-        tl.store(o2 + offs, cast_out(r2, o2.dtype.element_ty), mask=mask)
+        tl.store(o2 + oo, cast_out(r2, o2.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -75,19 +88,7 @@ def _flat_kernel(o0, o1, o2, x0, x1, x2, x3, s0, s1, n,
         offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     else:
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
-    a = tl.load(x0 + offs, mask=mask).to(MATH)
-    b = a
-    c = a
-    d = a
-    if INS & 2:
-        b = tl.load(x1 + offs, mask=mask).to(MATH)
-    if INS & 4:
-        c = tl.load(x2 + offs, mask=mask).to(MATH)
-    if INS & 8:
-        d = tl.load(x3 + offs, mask=mask).to(MATH)
-    r0, r1, r2 = FN(a, b, c, d, scalar(s0, MATH), scalar(s1, MATH), FLAG)
-    _store_results(o0, o1, o2, offs, mask, r0, r1, r2, OUTS)
+    _apply(o0, o1, o2, x0, x1, x2, x3, offs, offs, offs, offs, offs, offs < n, s0, s1, FN, INS, OUTS, FLAG, MATH)
 
 
 @triton.jit
@@ -98,7 +99,6 @@ def _strided_kernel(o0, o1, o2, x0, x1, x2, x3, s0, s1, n, SHAPE, SO, S0, S1, S2
         offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     else:
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
     rem = offs
     oo = tl.zeros_like(offs)
     f0 = tl.zeros_like(offs)
@@ -117,18 +117,7 @@ def _strided_kernel(o0, o1, o2, x0, x1, x2, x3, s0, s1, n, SHAPE, SO, S0, S1, S2
             f2 += idx * S2[RANK - 1 - i]
         if INS & 8:
             f3 += idx * S3[RANK - 1 - i]
-    a = tl.load(x0 + f0, mask=mask).to(MATH)
-    b = a
-    c = a
-    d = a
-    if INS & 2:
-        b = tl.load(x1 + f1, mask=mask).to(MATH)
-    if INS & 4:
-        c = tl.load(x2 + f2, mask=mask).to(MATH)
-    if INS & 8:
-        d = tl.load(x3 + f3, mask=mask).to(MATH)
-    r0, r1, r2 = FN(a, b, c, d, scalar(s0, MATH), scalar(s1, MATH), FLAG)
-    _store_results(o0, o1, o2, oo, mask, r0, r1, r2, OUTS)
+    _apply(o0, o1, o2, x0, x1, x2, x3, oo, f0, f1, f2, f3, offs < n, s0, s1, FN, INS, OUTS, FLAG, MATH)
 
 
 # ----------------------------------------------------------------------------------------------- planning
