@@ -88,7 +88,7 @@ def _prelu_rows_kernel(g, x, w, gi, part, A, C, L, NB, TILES, TPP, S,
     c = pid // S
     s = pid - c * S
     wc = tl.load(w + c).to(MATH)
-    acc = tl.zeros([BA, BL], dtype=MATH)
+    acc = tl.zeros([BL], dtype=MATH)  # summed over the tile's rows each step: few registers, high occupancy
     for t in range(s * TPP, tl.minimum(s * TPP + TPP, TILES)):
         ab = t // NB
         a = ab * BA + tl.arange(0, BA)
@@ -103,9 +103,9 @@ def _prelu_rows_kernel(g, x, w, gi, part, A, C, L, NB, TILES, TPP, S,
         if HAS_GI:
             tl.store(gi + off, cast_out(tl.where(pos, gv, wc * gv), gi.dtype.element_ty), mask=mask)
         if HAS_GW:
-            acc += tl.where(pos, 0.0, xv * gv)
+            acc += tl.sum(tl.where(pos, 0.0, xv * gv), axis=0)
     if HAS_GW:
-        tl.store(part + pid, tl.sum(tl.sum(acc, axis=1), axis=0))
+        tl.store(part + pid, tl.sum(acc, axis=0))
 
 
 @triton.jit
@@ -120,7 +120,7 @@ def _prelu_cols_kernel(g, x, w, gi, part, A, K, L, RPP, NKB,
     k = (pid - s * NKB) * BK + tl.arange(0, BK)
     kmask = k < K
     wk = tl.load(w + k // L, mask=kmask, other=0.0).to(MATH)
-    acc = tl.zeros([BA, BK], dtype=MATH)
+    acc = tl.zeros([BA, BK], dtype=MATH)  # rows are summed once at the end (a per-step sum crosses warps)
     a_end = tl.minimum(s * RPP + RPP, A)
     for a0 in range(s * RPP, a_end, BA):
         a = a0 + tl.arange(0, BA)
