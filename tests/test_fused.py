@@ -248,7 +248,8 @@ def test_prelu_boundary_values():
 def test_prelu_split_reduction_is_fixed_order(dtype, monkeypatch):
     """Force many tiles per program and a multi-partial second pass; results stay right and bitwise stable."""
     monkeypatch.setattr(prelu_mod, "_ROWS_TPP", 5)
-    monkeypatch.setattr(prelu_mod, "_COLS_RPP", 40)
+    monkeypatch.setattr(prelu_mod, "_COLS_TARGET_PROGRAMS", 4)
+    monkeypatch.setattr(prelu_mod, "_COLS_TILE", 16)
     monkeypatch.setattr(prelu_mod, "_TILE_BYTES", 256)
     monkeypatch.setattr(prelu_mod, "_plans", {})
     for shape, layout in (((5, 3, 9, 20), None), ((7, 6, 3, 5), torch.channels_last), ((700,), None)):

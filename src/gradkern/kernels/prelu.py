@@ -142,7 +142,8 @@ def _prelu_cols_kernel(g, x, w, gi, part, A, K, L, RPP, NKB,
 # Launch parameters depend on the shape and dtype only (never on timing), so the summation order is fixed.
 _TILE_BYTES = 8192  # bytes of each operand a program loads per loop step (elements: this / element size)
 _ROWS_TPP = 2  # tiles per program of the row kernel (one partial per program: no limit from the partials)
-_COLS_RPP = 64  # at least this many rows per program of the column kernel (its partials are per column)
+_COLS_TILE = 2048  # elements per loop step of the column kernel (any dtype)
+_COLS_TARGET_PROGRAMS = 2048  # the column kernel splits the rows until about this many programs run
 _ROWS_MIN_L = 32  # (A, C, L) inputs with L >= this walk rows of L; smaller L (channels_last: L = 1) walk columns
 _COLS_BK = 256  # the column kernel's widest column block
 _WARPS = 4
@@ -178,13 +179,15 @@ def _rows_plan(A: int, C: int, L: int, tile: int) -> _Fused:
                   A * C * L + tile > _I32_MAX)
 
 
-def _cols_plan(A: int, C: int, L: int, tile: int) -> _Fused:
+def _cols_plan(A: int, C: int, L: int) -> _Fused:
     K = C * L
     bk = min(_npow2(K), _COLS_BK)
-    ba = min(_npow2(A), max(1, tile // bk))
+    ba = min(_npow2(A), max(1, _COLS_TILE // bk))
     nkb = triton.cdiv(K, bk)
-    rpp = triton.cdiv(_COLS_RPP, ba) * ba
+    split = max(1, min(triton.cdiv(_COLS_TARGET_PROGRAMS, nkb), triton.cdiv(A, ba)))
+    rpp = triton.cdiv(triton.cdiv(A, split), ba) * ba
     split = triton.cdiv(A, rpp)
+    tile = ba * bk
     return _Fused(False, nkb * split, (A, K, L, rpp, nkb), (ba, bk), (split, C, L), (0, 2),
                   A * K + tile > _I32_MAX)
 
@@ -202,11 +205,11 @@ def _fused_plan(x: torch.Tensor, g: torch.Tensor, C: int) -> _Fused | None:
             plan = _rows_plan(1, 1, n, tile)
     elif x.is_contiguous() and g.is_contiguous():
         A, L = x.shape[0], math.prod(x.shape[2:])
-        plan = _rows_plan(A, C, L, tile) if L >= _ROWS_MIN_L else _cols_plan(A, C, L, tile)
+        plan = _rows_plan(A, C, L, tile) if L >= _ROWS_MIN_L else _cols_plan(A, C, L)
     else:
         fmt = {4: torch.channels_last, 5: torch.channels_last_3d}.get(x.dim())
         if fmt is not None and x.is_contiguous(memory_format=fmt) and g.is_contiguous(memory_format=fmt):
-            plan = _cols_plan(n // C, C, 1, tile)
+            plan = _cols_plan(n // C, C, 1)
     if len(_plans) > 4096:
         _plans.clear()
     _plans[key] = plan
