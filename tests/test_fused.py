@@ -307,6 +307,9 @@ def test_bad_inputs_raise_named_errors_before_any_launch(monkeypatch):
         ("prelu_backward", gradkern.InvalidProblem, "output_mask", lambda: ops.prelu_backward(g, x, w3, (True,))),
         ("_prelu_kernel_backward", gradkern.InvalidProblem, "broadcast",
          lambda: ops._prelu_kernel_backward(g, x, _rand((5,), x.dtype))),
+        # a non-tensor self was once read for its dtype before being checked (AttributeError, not the named error)
+        ("_prelu_kernel_backward", gradkern.Unsupported, "self",
+         lambda: ops._prelu_kernel_backward(g, x.tolist(), w3)),
         # lerp: shapes that do not broadcast, dtypes PyTorch rejects
         ("lerp_backward", gradkern.InvalidProblem, "broadcast", lambda: ops.lerp_backward(a, a, b[:, :4], 0.5)),
         ("lerp_backward", gradkern.InvalidProblem, "broadcast",

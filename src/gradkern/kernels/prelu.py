@@ -64,8 +64,10 @@ def _kernel_backward_cases(device, dtype, size: str) -> list[Case]:
 def _prelu_kernel_backward(grad_output: torch.Tensor, self: torch.Tensor, weight: torch.Tensor
                            ) -> tuple[torch.Tensor, torch.Tensor]:
     """ATen's prelu backward: (x > 0 ? g : w*g, x > 0 ? 0 : x*g), both at the broadcast shape (w broadcast to x)."""
-    for name, t in (("grad_output", grad_output), ("self", self), ("weight", weight)):
+    named = (("grad_output", grad_output), ("self", self), ("weight", weight))
+    for name, t in named:
         check_tensor(_OP_FULL, name, t)
+    for name, t in named:
         if t.dtype != self.dtype:
             raise Unsupported(_OP_FULL, name, f"dtype {self.dtype} (the dtype of self)", t.dtype)
     try:
