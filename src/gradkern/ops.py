@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
 import typing
 from collections.abc import Callable
 
@@ -56,11 +57,16 @@ NO_CUSTOM_OP: dict[str, str] = {}
 
 def _public(info: OpInfo) -> tuple[Callable, object]:
     fn = info.fn
+    quiet = logging.getLogger("torch._library.opaque_object")  # it logs each type it cannot express
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
     try:
         op = _custom_op(info)
     except (ValueError, TypeError) as e:
         NO_CUSTOM_OP[info.name] = str(e).split(" The valid types")[0].split(" Got func")[0]
         return fn, None
+    finally:
+        quiet.setLevel(level)
     n_positional = sum(1 for p in inspect.signature(fn).parameters.values() if p.kind in _POSITIONAL)
     out_names = [p.name for p in inspect.signature(fn).parameters.values() if p.kind == p.KEYWORD_ONLY]
 
