@@ -1,0 +1,401 @@
+"""Replication / reflection pad backward (1d/2d/3d): semantics against stock PyTorch, layouts, grad_input=,
+bad inputs, the int64 and multi-plane paths, training through enable() (deterministic mode included) and, on a
+GPU, no determinism alert and bit-identical repeats."""
+
+import math
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import gradkern
+from conftest import DEVICE, DTYPES, dtype_id, gpu_only
+from gradkern import ops
+from gradkern.kernels import pad as padmod
+from gradkern.registry import REGISTRY
+from gradkern.testing import assert_bitwise_equal, assert_close, check_case, poison_like, run_reference
+
+OPS = [f"{mode}_pad{d}d_backward" for mode in ("replication", "reflection") for d in (1, 2, 3)]
+GPU = DEVICE == "cuda"
+
+
+def _dims(op: str) -> int:
+    return int(op.split("_pad")[1][0])
+
+
+def _problem(op, shape, pads, dtype=torch.float32, *, scale=1.0):
+    """(grad_output, self, padding) for `op` on an input of `shape`."""
+    x = torch.randn(shape, device=DEVICE).to(dtype)
+    g = (torch.randn(padmod.padded_shape(shape, pads), device=DEVICE) * scale).to(dtype)
+    return g, x, list(pads)
+
+
+# Shapes (batched and unbatched) and pads: asymmetric, zero, negative (cropping), larger than the input
+# (replicate), n - 1 (the largest reflection), size-1 dims. Kept to a few planes for the interpreter.
+SEMANTICS = {
+    1: [((2, 3, 11), (3, 1)), ((3, 9), (-2, 4)), ((2, 2, 7), (0, 0)), ((2, 1, 5), (4, 4)), ((1, 4, 6), (-3, -2)),
+        ((3, 1), (0, 0))],
+    2: [((2, 2, 7, 9), (2, 1, 0, 3)), ((2, 6, 5), (-1, 3, 4, -2)), ((1, 3, 5, 4), (3, 3, 4, 4)),
+        ((1, 2, 1, 6), (1, 2, 0, 0)), ((2, 4, 3), (0, 0, 0, 0))],
+    3: [((1, 2, 3, 5, 6), (2, 1, 1, 3, 2, 1)), ((2, 4, 5, 7), (1, -1, 0, 2, -2, 2)),
+        ((1, 1, 4, 4, 4), (3, 3, 3, 3, 3, 3)), ((1, 2, 1, 3, 1), (2, 0, 1, 1, 0, 2))],
+}
+# replicate-only shapes: pads far beyond the input, and crops that leave one output element per dim
+REPLICATE_ONLY = {
+    1: [((1, 2, 2), (7, 9)), ((1, 2, 4), (-3, 0))],
+    2: [((1, 1, 2, 3), (5, 6, 7, 3)), ((1, 1, 4, 5), (-2, -2, 0, -3))],
+    3: [((1, 1, 2, 2, 3), (4, 5, 3, 6, 2, 3)), ((1, 3, 3, 2), (-1, -1, 0, 0, -2, 0))],
+}
+
+
+def _valid(op, shape, pads) -> bool:
+    if op.startswith("reflection"):
+        return all(p < shape[-1 - k // 2] for k, p in enumerate(pads))
+    return True
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("op", OPS)
+def test_matches_stock(op, dtype):
+    d = _dims(op)
+    cases = SEMANTICS[d] + (REPLICATE_ONLY[d] if op.startswith("replication") else [])
+    for shape, pads in filter(lambda c: _valid(op, *c), cases):
+        out = check_case(op, _problem(op, shape, pads, dtype), what=f"{op} {shape} pad {pads}")
+        assert out.shape == shape and out.is_contiguous() and out.dtype == dtype
+
+
+@pytest.fixture
+def split(monkeypatch):
+    """Plans that gather the border strips apart (what problems of >= _SPLIT_MIN elements get), forced."""
+    padmod._plan.cache_clear()
+    monkeypatch.setattr(padmod, "_SPLIT_MIN", 0)
+    yield
+    padmod._plan.cache_clear()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
+@pytest.mark.parametrize("op", OPS)
+def test_split_plan_matches_stock(op, dtype, split):
+    d = _dims(op)
+    cases = SEMANTICS[d] + (REPLICATE_ONLY[d] if op.startswith("replication") else [])
+    for shape, pads in filter(lambda c: _valid(op, *c), cases):
+        check_case(op, _problem(op, shape, pads, dtype), what=f"{op} split {shape} pad {pads}")
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_reflection_limits_and_single_elements(op):
+    """Reflection pads of n - 1 on both sides (every element has direct + both mirrors), and inputs of size 1."""
+    d = _dims(op)
+    if op.startswith("reflection"):
+        shape, pads = (1, 2, *[3] * d), (2,) * (2 * d)
+    else:
+        shape, pads = (1, 2, *[1] * d), (3, 2, 1, 4, 2, 2)[: 2 * d]
+    check_case(op, _problem(op, shape, pads), what=f"{op} {shape} pad {pads}")
+
+
+def _layouts(g: torch.Tensor):
+    """grad_output views that are not contiguous: every other element of a wider buffer, a transposed copy,
+    channels-last, a broadcast (stride 0) batch."""
+    big = torch.zeros(*g.shape[:-1], 2 * g.shape[-1], dtype=g.dtype, device=g.device)
+    big[..., ::2] = g
+    yield "strided", big[..., ::2]
+    yield "transposed", g.transpose(-1, -2).contiguous().transpose(-1, -2)
+    if g.dim() >= 4:
+        fmt = torch.channels_last if g.dim() == 4 else torch.channels_last_3d
+        yield "channels_last", g.contiguous(memory_format=fmt)
+    yield "broadcast", g[:1].expand(g.shape)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("op", OPS)
+def test_strided_grad_output_is_read_in_place(op, dtype, monkeypatch):
+    d = _dims(op)
+    shape, pads = SEMANTICS[d][0]
+    g0, x, p = _problem(op, shape, pads, dtype)
+    seen = []
+    real_launch = padmod.launch
+    monkeypatch.setattr(padmod, "launch",
+                        lambda kernel, grid, args, *a: (seen.append(args[1]), real_launch(kernel, grid, args, *a)))
+    for name, g in _layouts(g0):
+        seen.clear()
+        check_case(op, (g, x, p), what=f"{op} grad_output {name}")
+        assert seen[0].data_ptr() == g.data_ptr() and seen[0].stride() == g.stride(), f"{name}: grad_output was copied"
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_grad_input_argument_writes_every_element(op):
+    d = _dims(op)
+    shape, pads = SEMANTICS[d][0]
+    g, x, p = _problem(op, shape, pads, torch.float32)
+    fresh = getattr(ops, op)(g, x, p)
+    for out in (poison_like(x), poison_like(x.transpose(-1, -2).contiguous()).transpose(-1, -2)):
+        res = getattr(ops, op)(g, x, p, grad_input=out)
+        assert res is out
+        assert_bitwise_equal(out, fresh, f"{op} grad_input {out.stride()}")
+    # the ATen overload resizes a grad_input of another shape, as ATen does
+    out = torch.empty(0, device=DEVICE)
+    with gradkern.use():
+        res = getattr(torch.ops.aten, op).grad_input(g, x, p, grad_input=out)
+    assert res is out and out.shape == x.shape
+    assert_bitwise_equal(out, fresh, f"{op} aten grad_input")
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_complex_as_real_and_imaginary_parts(op):
+    d = _dims(op)
+    shape, pads = SEMANTICS[d][1]
+    g, x, p = _problem(op, shape, pads, torch.float32)
+    gc = torch.complex(g, torch.randn_like(g))
+    xc = torch.complex(x, x)
+    out = getattr(ops, op)(gc, xc, p)
+    ref = run_reference(getattr(torch.ops.aten, op), (gc.cdouble(), xc.cdouble(), p), dtype=None)
+    assert out.dtype == torch.complex64
+    assert_close(torch.view_as_real(out), torch.view_as_real(ref), torch.float32, f"{op} complex")
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_empty(op):
+    d = _dims(op)
+    shape = (0, 3, *[4] * d)
+    g, x, p = _problem(op, shape, [1] * (2 * d))
+    assert getattr(ops, op)(g, x, p).shape == shape
+    # a crop to an empty grad_output: every input gets zero gradient (as ATen's backward)
+    shape = (2, 3, *[4] * d)
+    g, x, p = _problem(op, shape, [-2] * (2 * d))
+    assert g.numel() == 0
+    out = getattr(ops, op)(g, x, p)
+    assert out.shape == shape and bool((out == 0).all())
+
+
+@pytest.mark.parametrize("op", [OPS[0], OPS[1], OPS[5]])
+def test_int64_offsets_and_several_planes_per_program(op, monkeypatch):
+    """The int64 path and the multi-plane path (normally only for > 2^31 elements / > 2^30 tiles), forced."""
+    d = _dims(op)
+    shape, pads = SEMANTICS[d][0]
+    problem = _problem(op, shape, pads, torch.float32)
+    expected = getattr(ops, op)(*problem)
+    knobs = [("_I32_MAX", 64)] + ([("_MAX_PROGRAMS", 2)] if d > 1 else [])  # 1d here is a single tile
+    for knob, value in knobs:
+        padmod._plan.cache_clear()
+        monkeypatch.setattr(padmod, knob, value)
+        plan = padmod._plan(padmod._Spec(op, d, op.startswith("reflection")), tuple(problem[0].shape),
+                            problem[0].stride(), shape, tuple(pads), problem[1].stride(), torch.float32)
+        assert plan.consts["I64"] if knob == "_I32_MAX" else plan.args[1] > 1
+        assert_bitwise_equal(getattr(ops, op)(*problem), expected, f"{op} {knob}={value}")
+        monkeypatch.undo()
+    padmod._plan.cache_clear()
+
+
+def test_bad_inputs_raise_named_errors_and_write_nothing():
+    g3, x3, _ = _problem("replication_pad3d_backward", (2, 3, 4, 5, 6), [1] * 6)
+    g1, x1, _ = _problem("reflection_pad1d_backward", (2, 3, 5), [1, 1])
+    out3, out1 = poison_like(x3), poison_like(x1)
+    r3, f1 = ops.replication_pad3d_backward, ops.reflection_pad1d_backward
+    cases = [
+        (gradkern.InvalidProblem, r"padding.*6 ints.*\(1, 1, 1, 1\)", lambda: r3(g3, x3, [1] * 4, grad_input=out3)),
+        (gradkern.InvalidProblem, r"padding.*2 ints.*\(1, 1, 1\)", lambda: f1(g1, x1, [1, 1, 1], grad_input=out1)),
+        (gradkern.InvalidProblem, r"padding.*2 ints.*\(1\.0, 1\)", lambda: f1(g1, x1, [1.0, 1], grad_input=out1)),
+        (gradkern.InvalidProblem, r"padding.*smaller than the input size 5.*\(5, 1\)",
+         lambda: f1(torch.empty(2, 3, 11, device=DEVICE), x1, [5, 1], grad_input=out1)),
+        (gradkern.InvalidProblem, r"padding.*smaller than the input size 5.*\(0, 7\)",
+         lambda: f1(torch.empty(2, 3, 12, device=DEVICE), x1, [0, 7], grad_input=out1)),
+        (gradkern.InvalidProblem, r"grad_output.*shape \(2, 3, 6, 7, 8\).*\(2, 3, 6, 7, 9\)",
+         lambda: r3(torch.empty(2, 3, 6, 7, 9, device=DEVICE), x3, [1] * 6, grad_input=out3)),
+        (gradkern.InvalidProblem, r"grad_output.*\(2, 3, 7\).*\(3, 7\)",
+         lambda: f1(g1[0], x1, [1, 1], grad_input=out1)),
+        (gradkern.InvalidProblem, r"self.*4-D.*5-D.*3-D tensor of shape \(4, 5, 6\)",
+         lambda: r3(g3, x3[0, 0], [1] * 6, grad_input=out3)),
+        (gradkern.InvalidProblem, r"self.*2-D.*3-D.*4-D tensor", lambda: f1(g1, x1[None], [1, 1], grad_input=out1)),
+        (gradkern.InvalidProblem, r"padding.*size >= 0.*\(-4, -3\)",
+         lambda: f1(g1, x1, [-4, -3], grad_input=out1)),
+        (gradkern.Unsupported, r"grad_output.*dtype torch.float32.*float64",
+         lambda: r3(g3.double(), x3, [1] * 6, grad_input=out3)),
+        (gradkern.Unsupported, r"grad_output.*dtype", lambda: r3(g3.int(), x3.int(), [1] * 6)),
+        (gradkern.InvalidProblem, r"grad_input.*shape \(2, 3, 5\).*\(2, 3, 4\)",
+         lambda: f1(g1, x1, [1, 1], grad_input=out1[..., :4])),
+        (gradkern.Unsupported, r"grad_input.*dtype", lambda: f1(g1, x1, [1, 1], grad_input=out1.double())),
+        (gradkern.InvalidProblem, r"grad_input.*overlap",
+         lambda: f1(g1, x1, [1, 1], grad_input=out1[:1].expand(2, 3, 5))),
+    ]
+    if GPU:
+        cases.append((gradkern.Unsupported, r"grad_output.*CUDA", lambda: f1(g1.cpu(), x1.cpu(), [1, 1])))
+        cases.append((gradkern.Unsupported, r"grad_input.*cuda", lambda: f1(g1, x1, [1, 1], grad_input=out1.cpu())))
+    for err, pattern, call in cases:
+        with pytest.raises(err, match=pattern) as info:
+            call()
+        assert str(info.value).split(":")[0] in ("replication_pad3d_backward", "reflection_pad1d_backward")
+        assert torch.isnan(out3).all() and torch.isnan(out1).all(), f"a rejected call wrote: {info.value}"
+
+
+def test_registry_entries():
+    for op in OPS:
+        info = REGISTRY[op]
+        assert set(info.aten) == {op, f"{op}.grad_input"} and info.accumulates and not info.exact
+        for dt in DTYPES:
+            g = gradkern.guarantee(op, dt)
+            assert g.deterministic and g.bit_stable
+            assert g.accumulator_dtype == (torch.float64 if dt == torch.float64 else torch.float32)
+        labels = [c.label for c in info.cases("meta", torch.bfloat16, "large")]
+        assert any("8x32x32x64x64" in lab for lab in labels) or _dims(op) != 3
+
+
+# ----------------------------------------------------------------------------------------------- training
+def _modules(dtype):
+    """(label, module or function, input shape) for every entry point that reaches these backward ops."""
+    return [
+        ("ReplicationPad1d", nn.ReplicationPad1d((2, 1)), (2, 3, 9)),
+        ("ReplicationPad2d", nn.ReplicationPad2d((1, 2, 0, 3)), (2, 2, 5, 6)),
+        ("ReplicationPad3d", nn.ReplicationPad3d((1, 2, 2, 0, 1, 1)), (1, 2, 3, 4, 5)),
+        ("ReflectionPad1d", nn.ReflectionPad1d((2, 3)), (3, 9)),
+        ("ReflectionPad2d", nn.ReflectionPad2d((1, 2, 3, 1)), (2, 2, 5, 6)),
+        ("ReflectionPad3d", nn.ReflectionPad3d((1, 2, 2, 0, 1, 1)), (2, 3, 4, 5)),
+        ("F.pad replicate 3d", lambda t: F.pad(t, (2, 1, 1, 1, 0, 2), mode="replicate"), (1, 2, 3, 4, 5)),
+        ("F.pad replicate 1d", lambda t: F.pad(t, (-1, 3), mode="replicate"), (2, 3, 8)),
+        ("F.pad reflect 2d", lambda t: F.pad(t, (2, 2, 1, 3), mode="reflect"), (2, 2, 5, 6)),
+    ]
+
+
+def _spy_on_pad_ops(monkeypatch) -> list[str]:
+    calls = []
+    for op in OPS:
+        info = REGISTRY[op]
+        for ov, impl in list(info.aten.items()):
+            monkeypatch.setitem(info.aten, ov, lambda *a, _i=impl, _o=ov, **k: (calls.append(_o), _i(*a, **k))[1])
+    return calls
+
+
+def _train_step(fn, x, w):
+    """One step: pad, a weighted loss, backward; returns the input's gradient."""
+    xi = x.clone().requires_grad_(True)
+    (fn(xi) * w).sum().backward()
+    return xi.grad
+
+
+@pytest.mark.parametrize("dtype, deterministic", [(d, True) for d in DTYPES] + [(torch.float32, False)],
+                         ids=[f"{dtype_id(d)}-deterministic" for d in DTYPES] + ["f32-default"])
+def test_modules_train_through_gradkern(dtype, deterministic, monkeypatch):
+    """nn.ReplicationPad*d, nn.ReflectionPad*d and F.pad(replicate/reflect) under enable() reach gradkern's
+    kernels (also with torch.use_deterministic_algorithms(True)) and give stock PyTorch's gradients."""
+    torch.manual_seed(0)
+    was = torch.are_deterministic_algorithms_enabled()
+    calls = _spy_on_pad_ops(monkeypatch)
+    try:
+        for label, fn, shape in _modules(dtype):
+            x = torch.randn(shape, device=DEVICE).to(dtype)
+            w = torch.randn(fn(x).shape, device=DEVICE).to(dtype)
+            ref = run_reference(lambda a, b, _f=fn: _train_step(_f, a, b), (x, w))  # float64, CPU, stock
+            calls.clear()
+            torch.use_deterministic_algorithms(deterministic)
+            with gradkern.use():
+                ours = _train_step(fn, x, w)
+            torch.use_deterministic_algorithms(was)
+            assert calls, f"{label}: no gradkern pad kernel ran"
+            assert_close(ours, ref, dtype, label)
+    finally:
+        torch.use_deterministic_algorithms(was)
+
+
+def test_fpad_deterministic_route(monkeypatch):
+    """The wrapper F.pad calls in deterministic mode on CUDA: routed to aten::replication_pad*d (and so to
+    gradkern's backward) only while gradkern is enabled; otherwise, for other devices and while compiling, the
+    original decomposition. Called directly here, since F.pad takes that path only for CUDA tensors."""
+    decomp = torch._decomp.decompositions
+    assert decomp._replication_pad is padmod._replication_pad_routed
+    original_calls = []
+    original = padmod._original_replication_pad
+    monkeypatch.setattr(padmod, "_original_replication_pad",
+                        lambda *a, **k: (original_calls.append(1), original(*a, **k))[1])
+    calls = _spy_on_pad_ops(monkeypatch)
+    x = torch.randn(2, 3, 4, 5, device=DEVICE)
+    w = torch.randn(2, 3, 7, 8, device=DEVICE)
+    stock = _train_step(lambda t: decomp._replication_pad(t, (1, 2, 0, 3)), x, w)
+    assert original_calls and not calls
+    original_calls.clear()
+    with gradkern.use():
+        ours = _train_step(lambda t: decomp._replication_pad(t, (1, 2, 0, 3)), x, w)
+        assert calls == ["replication_pad2d_backward"] and not original_calls
+        assert decomp._replication_pad(x[0].to("meta"), (1, 1)).shape == (3, 4, 7)  # another device: original
+        assert original_calls
+    assert_close(ours, stock.double(), torch.float32, "routed F.pad replicate")
+
+
+# ----------------------------------------------------------------------------------------------- GPU only
+@gpu_only
+def test_deterministic_mode_ops_and_training_do_not_raise_on_cuda(monkeypatch):
+    """On CUDA, ATen's pad backward kernels raise under torch.use_deterministic_algorithms(True) (which ones
+    depends on the torch version: replication_pad3d_backward always has; replication_pad1d_backward did not on
+    torch 2.11) and F.pad(replicate) falls back to a slow decomposition; with gradkern enabled neither happens."""
+    original_calls = []
+    original = padmod._original_replication_pad
+    monkeypatch.setattr(padmod, "_original_replication_pad",
+                        lambda *a, **k: (original_calls.append(1), original(*a, **k))[1])
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        for op in OPS:
+            g, x, p = _problem(op, SEMANTICS[_dims(op)][0][0], SEMANTICS[_dims(op)][0][1])
+            if op == "replication_pad3d_backward":  # the stock alert these tests are about
+                with pytest.raises(RuntimeError, match="deterministic"):
+                    getattr(torch.ops.aten, op)(g, x, p)
+            with gradkern.use():
+                ours = getattr(torch.ops.aten, op)(g, x, p)
+                getattr(torch.ops.aten, op).grad_input(g, x, p, grad_input=torch.empty_like(x))
+            assert_bitwise_equal(ours, getattr(ops, op)(g, x, p), op)
+        calls = _spy_on_pad_ops(monkeypatch)
+        for label, fn, shape in _modules(torch.float32):
+            x = torch.randn(shape, device=DEVICE)
+            w = torch.randn(fn(x).shape, device=DEVICE)
+            calls.clear()
+            with gradkern.use():
+                _train_step(fn, x, w)
+            assert calls, f"{label}: no gradkern kernel ran"
+        assert not original_calls, "F.pad(replicate) took the slow decomposition"
+    finally:
+        torch.use_deterministic_algorithms(was)
+
+
+@gpu_only
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_bitwise_identical_repeats_on_gpu(dtype):
+    """Repeated runs (plain calls, deterministic-mode training steps) give identical bits."""
+    for op in OPS:
+        for case in REGISTRY[op].cases(DEVICE, dtype, "check"):
+            first = getattr(ops, op)(*case.args)
+            for _ in range(3):
+                assert_bitwise_equal(getattr(ops, op)(*case.args), first, f"{op} {case.label}")
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        with gradkern.use():
+            for label, fn, shape in _modules(dtype):
+                x = torch.randn(*shape[:-1], 64 * shape[-1], device=DEVICE).to(dtype)  # larger along W
+                w = torch.randn(fn(x).shape, device=DEVICE).to(dtype)
+                first = _train_step(fn, x, w)
+                for _ in range(2):
+                    assert_bitwise_equal(_train_step(fn, x, w), first, f"{label} training step")
+    finally:
+        torch.use_deterministic_algorithms(was)
+
+
+@gpu_only
+def test_more_than_2_31_elements():
+    """int64 offsets: a 1d problem whose rows exceed 2^31 elements and a 3d one whose planes do (bf16, ~20 GB)."""
+    if torch.cuda.mem_get_info()[0] < 24 * 2**30:
+        pytest.skip("not enough free GPU memory")
+    n = 2**31 + 3
+    x = torch.zeros((), device=DEVICE, dtype=torch.bfloat16).expand(1, 1, n)
+    g = torch.randn(1, 1, n + 3, device=DEVICE, dtype=torch.bfloat16)
+    out = ops.replication_pad1d_backward(g, x, [2, 1])
+    assert torch.equal(out[0, 0, 1:-1], g[0, 0, 3:-2])
+    assert out[0, 0, 0].item() == g[0, 0, :3].float().sum().bfloat16().item()
+    assert out[0, 0, -1].item() == g[0, 0, -2:].float().sum().bfloat16().item()
+    del x, g, out
+    shape = (1, 2**19 + 1, 4, 32, 32)  # 2^31 + 4096 elements
+    assert math.prod(shape) > 2**31
+    x = torch.zeros((), device=DEVICE, dtype=torch.bfloat16).expand(shape)
+    g = torch.randn(padmod.padded_shape(shape, [1] * 6), device=DEVICE, dtype=torch.bfloat16)
+    out = ops.reflection_pad3d_backward(g, x, [1] * 6)
+    for c in (0, 2**18, 2**19):  # the last channel's offsets are past 2^31
+        ref = run_reference(torch.ops.aten.reflection_pad3d_backward, (g[:, c:c + 1], x[:, c:c + 1], [1] * 6))
+        assert_close(out[:, c:c + 1], ref, torch.bfloat16, f"channel {c}")
