@@ -155,6 +155,22 @@ def test_lerp_backward_broadcast(case, dtype):
     _compare(ours, run_reference(REGISTRY["lerp_backward"].reference, (g, a, b, w)), dtype, f"lerp {case}")
 
 
+@pytest.mark.parametrize("ss, es", [((), (6, 7)), ((1, 7), (6, 1)), ((6, 7), ())])
+def test_lerp_backward_scalar_weight_broadcast_matches_stock_autograd(ss, es):
+    """A Python-number weight with broadcast self/end: each gradient summed to its input's shape, as autograd's
+    engine does (the registry reference once left them at the broadcast shape)."""
+    a = _rand(ss, torch.float64).requires_grad_(True)
+    b = _rand(es, torch.float64).requires_grad_(True)
+    g = _rand(torch.broadcast_shapes(ss, es), torch.float64)
+    want = torch.autograd.grad(torch.lerp(a, b, 0.3), (a, b), g)
+    gs, ge, _ = ops.lerp_backward(g, a.detach(), b.detach(), 0.3)
+    ref = REGISTRY["lerp_backward"].reference(g, a.detach(), b.detach(), 0.3)
+    for got, r, w in zip((gs, ge), ref[:2], want, strict=True):
+        assert got.shape == w.shape and r.shape == w.shape
+        assert_close(got, w, torch.float64)
+        assert_close(r, w, torch.float64)
+
+
 def test_lerp_backward_zero_dim_weight_of_another_dtype():
     """PyTorch lets a 0-d weight differ in dtype from self; its gradient comes back in its own dtype."""
     a, b, g = _rand((5, 4), torch.float32), _rand((5, 4), torch.float32), _rand((5, 4), torch.float32)
@@ -310,6 +326,7 @@ def test_bad_inputs_raise_named_errors_before_any_launch(monkeypatch):
         # a non-tensor self was once read for its dtype before being checked (AttributeError, not the named error)
         ("_prelu_kernel_backward", gradkern.Unsupported, "self",
          lambda: ops._prelu_kernel_backward(g, x.tolist(), w3)),
+        ("prelu_backward", gradkern.Unsupported, "self", lambda: ops.prelu_backward(g, x.tolist(), w3)),
         # lerp: shapes that do not broadcast, dtypes PyTorch rejects
         ("lerp_backward", gradkern.InvalidProblem, "broadcast", lambda: ops.lerp_backward(a, a, b[:, :4], 0.5)),
         ("lerp_backward", gradkern.InvalidProblem, "broadcast",

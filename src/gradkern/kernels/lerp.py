@@ -61,7 +61,8 @@ def _lerp_backward_reference(grad, self, end, weight, output_mask=(True, True, T
         gw = (grad * (end - self)).sum_to_size(weight.shape).to(weight.dtype) if output_mask[2] else None
         return gs, ge, gw
     w = float(weight)
-    return grad * (1.0 - w) if output_mask[0] else None, grad * w if output_mask[1] else None, None
+    return ((grad * (1.0 - w)).sum_to_size(self.shape) if output_mask[0] else None,
+            (grad * w).sum_to_size(end.shape) if output_mask[1] else None, None)
 
 
 def _lerp_cases(device, dtype, size: str) -> list[Case]:

@@ -346,8 +346,10 @@ def prelu_backward(grad_output: torch.Tensor, self: torch.Tensor, weight: torch.
     """Gradients of torch.prelu(self, weight) in one pass: (grad_input, grad_weight), grad_weight in weight's
     shape (reduced in the same pass, deterministically); None where output_mask says so."""
     mask = check_output_mask(_OP, output_mask, 2)
-    for name, t in (("grad_output", grad_output), ("self", self), ("weight", weight)):
+    named = (("grad_output", grad_output), ("self", self), ("weight", weight))
+    for name, t in named:
         check_tensor(_OP, name, t)
+    for name, t in named:
         if t.dtype != self.dtype:  # PyTorch's rule: no type promotion
             raise Unsupported(_OP, name, f"dtype {self.dtype} (the dtype of self)", t.dtype)
         if t.device != self.device:
