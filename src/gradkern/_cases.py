@@ -21,8 +21,9 @@ def randn(shape, device, dtype, *, scale: float = 1.0, generator: torch.Generato
 
 def stand_in(shape, device, dtype) -> torch.Tensor:
     """A tensor of `shape` and `dtype` that owns one element (a broadcast view): for arguments whose shape and
-    dtype are all a kernel reads (e.g. where's self/other), so that large cases do not allocate them."""
-    return torch.empty((), dtype=dtype, device=device).expand(shape)
+    dtype are all a kernel reads (e.g. where's self/other), so that large cases do not allocate them. Zero, not
+    uninitialised: a NaN there would make bitwise input checks fail spuriously."""
+    return torch.zeros((), dtype=dtype, device=device).expand(shape)
 
 
 def pointwise_cases(make_args, n_inputs: int, n_outputs: int = 1):
