@@ -62,3 +62,21 @@ def test_enable_under_compile(monkeypatch):
         assert calls, "enable() did not route the eager backward"
     torch.testing.assert_close(got, ref)
     assert torch.equal(eager, ref)
+
+
+def test_autograd_functions_compile_fullgraph():
+    """gradkern.sparsemax and gradkern.segment_max, forward and backward, inside one compiled graph."""
+    torch._dynamo.reset()
+    x = torch.randn(4, 16, device=DEVICE, requires_grad=True)
+    f = torch.compile(lambda x: gradkern.sparsemax(x, dim=0).square().sum(), fullgraph=True, backend=BACKEND)
+    (got,) = torch.autograd.grad(f(x), x)
+    (want,) = torch.autograd.grad(gradkern.sparsemax(x, dim=0).square().sum(), x)
+    assert_bitwise_equal(got, want, "sparsemax compiled")
+
+    d = torch.randn(7, 3, device=DEVICE, requires_grad=True)
+    lengths = torch.tensor([2, 0, 5], device=DEVICE)
+    h = torch.compile(lambda d: gradkern.segment_max(d, lengths=lengths)[0].square().sum(), fullgraph=True,
+                      backend=BACKEND)
+    (got,) = torch.autograd.grad(h(d), d)
+    (want,) = torch.autograd.grad(gradkern.segment_max(d, lengths=lengths)[0].square().sum(), d)
+    assert_bitwise_equal(got, want, "segment_max compiled")

@@ -436,7 +436,9 @@ def _offsets_from(op: str, n: int, device, offsets, lengths, segment_ids, num_se
 class _SegmentMax(torch.autograd.Function):
     @staticmethod
     def forward(ctx, data, offsets, axis):
-        vals, idxs = _fwd(data, offsets, axis, "segment_max")
+        from .. import ops  # the compile-aware entry points (custom ops while torch.compile traces)
+
+        vals, idxs = ops.segment_max_forward(data, offsets, axis)
         ctx.save_for_backward(idxs, offsets)
         ctx.num_rows, ctx.axis = data.shape[axis], axis
         ctx.mark_non_differentiable(idxs)
@@ -451,7 +453,9 @@ class _SegmentMax(torch.autograd.Function):
             return _backward_composite(g, idxs, ctx.num_rows, ctx.axis), None, None
         if g.dtype not in FLOAT_DTYPES or g.device.type != DEVICE_TYPE:
             return _backward_composite(g, idxs, ctx.num_rows, ctx.axis), None, None
-        return _bwd(g, idxs, offsets, ctx.num_rows, ctx.axis), None, None
+        from .. import ops
+
+        return ops.segment_max_backward(g, idxs, offsets, ctx.num_rows, ctx.axis), None, None
 
 
 def _backward_composite(g: torch.Tensor, idxs: torch.Tensor, num_rows: int, axis: int) -> torch.Tensor:
@@ -481,9 +485,11 @@ def segment_max(data: torch.Tensor, offsets: torch.Tensor | None = None, *, leng
     synchronisation) and raises `InvalidProblem` for offsets that do not run from 0 to N or decrease, lengths
     that are negative or do not sum to N, and unsorted or out-of-range segment ids. With `check=False` that is a
     precondition: invalid segments give unspecified values (the kernels still never touch memory out of bounds);
-    unsorted ids in particular are not grouped - sort them (and data) first."""
+    unsorted ids in particular are not grouped - sort them (and data) first. Inside `torch.compile` the check is
+    skipped (it needs a host synchronisation), and `segment_ids` need `num_segments`."""
     op = "segment_max"
     axis = _check_data(op, data, axis)
+    check = check and not torch.compiler.is_compiling()  # the check synchronises; a compiled graph cannot
     offs = _offsets_from(op, data.shape[axis], data.device, offsets, lengths, segment_ids, num_segments, check)
     return _SegmentMax.apply(data, offs, axis)
 

@@ -653,7 +653,9 @@ def sparsemax_backward(grad: torch.Tensor, y: torch.Tensor, dim: int = -1) -> to
 class _Sparsemax(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, dim: int) -> torch.Tensor:
-        y = _forward(x, dim)
+        from .. import ops  # the compile-aware entry points (custom ops while torch.compile traces)
+
+        y = ops.sparsemax_forward(x, dim)
         ctx.save_for_backward(y)
         ctx.dim = dim
         return y
@@ -661,8 +663,10 @@ class _Sparsemax(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad: torch.Tensor):
+        from .. import ops
+
         (y,) = ctx.saved_tensors
-        return _backward(grad, y, ctx.dim), None
+        return ops.sparsemax_backward(grad, y, ctx.dim), None
 
 
 def sparsemax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
