@@ -30,9 +30,35 @@ def test_ops_compile_fullgraph_with_same_bits(name):
 
 
 def test_custom_ops_are_registered():
-    assert set(gradkern.ops.NO_CUSTOM_OP) <= set(REGISTRY)
-    for name in set(REGISTRY) - set(gradkern.ops.NO_CUSTOM_OP):
-        assert hasattr(torch.ops.gradkern, name), name
+    """One custom op per op, or per Tensor/number combination of its arguments (where, lerp, prelu)."""
+    assert not gradkern.ops.NO_CUSTOM_OP
+    for name in REGISTRY:
+        ops = getattr(gradkern.ops, name).custom_op
+        for op in ops.values() if isinstance(ops, dict) else [ops]:
+            assert op._qualname.startswith(f"gradkern::{name}"), name
+
+
+@pytest.mark.parametrize("weight", ["tensor", "number"])
+def test_fused_backwards_compile_fullgraph_every_argument_kind(weight):
+    """The ops with Tensor-or-number arguments and optional outputs, compiled with each kind and output mask."""
+    a, b, g = (torch.randn(6, 5, device=DEVICE) for _ in range(3))
+    w = torch.rand(6, 1, device=DEVICE) if weight == "tensor" else 0.3
+    c = torch.rand(6, 5, device=DEVICE) > 0.5
+    pw = torch.rand(5, device=DEVICE)
+    calls = [
+        lambda: gradkern.ops.lerp_backward(g, a, b, w),
+        lambda: gradkern.ops.lerp_backward(g, a, b, w, (False, True, True)),
+        lambda: gradkern.ops.where_backward(g, c, a, b[:1]),
+        lambda: gradkern.ops.where_backward(g, c, a, 2.0, (True, False)),
+        lambda: gradkern.ops.where_backward(g, c, 1, b, (False, True)),
+        lambda: gradkern.ops.prelu_backward(g, a, pw),
+        lambda: gradkern.ops.prelu_backward(g, a, pw, (False, True)),
+    ]
+    for i, call in enumerate(calls):
+        torch._dynamo.reset()
+        eager = call()
+        compiled = torch.compile(call, fullgraph=True, backend=BACKEND)()
+        assert_bitwise_equal(compiled, eager, f"call {i}")
 
 
 def test_enable_under_compile(monkeypatch):

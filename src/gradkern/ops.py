@@ -8,8 +8,10 @@ it calls the kernel's function directly (no dispatcher overhead)."""
 
 from __future__ import annotations
 
+import collections.abc
 import functools
 import inspect
+import itertools
 import logging
 import typing
 from collections.abc import Callable
@@ -50,9 +52,68 @@ def _custom_op(info: OpInfo):
     return op
 
 
-#: op name -> why it has no custom op (its signature has types torch.library cannot express); such an op is
-#: traced into under torch.compile instead.
+# Ops whose signatures torch.library cannot express directly - a Tensor-or-number argument (where's self/other,
+# lerp's weight), optional outputs (None for gradients not asked for) - get one custom op per combination of
+# Tensor / number arguments, `gradkern::<name>__<t|s...>`, returning the list of the outputs that are not None.
+# Which outputs are None follows from the arguments: output i belongs to the i-th of the arguments just before
+# `output_mask`, and is None when the mask says so or that argument is a number.
+_NUMBER = int | float | bool  # torch.library's "Scalar"
+
+#: op name -> why it has no custom op at all; such an op is traced into under torch.compile instead.
 NO_CUSTOM_OP: dict[str, str] = {}
+
+
+def _is_tensor_or_number(hint) -> bool:
+    if hint is inspect.Parameter.empty:
+        return True
+    args = typing.get_args(hint)
+    return torch.Tensor in args and any(a is not torch.Tensor and a is not type(None) for a in args)
+
+
+def _variant_ops(info: OpInfo) -> dict[tuple[bool, ...], object]:
+    """(is-tensor flags of the Tensor-or-number arguments) -> custom op returning list[Tensor]."""
+    fn = info.fn
+    sig = inspect.signature(fn)
+    hints = typing.get_type_hints(fn)
+    params = [p for p in sig.parameters.values() if p.kind in _POSITIONAL]
+    varying = [p.name for p in params if _is_tensor_or_number(hints.get(p.name, p.annotation))]
+    fake = info.fake if info.fake is not None else info.reference_fn()
+    ops = {}
+    for flags in itertools.product((True, False), repeat=len(varying)):
+        kinds = dict(zip(varying, flags))
+        annotated = []
+        for p in params:
+            hint = hints.get(p.name, p.annotation)
+            if p.name in kinds:
+                hint = torch.Tensor if kinds[p.name] else _NUMBER
+            elif typing.get_origin(hint) in (collections.abc.Sequence, list, tuple):
+                hint = list[typing.get_args(hint)[0]]
+            annotated.append(p.replace(annotation=hint, default=inspect.Parameter.empty))
+
+        def prototype(*args):
+            return [t for t in _as_tuple(fn(*args)) if t is not None]
+
+        prototype.__signature__ = inspect.Signature(annotated, return_annotation=list[torch.Tensor])
+        suffix = "".join("t" if f else "s" for f in flags)
+        prototype.__name__ = f"{info.name}__{suffix}" if suffix else f"{info.name}__list"
+        op = torch.library.custom_op(f"gradkern::{prototype.__name__}", prototype, mutates_args=())
+        op.register_fake(lambda *args, _f=fake: [t for t in _as_tuple(_f(*args)) if t is not None])
+        ops[flags] = op
+    return ops
+
+
+def _as_tuple(x):
+    return x if isinstance(x, (tuple, list)) else (x,)
+
+
+def _present(names: list[str], values: list) -> list[bool] | None:
+    """Which outputs are not None, by the output_mask rule above (None: the op has no output_mask)."""
+    if "output_mask" not in names:
+        return None
+    k = names.index("output_mask")
+    mask = list(values[k])
+    owners = values[k - len(mask):k]
+    return [bool(m) and isinstance(v, torch.Tensor) for m, v in zip(mask, owners, strict=True)]
 
 
 def _public(info: OpInfo) -> tuple[Callable, object]:
@@ -60,15 +121,23 @@ def _public(info: OpInfo) -> tuple[Callable, object]:
     quiet = logging.getLogger("torch._library.opaque_object")  # it logs each type it cannot express
     level = quiet.level
     quiet.setLevel(logging.ERROR)
+    variants = None
     try:
         op = _custom_op(info)
     except (ValueError, TypeError) as e:
-        NO_CUSTOM_OP[info.name] = str(e).split(" The valid types")[0].split(" Got func")[0]
-        return fn, None
+        op = None
+        try:
+            variants = _variant_ops(info)
+        except (ValueError, TypeError) as e2:
+            NO_CUSTOM_OP[info.name] = f"{str(e).split(' The valid types')[0].split(' Got func')[0]} ({e2})"
+            return fn, None
     finally:
         quiet.setLevel(level)
-    n_positional = sum(1 for p in inspect.signature(fn).parameters.values() if p.kind in _POSITIONAL)
-    out_names = [p.name for p in inspect.signature(fn).parameters.values() if p.kind == p.KEYWORD_ONLY]
+    sig = inspect.signature(fn)
+    names = [p.name for p in sig.parameters.values() if p.kind in _POSITIONAL]
+    out_names = [p.name for p in sig.parameters.values() if p.kind == p.KEYWORD_ONLY]
+    hints = typing.get_type_hints(fn)
+    varying = [nm for nm in names if _is_tensor_or_number(hints.get(nm, inspect.Parameter.empty))]
 
     @functools.wraps(fn)
     def public(*args, **kwargs):
@@ -77,16 +146,23 @@ def _public(info: OpInfo) -> tuple[Callable, object]:
         outs = {k: kwargs.pop(k) for k in out_names if kwargs.get(k) is not None}
         for k in out_names:
             kwargs.pop(k, None)
-        bound = inspect.signature(fn).bind_partial(*args, **kwargs)
+        bound = sig.bind_partial(*args, **kwargs)
         bound.apply_defaults()
-        result = op(*list(bound.arguments.values())[:n_positional])
+        values = [bound.arguments[nm] for nm in names]
+        if op is not None:
+            result = op(*values)
+        else:
+            flags = tuple(isinstance(bound.arguments[nm], torch.Tensor) for nm in varying)
+            got = iter(variants[flags](*[list(v) if isinstance(v, tuple) else v for v in values]))
+            present = _present(names, values)
+            result = tuple(next(got) if p else None for p in present) if present is not None else tuple(got)
         for t in outs.values():  # out= under compile: the custom op's result copied into the given tensor
             t.copy_(result)
             result = t
         return result
 
-    public.custom_op = op
-    return public, op
+    public.custom_op = op if op is not None else variants
+    return public, public.custom_op
 
 
 _CUSTOM = {}
