@@ -83,6 +83,22 @@ def check_tensor(op: str, arg: str, t, dtypes: Sequence[torch.dtype] = _runtime.
 
 # ----------------------------------------------------------------------------------------------- kernels
 @triton.jit
+def _apply(out, x0, x1, x2, oo, o0, o1, o2, mask, s0, s1, s2, FN: tl.constexpr, NIN: tl.constexpr,
+           FLAG: tl.constexpr, MATH: tl.constexpr):
+    # load the inputs at their offsets (upcast at once: the kernel rule, and the interpreter's bf16 trap), apply
+    # the op's math, store at the output's offsets
+    a = tl.load(x0 + o0, mask=mask).to(MATH)
+    b = a
+    c = a
+    if NIN >= 2:
+        b = tl.load(x1 + o1, mask=mask).to(MATH)
+    if NIN >= 3:
+        c = tl.load(x2 + o2, mask=mask).to(MATH)
+    r = FN(a, b, c, scalar(s0, MATH), scalar(s1, MATH), scalar(s2, MATH), FLAG)
+    tl.store(out + oo, cast_out(r, out.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _flat_kernel(out, x0, x1, x2, s0, s1, s2, n,
                  FN: tl.constexpr, NIN: tl.constexpr, FLAG: tl.constexpr, MATH: tl.constexpr,
                  BLOCK: tl.constexpr, I64: tl.constexpr):
@@ -90,16 +106,7 @@ def _flat_kernel(out, x0, x1, x2, s0, s1, s2, n,
         offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     else:
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
-    a = tl.load(x0 + offs, mask=mask).to(MATH)
-    b = a
-    c = a
-    if NIN >= 2:
-        b = tl.load(x1 + offs, mask=mask).to(MATH)
-    if NIN >= 3:
-        c = tl.load(x2 + offs, mask=mask).to(MATH)
-    r = FN(a, b, c, scalar(s0, MATH), scalar(s1, MATH), scalar(s2, MATH), FLAG)
-    tl.store(out + offs, cast_out(r, out.dtype.element_ty), mask=mask)
+    _apply(out, x0, x1, x2, offs, offs, offs, offs, offs < n, s0, s1, s2, FN, NIN, FLAG, MATH)
 
 
 @triton.jit
@@ -123,15 +130,7 @@ def _strided_kernel(out, x0, x1, x2, s0, s1, s2, n, SHAPE, SO, S0, S1, S2,
             o1 += idx * S1[RANK - 1 - i]
         if NIN >= 3:
             o2 += idx * S2[RANK - 1 - i]
-    a = tl.load(x0 + o0, mask=mask).to(MATH)
-    b = a
-    c = a
-    if NIN >= 2:
-        b = tl.load(x1 + o1, mask=mask).to(MATH)
-    if NIN >= 3:
-        c = tl.load(x2 + o2, mask=mask).to(MATH)
-    r = FN(a, b, c, scalar(s0, MATH), scalar(s1, MATH), scalar(s2, MATH), FLAG)
-    tl.store(out + oo, cast_out(r, out.dtype.element_ty), mask=mask)
+    _apply(out, x0, x1, x2, oo, o0, o1, o2, mask, s0, s1, s2, FN, NIN, FLAG, MATH)
 
 
 _TL_DTYPE = {torch.float32: tl.float32, torch.float64: tl.float64}

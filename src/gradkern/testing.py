@@ -55,16 +55,24 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().view(int_t)
 
 
-def assert_bitwise_equal(actual: Any, expected: Any, what: str = "") -> None:
-    """Same shape, dtype and bits (any NaN equals any NaN; +0 and -0 differ). A None result (a gradient not
-    computed) must be None in both."""
+def _per_output(actual: Any, expected: Any, what: str, compare: Callable) -> bool:
+    """Handle what is not one tensor: None (a gradient not computed) must be None in both; tuples and lists are
+    compared output by output with `compare(a, e, what)`. False: both are tensors, for the caller to compare."""
     if actual is None or expected is None:
         assert actual is None and expected is None, f"{what}: {actual!r}, expected {expected!r}"
-        return
+        return True
     if isinstance(actual, (tuple, list)):
         assert len(actual) == len(expected), f"{what}: {len(actual)} outputs, expected {len(expected)}"
         for i, (a, e) in enumerate(zip(actual, expected, strict=False)):
-            assert_bitwise_equal(a, e, f"{what}[{i}]")
+            compare(a, e, f"{what}[{i}]")
+        return True
+    return False
+
+
+def assert_bitwise_equal(actual: Any, expected: Any, what: str = "") -> None:
+    """Same shape, dtype and bits (any NaN equals any NaN; +0 and -0 differ). A None result (a gradient not
+    computed) must be None in both."""
+    if _per_output(actual, expected, what, assert_bitwise_equal):
         return
     a, e = actual.detach().cpu(), expected.detach().cpu()
     assert a.shape == e.shape, f"{what}: shape {tuple(a.shape)}, expected {tuple(e.shape)}"
@@ -82,13 +90,7 @@ def assert_bitwise_equal(actual: Any, expected: Any, what: str = "") -> None:
 def assert_close(actual: Any, expected: Any, dtype: torch.dtype | None = None, what: str = "") -> None:
     """Compare a result with the float64 reference (rounded to `dtype`, default the result's) within the
     tolerance of `dtype`. A None result (a gradient not computed) must be None in both."""
-    if actual is None or expected is None:
-        assert actual is None and expected is None, f"{what}: {actual!r}, expected {expected!r}"
-        return
-    if isinstance(actual, (tuple, list)):
-        assert len(actual) == len(expected), f"{what}: {len(actual)} outputs, expected {len(expected)}"
-        for i, (a, e) in enumerate(zip(actual, expected, strict=False)):
-            assert_close(a, e, dtype, f"{what}[{i}]")
+    if _per_output(actual, expected, what, lambda a, e, w: assert_close(a, e, dtype, w)):
         return
     assert tuple(actual.shape) == tuple(expected.shape), \
         f"{what}: shape {tuple(actual.shape)}, expected {tuple(expected.shape)}"
