@@ -7,9 +7,9 @@ offset k*(s_i*stride_i) + c*stride_i - it is summed over the r dims by the share
 
 Autograd: `repeat`'s derivative is a C++ function (`repeat_backward` in FunctionsManual.cpp, a reshape plus
 sum), not an ATen op, so there is nothing to override below autograd. `enable()` registers aten::repeat on the
-autograd key instead: a `torch.autograd.Function` whose forward is stock `repeat` (redispatched below autograd)
-and whose backward is this kernel; its own backward (double backward) is `repeat` again. Forward-mode AD (jvp)
-repeats the tangent."""
+autograd key instead: a `torch.autograd.Function` whose forward is stock `repeat` (ATen's own autograd kernel)
+and whose backward is this kernel; with create_graph=True its backward is autograd's own formula (so double
+backward is stock's). Forward-mode AD, functorch transforms and non-plain tensors are left to stock."""
 
 from __future__ import annotations
 
@@ -18,13 +18,14 @@ import math
 from collections.abc import Sequence
 
 import torch
-import torch.autograd.forward_ad as _forward_ad
 
 from .._runtime import DEVICE_TYPE, FLOAT_DTYPES
+from ..autograd_routing import plain_tensors
+from ..dispatch import stock_call
 from ..elementwise import check_tensor
 from ..errors import InvalidProblem, Unsupported
 from ..reduction import plan_view, run_plan
-from ..registry import Case, register_op
+from ..registry import REGISTRY, Case, register_op
 
 _OP = "repeat_backward"
 MAX_REPEAT_RANK = 8
@@ -126,33 +127,20 @@ class _Repeat(torch.autograd.Function):
             return _stock_repeat_backward(grad, ctx.repeats, ctx.input_shape), None
         return repeat_backward(grad, ctx.repeats, ctx.input_shape), None
 
-    @staticmethod
-    def jvp(ctx, x_t, _repeats_t):
-        return _stock_repeat()(x_t, ctx.repeats)
 
-
+@functools.cache
 def _stock_repeat():
-    """Stock aten::repeat: ATen's own autograd kernel for it, called directly (it stays registered on the Autograd
-    alias key while gradkern's overrides the per-device key), so it never comes back here."""
-    return _STOCK_REPEAT
-
-
-_STOCK_REPEAT = functools.partial(torch.ops.aten.repeat.default._op_dk, torch._C.DispatchKey.Autograd)
-
-
-def _plain(x) -> bool:
-    """A plain strided tensor on gradkern's device, outside functorch transforms and torch-dispatch modes."""
-    return (type(x) in (torch.Tensor, torch.nn.Parameter) and x.layout == torch.strided
-            and x.device.type == DEVICE_TYPE and not torch._C._are_functorch_transforms_active()
-            and not torch._C._len_torch_dispatch_stack())
+    """Stock aten::repeat (ATen's own autograd kernel), which never comes back here."""
+    return stock_call(REGISTRY["repeat_backward"], "repeat")
 
 
 def _repeat_autograd(self: torch.Tensor, repeats: Sequence[int]) -> torch.Tensor:
     """aten::repeat at the autograd key: when a gradient will be needed, a Function whose forward is stock
-    `repeat` and whose backward is gradkern's kernel; otherwise stock PyTorch's autograd kernel, graph included."""
-    if _plain(self) and ((torch.is_grad_enabled() and self.requires_grad) or _forward_ad._current_level >= 0):
+    `repeat` and whose backward is gradkern's kernel; otherwise (nothing to differentiate, forward-mode AD, a
+    tensor gradkern leaves to stock) NotImplemented, which runs stock PyTorch's autograd kernel, graph included."""
+    if torch.is_grad_enabled() and self.requires_grad and plain_tensors([self]):
         return _Repeat.apply(self, repeats)
-    return _stock_repeat()(self, repeats)  # nothing to differentiate here, or a tensor gradkern leaves to stock
+    return NotImplemented
 
 
 # ----------------------------------------------------------------------------------------------- cases

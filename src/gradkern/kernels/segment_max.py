@@ -23,7 +23,6 @@ segments give no gradient. gradkern's kernel reproduces this bit for bit.
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
@@ -32,6 +31,7 @@ import triton.language as tl
 
 from .. import _runtime, dispatch
 from .._runtime import DEVICE_TYPE, FLOAT_DTYPES
+from ..autograd_routing import plain_tensors
 from ..elementwise import check_tensor
 from ..errors import InvalidProblem, Unsupported
 from ..registry import Case, register_op
@@ -614,28 +614,16 @@ def _segred_examples(device, dtype) -> dict:
 
 
 # ----------------------------------------------------------------------------------------------- registration
-def _plain(t) -> bool:
-    return (isinstance(t, torch.Tensor) and type(t) in (torch.Tensor, torch.nn.Parameter)
-            and t.layout == torch.strided and t.device.type == DEVICE_TYPE)
-
-
 def _segment_reduce_backward_aten(grad, output, data, reduce, *, lengths=None, offsets=None, axis=0, initial=None):
     """aten::_segment_reduce_backward at the autograd key: reduce="max" on plain float tensors runs gradkern's
-    kernel; anything else (other reductions, dtypes, a differentiable call, transforms) is declined to stock."""
-    tensors = (grad, output, data, lengths, offsets)
+    kernel; anything else (other reductions, dtypes, a differentiable call, transforms) returns NotImplemented,
+    which runs ATen's own autograd kernel."""
+    tensors = [t for t in (grad, output, data, lengths, offsets) if t is not None]
     if (reduce != "max" or data.dtype not in FLOAT_DTYPES or grad.dtype != data.dtype
-            or output.dtype != data.dtype
-            or not all(t is None or _plain(t) for t in tensors)
-            or torch._C._are_functorch_transforms_active() or torch._C._len_torch_dispatch_stack()
-            or (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors))):
-        # stock: ATen's own autograd kernel, called directly (it stays registered on the Autograd alias key)
-        return _STOCK_SEGMENT_REDUCE_BACKWARD(grad, output, data, reduce, lengths=lengths, offsets=offsets,
-                                              axis=axis, initial=initial)
+            or output.dtype != data.dtype or not plain_tensors(tensors)
+            or (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))):
+        return NotImplemented
     return _segment_reduce_backward(grad, output, data, reduce, lengths, offsets, axis, initial)
-
-
-_STOCK_SEGMENT_REDUCE_BACKWARD = functools.partial(torch.ops.aten._segment_reduce_backward.default._op_dk,
-                                                   torch._C.DispatchKey.Autograd)
 
 
 register_op("segment_max_forward", exact=True, reference=_reference_forward, cases=_fwd_cases,
