@@ -206,7 +206,8 @@ def _layout(t: torch.Tensor, axis: int) -> tuple[torch.Tensor, tuple[int, int, i
     outer = _collapse(t.shape[:axis], t.stride()[:axis])
     inner = _collapse(t.shape[axis + 1:], t.stride()[axis + 1:])
     if outer is None or inner is None:
-        t = t.contiguous()
+        # (a tensor without elements counts as contiguous, so contiguous() would keep its strides: new ones)
+        t = t.contiguous() if t.numel() else t.new_empty(t.shape)
         outer = _collapse(t.shape[:axis], t.stride()[:axis])
         inner = _collapse(t.shape[axis + 1:], t.stride()[axis + 1:])
     return t, (outer[1], t.stride(axis) if t.dim() else 0, inner[1])
@@ -504,7 +505,9 @@ def _reference_forward(data: torch.Tensor, offsets: torch.Tensor, axis: int = 0)
     """A torch composite: stock segment_reduce's max, then the first row holding it (or the first NaN)."""
     axis = axis % data.dim()
     n = data.shape[axis]
-    vals = torch.segment_reduce(data, "max", offsets=offsets.long(), axis=axis, unsafe=True)
+    # segment_reduce wants offsets with data's leading dims (the segments run along their last dim)
+    per_outer = offsets.long().expand(*data.shape[:axis], offsets.numel()).contiguous()
+    vals = torch.segment_reduce(data, "max", offsets=per_outer, axis=axis, unsafe=True)
     lengths = offsets.long().diff()
     shape = [1] * data.dim()
     shape[axis] = -1
