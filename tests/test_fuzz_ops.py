@@ -207,6 +207,15 @@ def test_prelu_backward_fuzz(data, shape, gen, mask, dtype, small_tiles):
         assert gw.shape == w.shape and gw.dtype == dtype
 
 
+def test_prelu_strided_weight_found_by_fuzzing():
+    """The fuzzer's minimal example: a weight that is a strided view (w[::2]) was read as if dense by the fused
+    kernels (grad_input got w's neighbour in memory: -0.0 here instead of 2.625 * -2.875)."""
+    x = torch.tensor([[1.625, -2.875]], device=DEVICE)
+    w = torch.tensor([-0.375, 0.0, 2.625, 0.0], device=DEVICE)[::2]
+    gi, gw = check_case("prelu_backward", (x, x, w), what="strided weight")
+    assert gi.tolist() == [[1.625, 2.625 * -2.875]] and gw.tolist() == [0.0, 2.875 * 2.875]
+
+
 @SETTINGS
 @given(data=st.data(), shape=shapes, gen=generators(), dtype=st.sampled_from(DTYPES),
        kind=st.sampled_from(["normal", "grid"]))

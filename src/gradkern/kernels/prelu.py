@@ -239,7 +239,7 @@ def _prelu_grads(grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, need
         gi, gw = _PRELU_FULL((grad, x, w), ((x.shape, x.dtype) if need_input else None,
                                              (w.shape, w.dtype) if need_weight else None))
         return gi, gw.view(weight.shape) if gw is not None else None
-    w = weight.reshape(-1)
+    w = weight.reshape(-1).contiguous()  # the kernels index the weight densely (w + c); a strided one is copied
     mdt = math_dtype(x.dtype)
     gi = torch.empty_like(x) if need_input else None
     part = torch.empty(plan.part_shape, dtype=mdt, device=x.device) if need_weight else None
