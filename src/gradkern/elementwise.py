@@ -176,11 +176,6 @@ def direct_launcher(ck) -> Callable:
     return lambda grid0, stream, *args: run(grid0, 1, 1, stream, function, meta, None, None, None, *args)
 
 
-def relaunch(ck, grid0: int, device: int, args: tuple) -> None:
-    """Launch compiled kernel `ck` directly (see `direct_launcher`)."""
-    direct_launcher(ck)(grid0, torch._C._cuda_getCurrentRawStream(device), *args)
-
-
 def launch(kernel, grid: tuple[int, ...], args: tuple, consts: dict, device: int, spec_key: tuple | None = None):
     """Launch `kernel[grid](*args, **consts)` on CUDA device `device` (-1: CPU under the interpreter).
 
@@ -188,9 +183,9 @@ def launch(kernel, grid: tuple[int, ...], args: tuple, consts: dict, device: int
     the key must capture everything Triton specialises `args` on (dtypes, 16-byte alignment, integer widths and
     divisibility), and `consts["__values__"]` must hold the constexpr values in the kernel's parameter order."""
     if spec_key is not None and _FAST_OK:
-        ck = _fast_cache.get(spec_key)
-        if ck is not None and torch._C._cuda_getDevice() == device and hooks_idle():
-            relaunch(ck, grid[0], device, (*args, *consts["__values__"]))
+        call = _fast_cache.get(spec_key)
+        if call is not None and torch._C._cuda_getDevice() == device and hooks_idle():
+            call(grid[0], torch._C._cuda_getCurrentRawStream(device), *args, *consts["__values__"])
             return
     kw = {k: v for k, v in consts.items() if k != "__values__"}
     if device >= 0 and torch.cuda.current_device() != device:
@@ -201,13 +196,7 @@ def launch(kernel, grid: tuple[int, ...], args: tuple, consts: dict, device: int
     if spec_key is not None and relaunchable(ck):
         if len(_fast_cache) > 4096:
             _fast_cache.clear()
-        _fast_cache[spec_key] = ck
-
-
-def _int_spec(v: int) -> tuple:
-    """What Triton specialises an int kernel argument on (width, divisibility by 16, == 1): part of a
-    `launch` spec_key for every int argument that is not in the kernel's do_not_specialize."""
-    return (-(2**31) <= v <= _I32_MAX, v % 16 == 0, v == 1)
+        _fast_cache[spec_key] = direct_launcher(ck)  # built once per specialisation, not per call
 
 
 # ----------------------------------------------------------------------------------------------- plans
