@@ -77,8 +77,8 @@ def check_tensor(op: str, arg: str, t, dtypes: Sequence[torch.dtype] = _runtime.
         names = ", ".join(str(d).replace("torch.", "") for d in dtypes)
         raise Unsupported(op, arg, f"a tensor of dtype {names}", t.dtype)
     if t.device.type != _runtime.DEVICE_TYPE:
-        where = "CUDA" if _runtime.DEVICE_TYPE == "cuda" else "CPU (TRITON_INTERPRET=1)"
-        raise Unsupported(op, arg, f"a {where} tensor", f"a tensor on {t.device}")
+        where = "cuda" if _runtime.DEVICE_TYPE == "cuda" else "cpu (TRITON_INTERPRET=1)"
+        raise Unsupported(op, arg, f"a tensor on device {where}", f"a tensor on device {t.device}")
 
 
 # ----------------------------------------------------------------------------------------------- kernels

@@ -188,15 +188,17 @@ def _tile(K, N_IB, INNER, N, R: tl.constexpr, B: tl.constexpr, I64: tl.constexpr
 @triton.jit
 def _combine(part_c, part_s, base, step, K, rmask, R: tl.constexpr, KB: tl.constexpr, MATH: tl.constexpr):
     """Per row: the sums of the K chunk partials at base + k*step (counts, sums), in a fixed order."""
-    c = tl.zeros((R,), tl.int32)
-    s = tl.zeros((R,), MATH)
+    # (R, KB) accumulators reduced once after the loop: a reduction inside the loop whose result is used more
+    # than once trips an assertion in Triton 3.6's OptimizeThreadLocality pass ("loopResult.hasOneUse()").
+    c = tl.zeros((R, KB), tl.int32)
+    s = tl.zeros((R, KB), MATH)
     for k0 in range(0, K, KB):
         kk = k0 + tl.arange(0, KB)
         pm = rmask[:, None] & (kk < K)[None, :]
         at = base[:, None] + kk[None, :] * step
-        c += tl.sum(tl.load(part_c + at, mask=pm, other=0), 1)
-        s += tl.sum(tl.load(part_s + at, mask=pm, other=0.0), 1)
-    return c, s
+        c += tl.load(part_c + at, mask=pm, other=0)
+        s += tl.load(part_s + at, mask=pm, other=0.0)
+    return tl.sum(c, 1), tl.sum(s, 1)
 
 
 # --------------------------------------------------------------------------------------------- forward kernels
@@ -260,14 +262,16 @@ def _fwd_split_kernel(x, y, pmax, pnan, part_c, part_s, st_f, st_i, STAGE, LAST,
         tl.store(pmax + rid * K + k, tl.max(tl.where(isnan, float("-inf"), z), 1), mask=rmask)
     else:
         # the row max and NaN count, from every chunk's partials
-        m = tl.full((R,), float("-inf"), MATH)
-        nans = tl.zeros((R,), tl.int32)
-        for k0 in range(0, K, KB):
+        m2 = tl.full((R, KB), float("-inf"), MATH)
+        nan2 = tl.zeros((R, KB), tl.int32)
+        for k0 in range(0, K, KB):  # reduced after the loop, as in _combine
             kk = k0 + tl.arange(0, KB)
             pm = rmask[:, None] & (kk < K)[None, :]
             at = rid[:, None] * K + kk[None, :]
-            m = tl.maximum(m, tl.max(tl.load(pmax + at, mask=pm, other=float("-inf")), 1))
-            nans += tl.sum(tl.load(pnan + at, mask=pm, other=0), 1)
+            m2 = tl.maximum(m2, tl.load(pmax + at, mask=pm, other=float("-inf")))
+            nan2 += tl.load(pnan + at, mask=pm, other=0)
+        m = tl.max(m2, 1)
+        nans = tl.sum(nan2, 1)
 
         cur = STAGE % 2
         prev = 1 - cur
