@@ -14,8 +14,9 @@ import gradkern  # noqa: E402
 from gradkern import _runtime  # noqa: E402
 
 DEVICE = _runtime.DEVICE_TYPE
-#: the size class of registry cases the tests run: small under the interpreter, larger on a GPU
-SIZE = "small" if _runtime.INTERPRET else "check"
+#: the size class of registry cases the tests run: small under the interpreter, larger on a GPU;
+#: GRADKERN_TEST_SIZE overrides it (scripts/gpu.sh runs compute-sanitizer at "tiny")
+SIZE = os.environ.get("GRADKERN_TEST_SIZE") or ("small" if _runtime.INTERPRET else "check")
 DTYPES = list(_runtime.FLOAT_DTYPES)
 
 gpu_only = pytest.mark.skipif(_runtime.INTERPRET, reason="needs a CUDA GPU (compiled Triton)")

@@ -50,6 +50,7 @@ class OpInfo:
     aten_examples: Callable[..., dict] | None  # (device, dtype) -> {overload: (args, kwargs)} for adapters
     fake: Callable | None  # shape/dtype function for torch.compile (None: `reference_fn()` on fake tensors)
     doc: str
+    baseline: Callable | None = None  # the bench's stock timing where PyTorch has no op of this name
 
     def guarantee(self, dtype: torch.dtype) -> Guarantee:
         if dtype not in self.dtypes:
@@ -59,9 +60,12 @@ class OpInfo:
                          accumulator_dtype=m if self.accumulates else None)
 
     def stock(self) -> Callable:
-        """Stock PyTorch's op of the same name (the benchmark's baseline); for ops PyTorch lacks, `reference`."""
+        """Stock PyTorch's op of the same name (the benchmark's baseline); for ops PyTorch lacks, `baseline`,
+        else `reference`."""
         if hasattr(torch.ops.aten, self.name):
             return getattr(torch.ops.aten, self.name)
+        if self.baseline is not None:
+            return self.baseline
         if self.reference is None:
             raise RuntimeError(f"gradkern op {self.name!r} is not an ATen op and declares no reference")
         return self.reference
@@ -91,6 +95,7 @@ def register_op(
     cases: Callable[..., list[Case]] | None = None,
     aten_examples: Callable[..., dict] | None = None,
     fake: Callable | None = None,
+    baseline: Callable | None = None,
 ) -> Callable[[Callable], Callable]:
     """Declare the decorated function as gradkern op `name`.
 
@@ -101,7 +106,8 @@ def register_op(
     own arguments (default: the ATen op of the same name; run on CPU in float64, so give one where ATen's
     CPU kernel departs from the CUDA semantics gradkern follows). Under torch.compile the op is a custom op whose
     fake implementation is `reference` run on fake tensors, or `fake` where the reference cannot run on them
-    (data-dependent shapes)."""
+    (data-dependent shapes). `baseline`, for ops PyTorch lacks, is the stock computation `bench` times against
+    when it is lighter than `reference` (e.g. one that skips an output the reference must also produce)."""
     if dispatch not in ("backend", "autograd"):
         raise ValueError(f"register_op({name!r}): dispatch must be 'backend' or 'autograd', got {dispatch!r}")
 
@@ -112,7 +118,7 @@ def register_op(
         REGISTRY[name] = OpInfo(
             name=name, fn=fn, aten=impls, dispatch=dispatch, dtypes=tuple(dtypes), accumulates=accumulates,
             exact=exact, reference=reference, cases=cases, aten_examples=aten_examples, fake=fake,
-            doc=(fn.__doc__ or "").strip().split("\n")[0],
+            doc=(fn.__doc__ or "").strip().split("\n")[0], baseline=baseline,
         )
         return fn
 

@@ -629,8 +629,14 @@ def _segment_reduce_backward_aten(grad, output, data, reduce, *, lengths=None, o
     return _segment_reduce_backward(grad, output, data, reduce, lengths, offsets, axis, initial)
 
 
+def _bench_segment_reduce_max(data, offsets, axis=0):
+    """The bench baseline: stock torch.segment_reduce(..., "max") over the same CSR offsets (values only; it
+    has no argmax output, so it moves less than segment_max_forward, which also writes the indices)."""
+    return torch.segment_reduce(data, "max", offsets=offsets.to(torch.int64), axis=axis)
+
+
 register_op("segment_max_forward", exact=True, reference=_reference_forward, cases=_fwd_cases,
-            fake=_fake_forward)(segment_max_forward)
+            fake=_fake_forward, baseline=_bench_segment_reduce_max)(segment_max_forward)
 register_op("segment_max_backward", exact=True, reference=_reference_backward, cases=_bwd_cases,
             fake=_fake_backward)(segment_max_backward)
 register_op("_segment_reduce_backward", aten={"_segment_reduce_backward": _segment_reduce_backward_aten},
