@@ -210,3 +210,22 @@ def test_large_shapes_on_gpu(dtype):
         grad = _grad_for(shape, reps, dtype)
         out = check_case("repeat_backward", (grad, list(reps), list(shape)), what=f"{shape} rep {reps}")
         assert_bitwise_equal(ops.repeat_backward(grad, reps, shape), out, "again")
+
+
+@gpu_only
+def test_more_than_2_31_elements():
+    """int64 offsets: a grad of more than 2^31 elements, summed over 2 tiles (a big output) and over 2^28 + 2^13
+    tiles (a long reduction). Small integer values keep every fp32 partial sum exact, so any order gives the same bits."""
+    n = 2**31 + 2**16
+    if torch.cuda.mem_get_info()[0] < 8 * n:  # the grad, the output and the fp32 reference
+        pytest.skip("not enough free GPU memory")
+    g = torch.randint(-4, 5, (n,), device=DEVICE, dtype=torch.int8).to(torch.bfloat16)
+    rows = 2**15
+    out = ops.repeat_backward(g.view(2 * rows, -1), [2, 1], [rows, n // (2 * rows)])
+    two = g.view(2, rows, -1)
+    assert torch.equal(out, (two[0].float() + two[1].float()).bfloat16())
+    del out, two
+    tiles = (n - 2**16) // 8 + 2**13  # n = 8 * tiles
+    assert 8 * tiles == n and tiles > 2**28
+    out = ops.repeat_backward(g, [tiles], [8])
+    assert torch.equal(out, g.view(tiles, 8).sum(0, dtype=torch.float32).bfloat16())
