@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU machine's run, in stages sized so that each fits one 10-minute device command:
 #   bash scripts/gpu.sh STAGE... [-- extra bench args]
-# stages: tests (the suite, GPU-only tests included, minus the reliability file), reliability (1,000 identical
+# stages: tests (the suite, GPU-only tests included, minus the reliability file; $TESTS picks files), reliability (1,000 identical
 # runs, cuda:1, > 2^31 elements, two-GPU DDP: run alone, it needs the whole GPUs' memory), fuzz (hypothesis with
 # the long GPU profile), sanitize (compute-sanitizer memcheck over every registry case at "tiny", racecheck over
 # the kernels that use shared memory for reductions), bench (every op, JSON to $OUT).
@@ -32,7 +32,9 @@ while [ $# -gt 0 ] && [ "$1" != "--" ]; do stages+=("$1"); shift; done
 [ ${#stages[@]} -eq 0 ] && stages=(tests reliability fuzz sanitize bench)
 for stage in "${stages[@]}"; do
     case $stage in
-        tests) run tests "${PYTEST[@]}" "${XDIST[@]}" tests --ignore=tests/test_reliability_gpu.py ;;
+        tests)  # TESTS="tests/test_a.py ..." runs a part (the whole suite compiles for longer than 10 minutes)
+            # shellcheck disable=SC2086
+            run tests "${PYTEST[@]}" "${XDIST[@]}" ${TESTS:-tests} --ignore=tests/test_reliability_gpu.py ;;
         reliability) run reliability "${PYTEST[@]}" tests/test_reliability_gpu.py ;;
         fuzz) GRADKERN_FUZZ_EXAMPLES=${GRADKERN_FUZZ_EXAMPLES:-200} \
                   run fuzz "${PYTEST[@]}" "${XDIST[@]}" tests/test_fuzz_pointwise.py tests/test_fuzz_ops.py ;;
