@@ -215,7 +215,8 @@ def test_large_shapes_on_gpu(dtype):
 @gpu_only
 def test_more_than_2_31_elements():
     """int64 offsets: a grad of more than 2^31 elements, summed over 2 tiles (a big output) and over 2^28 + 2^13
-    tiles (a long reduction). Small integer values keep every fp32 partial sum exact, so any order gives the same bits."""
+    tiles (a long reduction). Small integer values keep every fp32 partial sum exact, so any order gives the same
+    bits."""
     n = 2**31 + 2**16
     if torch.cuda.mem_get_info()[0] < 8 * n:  # the grad, the output and the fp32 reference
         pytest.skip("not enough free GPU memory")
