@@ -204,6 +204,20 @@ def test_modules_train_with_stock_gradients(name, dtype, monkeypatch):
             torch.testing.assert_close(a.float(), b.float(), atol=0.1, rtol=0.05)
 
 
+def test_cached_plan_does_not_skip_the_device_check():
+    """A tensor on another device with the same shape, strides and dtype as a call seen before must still be
+    rejected: the plan cache was keyed by get_device(), -1 for cpu and meta alike, and skipped validation."""
+    for transpose in (False, True):  # a flat plan, then a strided one
+        g = torch.randn(4, 8, device=DEVICE)
+        x = torch.randn(4, 8, device=DEVICE)
+        g, x = (g.t(), x.t()) if transpose else (g, x)
+        ops.hardsigmoid_backward(g, x)
+        with pytest.raises(gradkern.Unsupported, match="device"):
+            ops.hardsigmoid_backward(g, x.to("meta"))
+        with pytest.raises(gradkern.Unsupported, match="device"):
+            ops.hardsigmoid_backward(g.to("meta"), x)
+
+
 def test_celu_alpha_zero_is_stock_error():
     x = torch.randn(4, device=DEVICE, requires_grad=True)
     with gradkern.use(), pytest.raises(RuntimeError):

@@ -309,7 +309,7 @@ class Pointwise:
                  out: torch.Tensor | None = None) -> torch.Tensor:
         if out is None:  # the hot path: a flat problem seen before, relaunched with minimal host work
             try:
-                fkey = (flag, scalars, *[(t.shape, t.stride(), t.dtype, t.get_device()) for t in ts])
+                fkey = (flag, scalars, *[(t.shape, t.stride(), t.dtype, t.device) for t in ts])
                 entry = self._fast.get(fkey)
             except (AttributeError, TypeError):
                 fkey = entry = None
@@ -326,8 +326,10 @@ class Pointwise:
                          *ptrs[:1] * (3 - len(ptrs)), *tail)
                     return out
         try:
-            key = (flag, None if out is None else (out.stride(), out.dtype, out.get_device()),
-                   *[(t.shape, t.stride(), t.dtype, t.get_device()) for t in ts])
+            # the device itself, not get_device(): that is -1 for cpu and meta alike, and a plan found in the cache
+            # skips validation
+            key = (flag, None if out is None else (out.stride(), out.dtype, out.device),
+                   *[(t.shape, t.stride(), t.dtype, t.device) for t in ts])
             plan = self._plans.get(key)
         except AttributeError:  # a non-tensor argument: let validation name it
             plan, key = None, None
