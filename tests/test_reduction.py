@@ -290,3 +290,11 @@ def test_large_shapes_on_gpu(dtype):
         out = reduce_sum(x, dims, op="test")
         assert_sum_close(out, x, dims, f"{tuple(x.shape)} over {dims}")
         assert_bitwise_equal(reduce_sum(x, dims, op="test"), out, "again")
+
+
+def test_cached_plan_does_not_skip_the_device_check():
+    """The plan cache is keyed by device too: a meta tensor shaped like an earlier call is still rejected."""
+    x = torch.randn(8, 8, device=DEVICE)
+    reduce_sum(x, 0, op="t")
+    with pytest.raises(Unsupported, match="device"):
+        reduce_sum(x.to("meta"), 0, op="t")

@@ -310,7 +310,7 @@ def _plan_for(op: str, shape: tuple[int, ...], strides: tuple[int, ...], dtype: 
 
 def _get_plan(op: str, x: torch.Tensor, dims, out_dtype) -> _Plan:
     try:
-        key = (x.shape, x.stride(), x.dtype, dims if isinstance(dims, int) else tuple(dims), out_dtype, op)
+        key = (x.shape, x.stride(), x.dtype, x.device, dims if isinstance(dims, int) else tuple(dims), out_dtype, op)
         plan = _plans.get(key)
     except (AttributeError, TypeError):
         plan, key = None, None
