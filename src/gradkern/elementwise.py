@@ -110,26 +110,47 @@ def _flat_kernel(out, x0, x1, x2, s0, s1, s2, n,
 
 
 @triton.jit
-def _strided_kernel(out, x0, x1, x2, s0, s1, s2, n, SHAPE, SO, S0, S1, S2,
-                    FN: tl.constexpr, NIN: tl.constexpr, FLAG: tl.constexpr, MATH: tl.constexpr,
-                    RANK: tl.constexpr, BLOCK: tl.constexpr):
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
+def strided_offsets(n, SHAPE, SO, S0, S1, S2, S3, USE: tl.constexpr, RANK: tl.constexpr, BLOCK: tl.constexpr,
+                    I64: tl.constexpr):
+    """This program's BLOCK linear indices into a collapsed problem of RANK dims (SHAPE) -> (mask, output
+    offsets, offsets of operands 0..3), each operand through its strides (S1..S3 only where USE's bit 1..3 is
+    set; the others stay 0). 32-bit index math unless I64: its divisions are much cheaper."""
+    if I64:
+        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    else:
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     rem = offs
     oo = tl.zeros_like(offs)
-    o0 = tl.zeros_like(offs)
-    o1 = tl.zeros_like(offs)
-    o2 = tl.zeros_like(offs)
+    f0 = tl.zeros_like(offs)
+    f1 = tl.zeros_like(offs)
+    f2 = tl.zeros_like(offs)
+    f3 = tl.zeros_like(offs)
     for i in tl.static_range(RANK):
         size = SHAPE[RANK - 1 - i]
         idx = rem % size
         rem = rem // size
         oo += idx * SO[RANK - 1 - i]
-        o0 += idx * S0[RANK - 1 - i]
-        if NIN >= 2:
-            o1 += idx * S1[RANK - 1 - i]
-        if NIN >= 3:
-            o2 += idx * S2[RANK - 1 - i]
+        f0 += idx * S0[RANK - 1 - i]
+        if USE & 2:
+            f1 += idx * S1[RANK - 1 - i]
+        if USE & 4:
+            f2 += idx * S2[RANK - 1 - i]
+        if USE & 8:
+            f3 += idx * S3[RANK - 1 - i]
+    return offs < n, oo, f0, f1, f2, f3
+
+
+def strided_i64(n: int, shape_c: Sequence[int], strides_c: Sequence[Sequence[int]], block: int) -> bool:
+    """Whether strided_offsets needs 64-bit index math: a linear index or some operand's offset passes 2^31."""
+    span = max(sum((d - 1) * abs(st) for d, st in zip(shape_c, sc, strict=True)) for sc in strides_c)
+    return n + block > _I32_MAX or span > _I32_MAX
+
+
+@triton.jit
+def _strided_kernel(out, x0, x1, x2, s0, s1, s2, n, SHAPE, SO, S0, S1, S2,
+                    FN: tl.constexpr, NIN: tl.constexpr, FLAG: tl.constexpr, MATH: tl.constexpr,
+                    RANK: tl.constexpr, BLOCK: tl.constexpr, I64: tl.constexpr):
+    mask, oo, o0, o1, o2, _o3 = strided_offsets(n, SHAPE, SO, S0, S1, S2, S0, (1 << NIN) - 1, RANK, BLOCK, I64)
     _apply(out, x0, x1, x2, oo, o0, o1, o2, mask, s0, s1, s2, FN, NIN, FLAG, MATH)
 
 
@@ -211,6 +232,7 @@ class _Plan:
     rank: int = 0
     shape_c: tuple = ()  # collapsed shape / strides (strided path)
     strides_c: tuple = ()  # per operand, output first
+    i64: bool = True  # strided: index math in int64
 
 
 def _broadcast_strides(t: torch.Tensor, shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -302,7 +324,8 @@ class Pointwise:
         cshape, cstr = _collapse(shape, operands)
         if not cshape:  # every dim has size 1
             cshape, cstr = (1,), [(0,)] * len(operands)
-        return _Plan(shape, out_dtype, mdt, n, False, -1, len(cshape), cshape, tuple(cstr))
+        return _Plan(shape, out_dtype, mdt, n, False, -1, len(cshape), cshape, tuple(cstr),
+                     strided_i64(n, cshape, cstr, STRIDED_BLOCK))
 
     # -- the call ----------------------------------------------------------------------------------------
     def __call__(self, *ts: torch.Tensor, scalars: tuple = (), flag: int = 0,
@@ -374,6 +397,6 @@ class Pointwise:
         st = list(plan.strides_c) + [plan.strides_c[1]] * (3 - nin)
         args = (out, x[0], x[1], x[2], bits[0], bits[1], bits[2], plan.n, plan.shape_c, st[0], st[1], st[2], st[3])
         launch(_strided_kernel, grid, args, {"FN": self.math_fn, "NIN": nin, "FLAG": flag, "MATH": plan.math,
-                                             "RANK": plan.rank, "BLOCK": STRIDED_BLOCK,
+                                             "RANK": plan.rank, "BLOCK": STRIDED_BLOCK, "I64": plan.i64,
                                              "num_warps": STRIDED_WARPS}, device)
         return out

@@ -31,7 +31,15 @@ import triton
 import triton.language as tl
 
 from . import _runtime
-from .elementwise import _broadcast_strides, _collapse, _dense_strides, launch, scalar_bits
+from .elementwise import (
+    _broadcast_strides,
+    _collapse,
+    _dense_strides,
+    launch,
+    scalar_bits,
+    strided_i64,
+    strided_offsets,
+)
 from .errors import InvalidProblem, Unsupported
 from .reduction import sum_to_shape
 from .tl_helpers import cast_out, scalar
@@ -95,29 +103,8 @@ def _flat_kernel(o0, o1, o2, x0, x1, x2, x3, s0, s1, n,
 def _strided_kernel(o0, o1, o2, x0, x1, x2, x3, s0, s1, n, SHAPE, SO, S0, S1, S2, S3,
                     FN: tl.constexpr, INS: tl.constexpr, OUTS: tl.constexpr, FLAG: tl.constexpr,
                     MATH: tl.constexpr, RANK: tl.constexpr, BLOCK: tl.constexpr, I64: tl.constexpr):
-    if I64:  # (32-bit index math where every offset fits: the divisions below are much cheaper)
-        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    else:
-        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    rem = offs
-    oo = tl.zeros_like(offs)
-    f0 = tl.zeros_like(offs)
-    f1 = tl.zeros_like(offs)
-    f2 = tl.zeros_like(offs)
-    f3 = tl.zeros_like(offs)
-    for i in tl.static_range(RANK):
-        size = SHAPE[RANK - 1 - i]
-        idx = rem % size
-        rem = rem // size
-        oo += idx * SO[RANK - 1 - i]
-        f0 += idx * S0[RANK - 1 - i]
-        if INS & 2:
-            f1 += idx * S1[RANK - 1 - i]
-        if INS & 4:
-            f2 += idx * S2[RANK - 1 - i]
-        if INS & 8:
-            f3 += idx * S3[RANK - 1 - i]
-    _apply(o0, o1, o2, x0, x1, x2, x3, oo, f0, f1, f2, f3, offs < n, s0, s1, FN, INS, OUTS, FLAG, MATH)
+    mask, oo, f0, f1, f2, f3 = strided_offsets(n, SHAPE, SO, S0, S1, S2, S3, INS, RANK, BLOCK, I64)
+    _apply(o0, o1, o2, x0, x1, x2, x3, oo, f0, f1, f2, f3, mask, s0, s1, FN, INS, OUTS, FLAG, MATH)
 
 
 # ----------------------------------------------------------------------------------------------- planning
@@ -198,8 +185,7 @@ class MultiPointwise:
             raise Unsupported(self.op, self.inputs[0], f"rank <= {MAX_RANK} (after merging dims)", len(shape))
         it = iter(cstr)
         strides = tuple(next(it) if s is not None else cstr[0] for s in operands)
-        span = max(sum((d - 1) * abs(st) for d, st in zip(cshape, sc, strict=True)) for sc in cstr)
-        i64 = n + STRIDED_BLOCK > _I32_MAX or span > _I32_MAX
+        i64 = strided_i64(n, cshape, cstr, STRIDED_BLOCK)
         return _Plan(**common, flat=False, dense_like=-1, rank=len(cshape), shape_c=cshape, strides_c=strides,
                      i64=i64)
 
