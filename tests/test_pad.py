@@ -400,3 +400,24 @@ def test_more_than_2_31_elements():
     for c in (0, 2**18, 2**19):  # the last channel's offsets are past 2^31
         ref = run_reference(torch.ops.aten.reflection_pad3d_backward, (g[:, c:c + 1], x[:, c:c + 1], [1] * 6))
         assert_close(out[:, c:c + 1], ref, torch.bfloat16, f"channel {c}")
+
+
+def test_grad_input_sharing_memory_is_a_named_error():
+    """A gather reads neighbours of what it writes: grad_input may not overlap grad_output (partly or wholly,
+    as a zero-pad problem could), nor itself (an expanded tensor); nothing is written."""
+    op = ops.replication_pad1d_backward
+    x = torch.randn(2, 3, 8, device=DEVICE)
+    buf = torch.randn(2 * 3 * 10 + 1, device=DEVICE)
+    g = buf[:60].view(2, 3, 10)
+    out = buf[1:49].view(2, 3, 8)  # inside grad_output's memory
+    before = buf.clone()
+    with pytest.raises(gradkern.InvalidProblem, match="grad_input.*share memory with 'grad_output'"):
+        op(g, x, [1, 1], grad_input=out)
+    g0 = torch.randn(2, 3, 8, device=DEVICE)
+    with pytest.raises(gradkern.InvalidProblem, match="grad_input.*share memory with 'grad_output'"):
+        op(g0, x, [0, 0], grad_input=g0)
+    with pytest.raises(gradkern.InvalidProblem, match="grad_input.*do not overlap in memory"):
+        op(g, x, [1, 1], grad_input=torch.zeros(1, device=DEVICE).expand(2, 3, 8))
+    assert torch.equal(buf, before)
+    separate = torch.empty(2, 3, 8, device=DEVICE)  # and a buffer of its own works
+    assert_bitwise_equal(op(g, x, [1, 1], grad_input=separate), op(g, x, [1, 1]))

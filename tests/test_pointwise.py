@@ -218,6 +218,23 @@ def test_cached_plan_does_not_skip_the_device_check():
             ops.hardsigmoid_backward(g.to("meta"), x)
 
 
+def test_out_overlap_rules_follow_aten():
+    """In place (out is an input, same layout) works as in ATen; an out that partly overlaps an input, or whose
+    elements share memory (expanded), is a named error where ATen raises, with nothing written."""
+    g, x = torch.randn(64, device=DEVICE), torch.randn(64, device=DEVICE) * 4
+    expected = ops.hardsigmoid_backward(g, x)
+    g2 = g.clone()
+    assert ops.hardsigmoid_backward(g2, x, grad_input=g2) is g2
+    assert_bitwise_equal(g2, expected)
+    buf = torch.randn(65, device=DEVICE)
+    before = buf.clone()
+    with pytest.raises(gradkern.InvalidProblem, match="grad_input.*partly share memory with 'grad_output'"):
+        ops.hardsigmoid_backward(buf[:64], x, grad_input=buf[1:])
+    with pytest.raises(gradkern.InvalidProblem, match="grad_input.*do not overlap in memory"):
+        ops.hardsigmoid_backward(g, x, grad_input=buf[:1].expand(64))
+    assert torch.equal(buf, before)
+
+
 def test_celu_alpha_zero_is_stock_error():
     x = torch.randn(4, device=DEVICE, requires_grad=True)
     with gradkern.use(), pytest.raises(RuntimeError):

@@ -261,6 +261,37 @@ def _collapse(shape: tuple[int, ...], strides: list[tuple[int, ...]]) -> tuple[t
     return tuple(cshape), [tuple(cs) for cs in cstr]
 
 
+def check_out_overlap(op: str, name: str, out: torch.Tensor, inputs: dict, allow_same: bool = True) -> None:
+    """ATen's memory-overlap rules for an output given by the caller, as named errors (InvalidProblem) raised
+    before anything is written: `out` may not have elements that share memory (an expanded tensor: threads would
+    race to write them), and may not partly overlap an input (`inputs`: name -> tensor or None), which would make
+    the result depend on the order in which programs run. The same memory in the same layout (an in-place call)
+    is allowed where `allow_same`, as ATen allows it for elementwise ops. As in ATen, an overlap that cannot be
+    told from the layouts (a tensor with gaps) is let through."""
+    if torch._debug_has_internal_overlap(out) == 1:
+        raise InvalidProblem(op, name, "a tensor whose elements do not overlap in memory", f"strides {out.stride()}")
+    if out.numel() == 0:
+        return
+    lo = out.data_ptr()
+    hi = lo + _span_bytes(out)
+    for arg, t in inputs.items():
+        if not isinstance(t, torch.Tensor) or t.numel() == 0 or t.device != out.device:
+            continue
+        if t.untyped_storage().data_ptr() != out.untyped_storage().data_ptr():
+            continue
+        t_lo = t.data_ptr()
+        if t_lo >= hi or t_lo + _span_bytes(t) <= lo or not (_dense_strides(out) and _dense_strides(t)):
+            continue
+        same = t_lo == lo and t.shape == out.shape and t.stride() == out.stride() and t.dtype == out.dtype
+        if not (same and allow_same):
+            raise InvalidProblem(op, name, f"a tensor that does not {'share' if same else 'partly share'} memory "
+                                 f"with '{arg}'", "one that does")
+
+
+def _span_bytes(t: torch.Tensor) -> int:
+    return (1 + sum((d - 1) * st for d, st in zip(t.shape, t.stride(), strict=True))) * t.element_size()
+
+
 def _dense_strides(t: torch.Tensor) -> bool:
     """True if `t` covers its storage span exactly once (no gaps, no overlap), in some dim order."""
     expected = 1
@@ -364,6 +395,8 @@ class Pointwise:
                 self._plans.clear()
             self._plans[key] = plan
         fresh = out is None
+        if not fresh:  # depends on the data pointers: checked on every call, not cached with the plan
+            check_out_overlap(self.op, self.out_name, out, dict(zip(self.inputs, ts, strict=False)))
         if fresh:
             if plan.dense_like >= 0:
                 out = torch.empty_like(ts[plan.dense_like], dtype=plan.out_dtype)

@@ -46,7 +46,7 @@ import triton.language as tl
 from .. import _runtime
 from .._cases import randn
 from ..dispatch import is_enabled
-from ..elementwise import check_tensor, launch
+from ..elementwise import check_out_overlap, check_tensor, launch
 from ..errors import InvalidProblem, Unsupported
 from ..registry import Case, register_op
 from ..tl_helpers import cast_out
@@ -396,9 +396,10 @@ def _plan(spec: _Spec, g_shape, g_strides, self_shape, pads, out_strides, dtype:
     return _Plan(grid, args, consts)
 
 
-def _check_out(spec: _Spec, out, self: torch.Tensor, resize: bool) -> None:
-    """`grad_input=` must be a tensor of self's dtype, device and shape whose elements do not overlap; with
-    `resize` (ATen's `.grad_input` overload) one of another shape is first resized to self's, as ATen does."""
+def _check_out(spec: _Spec, out, self: torch.Tensor, grad_output: torch.Tensor, resize: bool) -> None:
+    """`grad_input=` must be a tensor of self's dtype, device and shape whose elements do not overlap, sharing
+    no memory with grad_output; with `resize` (ATen's `.grad_input` overload) one of another shape is first
+    resized to self's, as ATen does."""
     check_tensor(spec.name, "grad_input", out, (self.dtype,))
     if out.device != self.device:
         raise Unsupported(spec.name, "grad_input", f"a tensor on {self.device} (the device of self)", out.device)
@@ -407,9 +408,8 @@ def _check_out(spec: _Spec, out, self: torch.Tensor, resize: bool) -> None:
     if out.shape != self.shape:
         raise InvalidProblem(spec.name, "grad_input", f"shape {tuple(self.shape)} (the shape of self)",
                              tuple(out.shape))
-    if torch._debug_has_internal_overlap(out) == 1:
-        raise InvalidProblem(spec.name, "grad_input", "a tensor whose elements do not overlap in memory",
-                             f"strides {out.stride()}")
+    # a gather reads other elements than the one it writes: no overlap with grad_output at all
+    check_out_overlap(spec.name, "grad_input", out, {"grad_output": grad_output}, allow_same=False)
 
 
 def _backward(spec: _Spec, grad_output, self, padding, grad_input=None, resize: bool = False) -> torch.Tensor:
@@ -430,7 +430,7 @@ def _backward(spec: _Spec, grad_output, self, padding, grad_input=None, resize: 
     if grad_input is None:
         out = torch.empty(self_shape, dtype=self.dtype, device=self.device)
     else:
-        _check_out(spec, grad_input, self, resize)
+        _check_out(spec, grad_input, self, grad_output, resize)
         out = grad_input
     if out.numel() == 0:
         return out
@@ -448,7 +448,7 @@ def _complex_backward(spec: _Spec, grad_output, self, padding, grad_input, resiz
     if grad_input is None:
         out = torch.empty(self.shape, dtype=self.dtype, device=self.device)
     else:
-        _check_out(spec, grad_input, self, resize)
+        _check_out(spec, grad_input, self, grad_output, resize)
         out = grad_input
     g, o = torch.view_as_real(grad_output), torch.view_as_real(out)
     for part in (0, 1):  # the part of grad_input stands in for self (only its shape, dtype and device are read)
