@@ -71,3 +71,18 @@ def test_every_registration_is_live(overload, monkeypatch):
     calls.clear()
     aten_op(*args, **kwargs)
     assert not calls, f"aten::{overload} still routed to gradkern after use() exited"
+
+
+@pytest.mark.parametrize("name", OPS)
+def test_plain_ops_refuse_inputs_that_require_grad(name):
+    """gradkern.ops.* carry no autograd graph: an input that requires grad (with grad mode on) is a named error
+    instead of a silently detached result; under no_grad the same call runs."""
+    info = REGISTRY[name]
+    case = info.cases(DEVICE, torch.float32, "tiny")[0]
+    pos = next(i for i, a in enumerate(case.args) if isinstance(a, torch.Tensor) and a.is_floating_point())
+    args = list(case.args)
+    args[pos] = args[pos].detach().clone().requires_grad_(True)
+    with pytest.raises(gradkern.Unsupported, match="require grad"):
+        getattr(gradkern.ops, name)(*args, **case.kwargs)
+    with torch.no_grad():
+        getattr(gradkern.ops, name)(*args, **case.kwargs)

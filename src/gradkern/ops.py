@@ -19,6 +19,7 @@ from collections.abc import Callable
 import torch
 
 from . import kernels as _kernels  # noqa: F401  (importing declares every op)
+from .errors import Unsupported
 from .registry import REGISTRY as _REGISTRY
 from .registry import OpInfo
 
@@ -61,6 +62,35 @@ _NUMBER = int | float | bool  # torch.library's "Scalar"
 
 #: op name -> why it has no custom op at all; such an op is traced into under torch.compile instead.
 NO_CUSTOM_OP: dict[str, str] = {}
+
+
+def _eager_only(op: str, fn: Callable) -> Callable:
+    names = [p.name for p in inspect.signature(fn).parameters.values() if p.kind in _POSITIONAL]
+
+    @functools.wraps(fn)
+    def public(*args, **kwargs):
+        if torch.is_grad_enabled():
+            _refuse_requires_grad(op, names, args, kwargs)
+        return fn(*args, **kwargs)
+
+    return public
+
+
+def _refuse_requires_grad(op: str, names: list[str], args: tuple, kwargs: dict) -> None:
+    """gradkern.ops.* are plain kernels: a result computed from an input that requires grad would silently carry
+    no graph (stock's ATen op would). Named error instead, saying what to use."""
+    for i, a in enumerate(args):
+        if isinstance(a, torch.Tensor) and a.requires_grad:
+            _requires_grad_error(op, names[i] if i < len(names) else str(i))
+    for k, a in kwargs.items():
+        if isinstance(a, torch.Tensor) and a.requires_grad:
+            _requires_grad_error(op, k)
+
+
+def _requires_grad_error(op: str, arg: str):
+    raise Unsupported(op, arg, "a tensor that does not require grad (gradkern.ops.* are not differentiable: call "
+                      "it under torch.no_grad() or on .detach()ed tensors; for gradients use PyTorch's op with "
+                      "gradkern.enable(), or gradkern.sparsemax / gradkern.segment_max)", "one that requires grad")
 
 
 def _is_tensor_or_number(hint) -> bool:
@@ -130,7 +160,7 @@ def _public(info: OpInfo) -> tuple[Callable, object]:
             variants = _variant_ops(info)
         except (ValueError, TypeError) as e2:
             NO_CUSTOM_OP[info.name] = f"{str(e).split(' The valid types')[0].split(' Got func')[0]} ({e2})"
-            return fn, None
+            return _eager_only(info.name, fn), None
     finally:
         quiet.setLevel(level)
     sig = inspect.signature(fn)
@@ -142,6 +172,8 @@ def _public(info: OpInfo) -> tuple[Callable, object]:
     @functools.wraps(fn)
     def public(*args, **kwargs):
         if not torch.compiler.is_compiling():
+            if torch.is_grad_enabled():
+                _refuse_requires_grad(info.name, names, args, kwargs)
             return fn(*args, **kwargs)
         outs = {k: kwargs.pop(k) for k in out_names if kwargs.get(k) is not None}
         for k in out_names:
