@@ -87,6 +87,10 @@ def test_bad_inputs_raise_named_errors():
         ops.repeat_backward(g, (2, 2), (2, -3))
     with pytest.raises(InvalidProblem, match="repeats"):
         ops.repeat_backward(g, 2, (2, 3))
+    for reps in ((2.0, 2), ("2", 2), (True, 2)):  # ATen's int lists take none of these
+        with pytest.raises(InvalidProblem, match="repeats"):
+            ops.repeat_backward(g, reps, (2, 3))
+    assert ops.repeat_backward(g, (torch.tensor(2), 2), torch.Size((2, 3))).shape == (2, 3)  # int-like values
     with pytest.raises(Unsupported, match="repeats"):
         ops.repeat_backward(torch.zeros((1,) * 9, device=DEVICE), (1,) * 9, (1,) * 9)
     with pytest.raises(Unsupported, match="grad"):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 from collections.abc import Sequence
 
 import torch
@@ -35,10 +36,10 @@ _views: dict = {}
 def _ints(name: str, values, what: str) -> tuple[int, ...]:
     if isinstance(values, torch.Size):
         return tuple(values)
-    try:
-        out = tuple(int(v) for v in values)
-        if any(isinstance(v, bool) or (isinstance(v, float) and v != int(v)) for v in values):
+    try:  # what ATen's int lists take: ints and int-like values (operator.index), not floats, bools or strings
+        if isinstance(values, (str, bytes)) or any(isinstance(v, bool) for v in values):
             raise TypeError
+        out = tuple(operator.index(v) for v in values)
     except (TypeError, ValueError):
         raise InvalidProblem(_OP, name, f"a sequence of {what}", values) from None
     if any(v < 0 for v in out):
