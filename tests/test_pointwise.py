@@ -136,6 +136,15 @@ def test_mixed_dtypes_promote_like_aten():
     assert out.dtype == torch.float32
     out = check_case("softshrink_backward", (x.double(), g, 0.5), what="f64 grad, f16 x")
     assert out.dtype == torch.float64
+    # a 0-d tensor takes part only when no tensor has dims (found by fuzzing: f32 (0,) with f64 0-d gave f64)
+    for n in (0, 5):
+        out = check_case("hardsigmoid_backward", (x[:n], torch.tensor(-1.25, device=DEVICE, dtype=torch.float64)),
+                         what=f"f32 ({n},) grad, f64 0-d x")
+        assert out.dtype == torch.float32
+    out = check_case("hardshrink_backward", (torch.tensor(2.0, device=DEVICE, dtype=torch.float64),
+                                             torch.tensor(1.0, device=DEVICE, dtype=torch.float16), 0.5),
+                     what="two 0-d tensors")
+    assert out.dtype == torch.float64
 
 
 def test_bad_inputs_raise_named_errors_and_write_nothing():

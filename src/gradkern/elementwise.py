@@ -69,6 +69,16 @@ def round_to_dtype(value: float, dtype: torch.dtype) -> float:
         return math.copysign(math.inf, value)
 
 
+def result_dtype(ts: Sequence[torch.Tensor]) -> torch.dtype:
+    """ATen's type promotion over floating tensors: 0-d tensors take part only when no tensor has dims (an f32
+    vector with an f64 0-d tensor gives f32, as in torch.result_type)."""
+    pool = [t.dtype for t in ts if t.dim() > 0] or [t.dtype for t in ts]
+    out = pool[0]
+    for d in pool[1:]:
+        out = torch.promote_types(out, d)
+    return out
+
+
 def check_tensor(op: str, arg: str, t, dtypes: Sequence[torch.dtype] = _runtime.FLOAT_DTYPES) -> None:
     """Raise the named error unless `t` is a tensor of one of `dtypes` on gradkern's device type."""
     if not isinstance(t, torch.Tensor):
@@ -328,9 +338,7 @@ class Pointwise:
         except RuntimeError:
             given = ", ".join(f"{nm}{tuple(t.shape)}" for nm, t in zip(self.inputs, ts, strict=False))
             raise InvalidProblem(self.op, "/".join(self.inputs), "shapes that broadcast together", given) from None
-        out_dtype = ts[0].dtype
-        for t in ts[1:]:
-            out_dtype = torch.promote_types(out_dtype, t.dtype)
+        out_dtype = result_dtype(ts)
         if out is not None:
             check_tensor(self.op, self.out_name, out)
             if tuple(out.shape) != shape:

@@ -14,7 +14,7 @@ import triton.language as tl
 
 from .._cases import pointwise_cases, randn
 from .._runtime import FLOAT_DTYPES
-from ..elementwise import Pointwise, round_to_dtype
+from ..elementwise import Pointwise, result_dtype, round_to_dtype
 from ..errors import InvalidProblem
 from ..registry import register_op
 
@@ -94,7 +94,7 @@ def _lambd(op: str, lambd, dtype: torch.dtype, nonneg: bool) -> float:
 
 def _common_dtype(a, b) -> torch.dtype:
     try:
-        return a.dtype if a.dtype is b.dtype else torch.promote_types(a.dtype, b.dtype)
+        return a.dtype if a.dtype is b.dtype else result_dtype((a, b))
     except AttributeError:  # not tensors: the launcher's validation names the argument
         return torch.float64
 
