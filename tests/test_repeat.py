@@ -9,7 +9,7 @@ import gradkern
 from conftest import DEVICE, DTYPES, dtype_id, gpu_only
 from gradkern import InvalidProblem, Unsupported, ops
 from gradkern.kernels.repeat import _stock_repeat_backward
-from gradkern.testing import assert_bitwise_equal, check_case
+from gradkern.testing import assert_bitwise_equal, check_case, count_calls
 
 # (input shape, repeats)
 PROBLEMS = [
@@ -103,15 +103,7 @@ def test_bad_inputs_raise_named_errors():
 def _spy(monkeypatch):
     import gradkern.kernels.repeat as rep
 
-    calls = []
-    real = rep.repeat_backward
-
-    def spy(*a, **k):
-        calls.append(1)
-        return real(*a, **k)
-
-    monkeypatch.setattr(rep, "repeat_backward", spy)
-    return calls
+    return count_calls(monkeypatch, rep, "repeat_backward")
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)

@@ -10,7 +10,7 @@ import gradkern
 from conftest import DEVICE, DTYPES, dtype_id, gpu_only
 from gradkern import InvalidProblem, Unsupported, ops
 from gradkern.kernels import segment_max as sm
-from gradkern.testing import assert_bitwise_equal
+from gradkern.testing import assert_bitwise_equal, count_calls
 
 
 def _data(shape, dtype, seed=0, ties=False):
@@ -240,15 +240,7 @@ def test_empty_inputs():
 
 # ------------------------------------------------------------------------------------------------ segment_reduce
 def _spy(monkeypatch):
-    calls = []
-    real = sm._segment_reduce_backward
-
-    def spy(*a, **k):
-        calls.append(1)
-        return real(*a, **k)
-
-    monkeypatch.setattr(sm, "_segment_reduce_backward", spy)
-    return calls
+    return count_calls(monkeypatch, sm, "_segment_reduce_backward")
 
 
 def _both(data, g, **kw):

@@ -13,6 +13,13 @@ SIZES = ("tiny", "small", "check", "large")
 POINTWISE_N = {"tiny": 4096, "small": 1 << 12, "check": 1 << 20, "large": 1 << 26}
 
 
+def matrix_shape(size: str) -> tuple[int, int]:
+    """(rows, cols) of a near-square 2-D problem of POINTWISE_N[size] elements (for row/column broadcasts)."""
+    n = POINTWISE_N[size]
+    rows = 1 << ((n.bit_length() - 1) // 2)
+    return rows, n // rows
+
+
 def randn(shape, device, dtype, *, scale: float = 1.0, generator: torch.Generator | None = None) -> torch.Tensor:
     """Random normal values (never zeros) made in float32 and cast, so every dtype sees the same problem."""
     t = torch.randn(shape, device=device, dtype=torch.float32, generator=generator) * scale

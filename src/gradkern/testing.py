@@ -156,6 +156,20 @@ def layouts(t: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
         yield "transposed", t.transpose(-1, -2).contiguous().transpose(-1, -2)
 
 
+def count_calls(monkeypatch, owner: Any, name: str) -> list:
+    """Replace `owner.name` (a module's function) by a wrapper that records each call, for the test's duration;
+    returns the list the calls are appended to."""
+    calls = []
+    real = getattr(owner, name)
+
+    def spy(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, spy)
+    return calls
+
+
 def poison_like(t: torch.Tensor) -> torch.Tensor:
     """A tensor like `t` filled with NaN (a value a correct kernel never leaves behind for finite inputs)."""
     return torch.full_like(t, math.nan)

@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._cases import POINTWISE_N, randn, stand_in
+from .._cases import matrix_shape, randn, stand_in
 from .._runtime import FLOAT_DTYPES
 from ..autograd_routing import fused_autograd
 from ..elementwise import check_tensor
@@ -66,9 +66,8 @@ def _lerp_backward_reference(grad, self, end, weight, output_mask=(True, True, T
 
 
 def _lerp_cases(device, dtype, size: str) -> list[Case]:
-    n = POINTWISE_N[size]
-    rows = 1 << ((n.bit_length() - 1) // 2)
-    cols = n // rows
+    rows, cols = matrix_shape(size)
+    n = rows * cols
     el = torch.empty((), dtype=dtype).element_size()
     g = randn((rows, cols), device, dtype)
     full = stand_in((rows, cols), device, dtype)

@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._cases import POINTWISE_N, randn, stand_in
+from .._cases import matrix_shape, randn, stand_in
 from .._runtime import FLOAT_DTYPES
 from ..autograd_routing import fused_autograd
 from ..elementwise import check_tensor
@@ -52,9 +52,8 @@ def _where_backward_reference(grad, condition, self, other, output_mask=(True, T
 
 
 def _where_cases(device, dtype, size: str) -> list[Case]:
-    n = POINTWISE_N[size]
-    rows = 1 << ((n.bit_length() - 1) // 2)
-    cols = n // rows
+    rows, cols = matrix_shape(size)
+    n = rows * cols
     el = torch.empty((), dtype=dtype).element_size()
     g = randn((rows, cols), device, dtype)
     cond = torch.rand((rows, cols), device=device) > 0.5
