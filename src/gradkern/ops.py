@@ -65,6 +65,7 @@ NO_CUSTOM_OP: dict[str, str] = {}
 
 
 def _eager_only(op: str, fn: Callable) -> Callable:
+    """`fn` as gradkern.ops.<op> runs it outside torch.compile: refusing inputs that require grad."""
     names = [p.name for p in inspect.signature(fn).parameters.values() if p.kind in _POSITIONAL]
 
     @functools.wraps(fn)
@@ -169,12 +170,12 @@ def _public(info: OpInfo) -> tuple[Callable, object]:
     hints = typing.get_type_hints(fn)
     varying = [nm for nm in names if _is_tensor_or_number(hints.get(nm, inspect.Parameter.empty))]
 
+    eager = _eager_only(info.name, fn)
+
     @functools.wraps(fn)
     def public(*args, **kwargs):
         if not torch.compiler.is_compiling():
-            if torch.is_grad_enabled():
-                _refuse_requires_grad(info.name, names, args, kwargs)
-            return fn(*args, **kwargs)
+            return eager(*args, **kwargs)
         outs = {k: kwargs.pop(k) for k in out_names if kwargs.get(k) is not None}
         for k in out_names:
             kwargs.pop(k, None)
