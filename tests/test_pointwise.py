@@ -162,7 +162,7 @@ def test_bad_inputs_raise_named_errors_and_write_nothing():
         (gradkern.InvalidProblem, "alpha", lambda: ops.elu_backward(g, -1.0, 1.0, 1.0, True, x, grad_input=out)),
     ]
     if DEVICE == "cuda":
-        cases.append((gradkern.Unsupported, "CUDA", lambda: ops.hardsigmoid_backward(g.cpu(), x.cpu())))
+        cases.append((gradkern.Unsupported, "device cuda", lambda: ops.hardsigmoid_backward(g.cpu(), x.cpu())))
     for err, word, call in cases:
         with pytest.raises(err, match=word) as info:
             call()

@@ -90,25 +90,28 @@ def assert_bitwise_equal(actual: Any, expected: Any, what: str = "") -> None:
                              f"{idx}: {a[tuple(idx)].item()!r} vs expected {e[tuple(idx)].item()!r}")
 
 
-def assert_close(actual: Any, expected: Any, dtype: torch.dtype | None = None, what: str = "") -> None:
+def assert_close(actual: Any, expected: Any, dtype: torch.dtype | None = None, what: str = "", *,
+                 terms: int = 1) -> None:
     """Compare a result with the float64 reference (rounded to `dtype`, default the result's) within the
-    tolerance of `dtype`. A None result (a gradient not computed) must be None in both."""
-    if _per_output(actual, expected, what, lambda a, e, w: assert_close(a, e, dtype, w)):
+    tolerance of `dtype`. A None result (a gradient not computed) must be None in both. `terms`: how many values
+    each result element sums; the tolerance grows with its square root (rounding errors of a long sum add up as
+    a random walk), which matters only where the accumulator is the result's own dtype (float32)."""
+    if _per_output(actual, expected, what, lambda a, e, w: assert_close(a, e, dtype, w, terms=terms)):
         return
     assert tuple(actual.shape) == tuple(expected.shape), \
         f"{what}: shape {tuple(actual.shape)}, expected {tuple(expected.shape)}"
     dtype = dtype or actual.dtype
-    atol, rtol = TOLERANCES[dtype]
+    atol, rtol = (t * math.sqrt(max(terms, 1)) for t in TOLERANCES[dtype])
     # the reference rounded to the result's dtype first, so that overflow to inf agrees
     expected = expected.detach().cpu().to(dtype).double()
     torch.testing.assert_close(actual.detach().cpu().double(), expected, atol=atol,
                                rtol=rtol, equal_nan=True, msg=lambda m: f"{what}: {m}")
 
 
-def check_case(op_name: str, args: tuple, kwargs: dict | None = None, *, what: str = "") -> Any:
+def check_case(op_name: str, args: tuple, kwargs: dict | None = None, *, what: str = "", terms: int = 1) -> Any:
     """Run gradkern op `op_name` and compare with stock PyTorch: bit-exact against stock at the same dtype for
     ops whose result is a selection or exact scaling, else against stock in float64 within the dtype's
-    tolerance. Returns gradkern's result."""
+    tolerance (widened for sums of `terms` values, see assert_close). Returns gradkern's result."""
     info = get_op(op_name)
     kwargs = kwargs or {}
     out = info.fn(*args, **kwargs)
@@ -116,7 +119,7 @@ def check_case(op_name: str, args: tuple, kwargs: dict | None = None, *, what: s
     if info.exact:
         assert_bitwise_equal(out, run_reference(info.reference_fn(), args, kwargs, dtype=None), what)
     else:  # each result within the tolerance of its own dtype
-        assert_close(out, run_reference(info.reference_fn(), args, kwargs), None, what)
+        assert_close(out, run_reference(info.reference_fn(), args, kwargs), None, what, terms=terms)
     return out
 
 
