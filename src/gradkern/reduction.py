@@ -49,6 +49,11 @@ _TARGET_PROGRAMS = 2048  # split a reduction until about this many programs run 
 _MIN_STEPS_PER_SPLIT = 4  # ... but give each split at least this many tile steps
 _MIN_SPLIT_TERMS = 1024  # and split only reductions of at least this many terms per output
 _MAX_SPLITS = 4096
+# tiles where the outputs are contiguous (see _blocks): bytes of a row across outputs (16-bit types: _16), bytes
+# of a tile for short (<= 16 terms) and longer reductions, warps
+_ROW_BYTES, _ROW_BYTES_16 = 1024, 2048
+_SHORT_TILE_BYTES, _LONG_TILE_BYTES = 8192, 32768
+_O_WARPS = 4
 
 
 # ----------------------------------------------------------------------------------------------- kernel
@@ -208,11 +213,11 @@ def _blocks(kdims, rdims, n_out: int, n_red: int, esize: int) -> tuple[int, int,
     o_contig = bool(kdims) and kdims[-1][1] == 1
     r_contig = bool(rdims) and rdims[-1][1] == 1
     if o_contig:  # coalesce across outputs
-        bo = min(_npow2(n_out), 2048 // esize if esize == 2 else 1024 // esize)
-        tile_bytes = 8192 if n_red <= 16 else 32768
+        bo = min(_npow2(n_out), (_ROW_BYTES_16 if esize == 2 else _ROW_BYTES) // esize)
+        tile_bytes = _SHORT_TILE_BYTES if n_red <= 16 else _LONG_TILE_BYTES
         br = min(_npow2(n_red), max(1, tile_bytes // (bo * esize)), 1024)
         bo = min(_npow2(n_out), max(bo, tile_bytes // (br * esize)), 4096)
-        return bo, br, 4
+        return bo, br, _O_WARPS
     tile = 4096 if esize <= 4 else 2048
     if r_contig:  # coalesce along the reduction
         br = min(_npow2(n_red), 256 if esize >= 4 else 512)

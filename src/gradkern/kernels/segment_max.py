@@ -43,11 +43,17 @@ _TL = {torch.float32: tl.float32, torch.float64: tl.float64}
 
 # ----------------------------------------------------------------------------------------------- kernels
 @triton.jit
-def _segment(offs, soff_o, outer, seg, N):
-    """The clamped row range [start, end) of segment `seg` of outer slice `outer`."""
-    base = offs + outer * soff_o + seg
-    start = tl.load(base).to(tl.int64)
-    end = tl.load(base + 1).to(tl.int64)
+def _segment(offs, soff_o, outer, seg, N, ENDS: tl.constexpr):
+    """The clamped row range [start, end) of segment `seg` of outer slice `outer`: `offs` holds S + 1 offsets,
+    or with ENDS the S segment ends (the cumulative lengths; a segment starts where the one before ends)."""
+    if ENDS:
+        base = offs + outer * soff_o + seg
+        start = tl.load(base - 1, mask=seg > 0, other=0).to(tl.int64)
+        end = tl.load(base).to(tl.int64)
+    else:
+        base = offs + outer * soff_o + seg
+        start = tl.load(base).to(tl.int64)
+        end = tl.load(base + 1).to(tl.int64)
     start = tl.minimum(tl.maximum(start, 0), N)
     end = tl.minimum(tl.maximum(end, start), N)
     return start, end
@@ -75,7 +81,7 @@ def _segment_max_fwd_kernel(x, offs, vals, idxs, S, N, INNER, n_dblk,
                             sx_o, sx_n, sx_i, soff_o,
                             BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, MATH: tl.constexpr):
     dblk, seg, outer = _ids(n_dblk, S)
-    start, end = _segment(offs, soff_o, outer, seg, N)
+    start, end = _segment(offs, soff_o, outer, seg, N, False)
     d = dblk * BLOCK_D + tl.arange(0, BLOCK_D)
     dmask = d < INNER
     xb = x + outer * sx_o + d * sx_i
@@ -111,7 +117,7 @@ def _segment_max_bwd_kernel(g, idxs, offs, gx, S, N, INNER, n_dblk,
                             sg_o, sg_s, sg_i, soff_o,
                             BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr):
     dblk, seg, outer = _ids(n_dblk, S)
-    start, end = _segment(offs, soff_o, outer, seg, N)
+    start, end = _segment(offs, soff_o, outer, seg, N, False)
     d = dblk * BLOCK_D + tl.arange(0, BLOCK_D)
     dmask = d < INNER
     gv = tl.load(g + outer * sg_o + seg * sg_s + d * sg_i, mask=dmask)
@@ -132,9 +138,10 @@ def _segment_max_bwd_kernel(g, idxs, offs, gx, S, N, INNER, n_dblk,
 @triton.jit
 def _segment_reduce_max_bwd_kernel(g, o, x, offs, gx, S, N, INNER, n_dblk,
                                    sg_o, sg_s, sg_i, so_o, so_s, so_i, sx_o, sx_n, sx_i, soff_o,
-                                   BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, MATH: tl.constexpr):
+                                   BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, MATH: tl.constexpr,
+                                   ENDS: tl.constexpr):
     dblk, seg, outer = _ids(n_dblk, S)
-    start, end = _segment(offs, soff_o, outer, seg, N)
+    start, end = _segment(offs, soff_o, outer, seg, N, ENDS)
     d = dblk * BLOCK_D + tl.arange(0, BLOCK_D)
     dmask = d < INNER
     ob = gx + outer * N * INNER
@@ -213,13 +220,21 @@ def _layout(t: torch.Tensor, axis: int) -> tuple[torch.Tensor, tuple[int, int, i
     return t, (outer[1], t.stride(axis) if t.dim() else 0, inner[1])
 
 
+# tiles: [BLOCK_L rows of a segment, BLOCK_D of the inner dims]; launch constants measured on an H200
+_BD_MAX = 128
+_TILE = 4096
+_SMALL_TILE = 2048  # tiles up to this many elements get _WARPS_SMALL warps, larger ones _WARPS_LARGE
+_WARPS_SMALL = 4
+_WARPS_LARGE = 8
+
+
 def _blocks(inner: int, n: int, s: int) -> tuple[int, int, int]:
     """(BLOCK_L, BLOCK_D, num_warps) from the inner size and the mean segment length (results never depend on
     them: max, argmax and tie counts are exact)."""
-    bd = min(_npow2(max(inner, 1)), 128)
+    bd = min(_npow2(max(inner, 1)), _BD_MAX)
     mean = max(1, n // max(s, 1))
-    bl = max(1, min(_npow2(mean), max(1, 4096 // bd), 256))
-    return bl, bd, 4 if bl * bd <= 2048 else 8
+    bl = max(1, min(_npow2(mean), max(1, _TILE // bd), 256))
+    return bl, bd, _WARPS_SMALL if bl * bd <= _SMALL_TILE else _WARPS_LARGE
 
 
 def _norm_axis(op: str, axis, ndim: int) -> int:
@@ -354,10 +369,9 @@ def _segment_reduce_backward(grad: torch.Tensor, output: torch.Tensor, data: tor
     if seg.dim() < 1 or data.dim() <= axis or tuple(seg.shape[:-1]) != tuple(data.shape[:axis]):
         raise InvalidProblem(op, "lengths/offsets", f"leading dims equal to data's {tuple(data.shape[:axis])}",
                              tuple(seg.shape))
-    if offsets is None:
-        offsets = torch.cat([torch.zeros((*lengths.shape[:-1], 1), dtype=lengths.dtype, device=lengths.device),
-                             lengths.cumsum(-1)], -1)
-    s = offsets.shape[-1] - 1
+    ends = offsets is None  # lengths: the kernel reads their cumulative sums (one scan, no concatenation)
+    offsets = lengths.cumsum(-1) if ends else offsets
+    s = offsets.shape[-1] - (0 if ends else 1)
     expected = (*data.shape[:axis], s, *data.shape[axis + 1:])
     for name, t in (("grad", grad), ("output", output)):
         if tuple(t.shape) != expected or t.dtype != data.dtype or t.device != data.device:
@@ -372,14 +386,15 @@ def _segment_reduce_backward(grad: torch.Tensor, output: torch.Tensor, data: tor
     data, (sx_o, sx_n, sx_i) = _layout(data, axis)
     grad, (sg_o, sg_s, sg_i) = _layout(grad, axis)
     output, (so_o, so_s, so_i) = _layout(output, axis)
-    offsets = offsets.reshape(outer, s + 1) if axis else offsets
+    offsets = offsets.reshape(outer, offsets.shape[-1]) if axis else offsets
     offsets, soff_o = _offsets_2d(offsets)
     bl, bd, warps = _blocks(inner, n, s)
     n_dblk = triton.cdiv(inner, bd)
     _launch(_segment_reduce_max_bwd_kernel, outer * s * n_dblk,
             (grad, output, data, offsets, gx, s, n, inner, n_dblk, sg_o, sg_s, sg_i, so_o, so_s, so_i,
              sx_o, sx_n, sx_i, soff_o),
-            {"BLOCK_L": bl, "BLOCK_D": bd, "MATH": _TL[_runtime.math_dtype(data.dtype)], "num_warps": warps},
+            {"BLOCK_L": bl, "BLOCK_D": bd, "MATH": _TL[_runtime.math_dtype(data.dtype)], "ENDS": ends,
+             "num_warps": warps},
             data.get_device())
     return gx
 

@@ -61,6 +61,7 @@ _BLOCK_MAX = 16384  # the longest row one program keeps in registers (8192 in fp
 _ROW_TILE = 4096  # a program takes several short contiguous rows, up to this many elements
 _COL_ROWS = 16  # rows a program takes when the reduced dim is strided (rows adjacent in memory)
 _KB = 64  # chunk partials combined per step, in a fixed order
+_WARP_ELEMS = 256  # a program's elements per warp (its warps: R * B / this, 1 to 16)
 _I32_MAX = 2**31 - 1
 
 
@@ -478,7 +479,7 @@ def _plan(op: str, shape: tuple[int, ...], strides: tuple[tuple[int, ...], ...],
         R = max(1, min(_COL_ROWS, _pow2(inner)))
         B = min(bn, max(block_max // R, 1))
     K = triton.cdiv(n, B)
-    warps = max(1, min(16, R * B // 256))
+    warps = max(1, min(16, R * B // _WARP_ELEMS))
     extent = max(sum((s - 1) * abs(st) for s, st in zip(shape, t, strict=False)) for t in strides)
     i64 = extent + R * max(map(abs, s_inner)) + B * max(map(abs, s_dim)) > _I32_MAX
     ints = (*oshape, *[1] * pad)
