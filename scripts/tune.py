@@ -24,54 +24,33 @@ from gradkern.testing import check_case
 F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
 
 
-def _pad(tile3, warp, split, tile12=4096):
-    return (pad, {"_TILE": {1: tile12, 2: tile12, 3: tile3}, "_WARP_ELEMS": warp,
-                  "_SPLIT_MIN": (1 << 20) if split else (1 << 62)})
-
-
-def _red(row, row16, short, long_, warps):
-    return (reduction, {"_ROW_BYTES": row, "_ROW_BYTES_16": row16, "_SHORT_TILE_BYTES": short,
-                        "_LONG_TILE_BYTES": long_, "_O_WARPS": warps})
-
-
-def _prelu(tile, tpp, cols_tile, cols_prog, warps, bk):
-    return (prelu, {"_TILE_BYTES": tile, "_ROWS_TPP": tpp, "_COLS_TILE": cols_tile,
-                    "_COLS_TARGET_PROGRAMS": cols_prog, "_WARPS": warps, "_COLS_BK": bk})
-
-
-def _seg(bd, tile, small, ws, wl):
-    return (segment_max, {"_BD_MAX": bd, "_TILE": tile, "_SMALL_TILE": small, "_WARPS_SMALL": ws, "_WARPS_LARGE": wl})
-
-
 def _sm(row_tile, warp):
-    return (sparsemax, {"_ROW_TILE": row_tile, "_WARP_ELEMS": warp})
+    return (sparsemax, {"_ROW_TILE": {"forward": row_tile[0], "backward": row_tile[1]},
+                        "_WARP_ELEMS": {"forward": warp[0], "backward": warp[1]}})
 
 
-GROUPS = {  # name: (ops, dtypes, configs); config 0 is the current default
-    "pad3d": (["replication_pad3d_backward"], [F32, BF16],
-              [_pad(2048, 1024, True)] + [_pad(t, w, True) for t in (2048, 4096, 8192) for w in (256, 512, 2048)]
-              + [_pad(4096, 1024, True), _pad(8192, 1024, True)]
-              + [_pad(t, w, False) for t in (2048, 4096) for w in (512, 1024)]),
-    "pad12": (["replication_pad1d_backward", "replication_pad2d_backward"], [F32, BF16],
-              [_pad(2048, 1024, True, t12) for t12 in (4096, 8192, 16384)]
-              + [_pad(2048, 512, True, t12) for t12 in (4096, 8192, 16384)]),
-    "repeat": (["repeat_backward"], [F32, BF16],
-               [_red(1024, 2048, 8192, 32768, 4), _red(2048, 4096, 8192, 32768, 4), _red(1024, 2048, 16384, 32768, 4),
-                _red(1024, 2048, 16384, 32768, 8), _red(2048, 2048, 16384, 65536, 8), _red(512, 1024, 8192, 32768, 4),
-                _red(1024, 2048, 32768, 65536, 8), _red(4096, 4096, 16384, 65536, 8)]),
-    "prelu": (["prelu_backward"], [F32, BF16],
-              [_prelu(8192, 2, 2048, 2048, 4, 256), _prelu(16384, 2, 4096, 4096, 8, 256),
-               _prelu(8192, 4, 4096, 4096, 4, 256), _prelu(16384, 1, 4096, 8192, 8, 128),
-               _prelu(8192, 2, 2048, 8192, 4, 256), _prelu(8192, 2, 8192, 2048, 8, 256),
-               _prelu(16384, 2, 2048, 4096, 4, 64), _prelu(8192, 1, 4096, 4096, 4, 512)]),
+DEFAULTS = (None, {})  # the modules' own constants
+NEVER = 1 << 62
+
+GROUPS = {  # name: (ops, dtypes, configs); each config overrides only what it names, config 0 is the defaults
+    "pad3d": (["replication_pad3d_backward", "reflection_pad3d_backward"], [F32, BF16, F16],
+              [DEFAULTS, (pad, {"_SPLIT_MIN": dict.fromkeys(pad._SPLIT_MIN, NEVER)}),
+               (pad, {"_TILE_16": {1: 4096, 2: 4096, 3: 8192}, "_WARP_ELEMS_16": {1: 1024, 2: 1024, 3: 1024}}),
+               (pad, {"_TILE": {1: 4096, 2: 4096, 3: 4096}})]),
+    "pad12": (["replication_pad1d_backward", "replication_pad2d_backward", "reflection_pad1d_backward",
+               "reflection_pad2d_backward"], [F32, BF16],
+              [DEFAULTS, (pad, {"_SPLIT_MIN": dict.fromkeys(pad._SPLIT_MIN, NEVER)}),
+               (pad, {"_TILE": {1: 8192, 2: 8192, 3: 2048}, "_TILE_16": {1: 8192, 2: 8192, 3: 4096}}),
+               (pad, {"_WARP_ELEMS": {1: 512, 2: 512, 3: 1024}, "_WARP_ELEMS_16": {1: 512, 2: 512, 3: 512}})]),
     "segment": (["_segment_reduce_backward", "segment_max_forward", "segment_max_backward"], [F32, F16],
-                [_seg(128, 4096, 2048, 4, 8), _seg(64, 4096, 2048, 2, 4), _seg(64, 4096, 2048, 1, 4),
-                 _seg(128, 2048, 1024, 2, 4), _seg(64, 8192, 4096, 4, 8), _seg(128, 8192, 2048, 2, 8),
-                 _seg(32, 4096, 1024, 1, 4)]),
+                [DEFAULTS, (segment_max, {"_WARPS_SMALL": 2}), (segment_max, {"_BD_MAX": 32})]),
     "sparsemax": (["sparsemax_backward", "sparsemax_forward"], [F32, BF16],
-                  [_sm(4096, 256), _sm(8192, 256), _sm(2048, 256), _sm(4096, 128), _sm(4096, 512), _sm(8192, 512),
-                   _sm(16384, 512), _sm(2048, 128)]),
+                  [DEFAULTS, _sm((2048, 4096), (256, 256))]),
+    "prelu": (["prelu_backward"], [F32, BF16], [DEFAULTS]),
+    "repeat": (["repeat_backward"], [F32, BF16], [DEFAULTS]),
 }
+
+_saved: dict = {}
 
 
 def _clear() -> None:
@@ -85,10 +64,39 @@ def _clear() -> None:
 
 
 def _apply(config) -> None:
+    for (module, k), v in _saved.items():  # back to the defaults first
+        setattr(module, k, v)
     module, values = config
     for k, v in values.items():
+        _saved.setdefault((module, k), getattr(module, k))
         setattr(module, k, v)
     _clear()
+
+
+def refs(out_dir: str) -> None:
+    """Copies to compare with: the copy ceiling (2 GB moved), a copy as large as each op case, and for pad the
+    strided copy of grad_output's interior (the direct sources alone) by ATen."""
+    recs = []
+
+    def rec(what, nbytes, fn):
+        t = _ms(fn)
+        recs.append({"what": what, "ms": t, "gbs": nbytes / t / 1e6})
+        print(f"ref {what}: {t:.4f} ms {nbytes / t / 1e6:.0f} GB/s", flush=True)
+
+    for n in (1 << 28, 1 << 24, 1 << 22):
+        x = torch.randn(n, device="cuda")
+        y = torch.empty_like(x)
+        rec(f"copy f32 {n} elements ({8 * n >> 20} MB moved)", 8 * n, lambda: y.copy_(x))
+    for dtype in (F32, BF16):
+        for shape, p in (((8, 32, 32, 64, 64), 2), ((16, 64, 16, 128, 128), 1)):
+            gshape = shape[:2] + tuple(s + 2 * p for s in shape[2:])
+            g = torch.randn(gshape, device="cuda").to(dtype)
+            gi = torch.empty(shape, device="cuda", dtype=dtype)
+            interior = g[:, :, p:-p, p:-p, p:-p]
+            rec(f"pad3d interior copy {dtype} {shape} pad {p}", (g.numel() + gi.numel()) * g.element_size(),
+                lambda: gi.copy_(interior))
+    with open(os.path.join(out_dir, "tune-refs.json"), "w") as f:
+        json.dump(recs, f, indent=0)
 
 
 def _cases(group):
@@ -141,7 +149,7 @@ def time_group(group: str, out_dir: str) -> None:
                     ok = f"{type(e).__name__}: {str(e)[:200]}"
                 t = _ms(lambda: fn(*a, **kw))
                 base = stock[(op, dtype, case.label)]
-                rec = {"config": i, "values": {k: v for k, v in config[1].items()}, "op": op,
+                rec = {"config": i, "values": {k: repr(v) for k, v in config[1].items()}, "op": op,
                        "dtype": _runtime.DTYPE_NAMES[dtype], "case": case.label, "ms": t, "stock_ms": base,
                        "gbs": case.bytes / t / 1e6, "vs_stock": base / t, "check": ok}
                 records.append(rec)
@@ -157,8 +165,8 @@ if __name__ == "__main__":
     if mode == "compile":
         compile_one(sys.argv[2], int(sys.argv[3]))
     elif mode == "list":
-        print("\n".join(f"{g} {i}" for g in sys.argv[2:] for i in range(len(GROUPS[g][2]))))
+        print("\n".join(f"{g} {i}" for g in sys.argv[2:] if g in GROUPS for i in range(len(GROUPS[g][2]))))
     else:
         out = os.environ.get("OUT", ".")
         for g in sys.argv[2:]:
-            time_group(g, out)
+            refs(out) if g == "refs" else time_group(g, out)

@@ -69,7 +69,7 @@ def test_matches_stock(op, dtype):
 def split(monkeypatch):
     """Plans that gather the border strips apart (what problems of >= _SPLIT_MIN elements get), forced."""
     padmod._plan.cache_clear()
-    monkeypatch.setattr(padmod, "_SPLIT_MIN", 0)
+    monkeypatch.setattr(padmod, "_SPLIT_MIN", dict.fromkeys(padmod._SPLIT_MIN, 0))
     yield
     padmod._plan.cache_clear()
 

@@ -58,10 +58,13 @@ _G = 4  # thresholds evaluated per iteration
 _MAXIT = {torch.float64: 40}
 _MAXIT_DEFAULT = 24
 _BLOCK_MAX = 16384  # the longest row one program keeps in registers (8192 in fp64); longer rows are split
-_ROW_TILE = 4096  # a program takes several short contiguous rows, up to this many elements
+# a program takes several short contiguous rows, up to _ROW_TILE elements, with one warp per _WARP_ELEMS of them (1 to
+# 16 warps), per direction (forward, backward): measured on an H200 at 32768 x 1024, the forward 1.3x (f32) faster
+# with 2048-element tiles than with 4096, the bf16 backward 2% faster with 512 elements per warp than 256
+_ROW_TILE = {"forward": 2048, "backward": 4096}
 _COL_ROWS = 16  # rows a program takes when the reduced dim is strided (rows adjacent in memory)
 _KB = 64  # chunk partials combined per step, in a fixed order
-_WARP_ELEMS = 256  # a program's elements per warp (its warps: R * B / this, 1 to 16)
+_WARP_ELEMS = {"forward": 256, "backward": 512}
 _I32_MAX = 2**31 - 1
 
 
@@ -450,6 +453,7 @@ def _out_strides(t: torch.Tensor) -> tuple[int, ...]:
 def _plan(op: str, shape: tuple[int, ...], strides: tuple[tuple[int, ...], ...], dtype: torch.dtype, dim: int,
           block_max: int) -> _Plan:
     """`strides`: the operands' strides, the one that sets the tiling first, the output last."""
+    direction = "forward" if op.endswith("forward") else "backward"
     if not shape:  # 0-d: one row of one entry
         shape, strides = (1,), tuple((1,) for _ in strides)
     n = shape[dim]
@@ -463,7 +467,7 @@ def _plan(op: str, shape: tuple[int, ...], strides: tuple[tuple[int, ...], ...],
     else:
         inner, s_inner, outer = 1, [0] * len(strides), []
     if len(outer) > _MAX_OUTER:
-        raise Unsupported(op, "x" if op.endswith("forward") else "y",
+        raise Unsupported(op, "x" if direction == "forward" else "y",
                           f"at most {_MAX_OUTER + 2} dims after merging contiguous ones", len(shape))
     oshape = [cshape[i] for i in outer]
     pad = _MAX_OUTER - len(outer)
@@ -473,13 +477,13 @@ def _plan(op: str, shape: tuple[int, ...], strides: tuple[tuple[int, ...], ...],
         block_max = max(block_max // 2, 1)
     bn = _pow2(n)
     if s_dim[0] == 1 or n == 1:  # rows are contiguous: short ones grouped, long ones split
-        R = max(1, min(_ROW_TILE // bn, _pow2(inner)))
+        R = max(1, min(_ROW_TILE[direction] // bn, _pow2(inner)))
         B = min(bn, block_max)
     else:  # rows are strided: take adjacent rows together so that loads coalesce
         R = max(1, min(_COL_ROWS, _pow2(inner)))
         B = min(bn, max(block_max // R, 1))
     K = triton.cdiv(n, B)
-    warps = max(1, min(16, R * B // _WARP_ELEMS))
+    warps = max(1, min(16, R * B // _WARP_ELEMS[direction]))
     extent = max(sum((s - 1) * abs(st) for s, st in zip(shape, t, strict=False)) for t in strides)
     i64 = extent + R * max(map(abs, s_inner)) + B * max(map(abs, s_dim)) > _I32_MAX
     ints = (*oshape, *[1] * pad)
