@@ -93,6 +93,35 @@ def test_special_values(dtype):
     assert v[4] == 0 and math.copysign(1, v[4]) == -1  # the first of the tied zeros: -0.0
 
 
+_NEG_NAN = {torch.float16: 0xFE01 - (1 << 16), torch.bfloat16: 0xFFC1 - (1 << 16),  # sign set, a payload
+            torch.float32: 0xFFC00001 - (1 << 32), torch.float64: -0x0007FFFFFFFFFFFF}
+_INTS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_special_values_across_tiles(dtype):
+    """Segments of 700 rows span several row tiles: the max found in a later tile, ties between tiles (the first
+    wins), the sign of tied zeros and a NaN's payload and sign are kept bit for bit."""
+    n, inf = 700, math.inf
+    cols = [torch.full((n,), -inf, dtype=torch.float64) for _ in range(4)]
+    cols[0][[10, 300, 600]] = torch.tensor([-0.0, 0.0, -0.0], dtype=torch.float64)  # max 0: the first, -0.0
+    cols[1][[400, 650]] = 3.0  # a tie in two later tiles: the first
+    cols[1][[20, 299]] = torch.tensor([2.0, -1.0], dtype=torch.float64)
+    cols[2][[260, 511]] = inf  # +inf twice
+    cols[3][[5, 400]] = 1.0
+    data = torch.stack(cols, 1).to(dtype)
+    ints = data.view(_INTS[data.element_size()])
+    ints[7, 3] = _NEG_NAN[dtype]  # a negative NaN with a payload, before a positive NaN
+    data[450, 3] = math.nan
+    data = data.to(DEVICE)
+    vals, idxs = gradkern.segment_max(data, _offsets([n]))
+    assert idxs.cpu().tolist() == [[10, 400, 260, 7]]
+    expected = torch.tensor([[-0.0, 3.0, inf, math.nan]], dtype=torch.float64).to(dtype)
+    expected.view(_INTS[data.element_size()])[0, 3] = _NEG_NAN[dtype]
+    assert_bitwise_equal(vals, expected.to(DEVICE), "values")
+    assert data.shape[0] > 2 * sm._blocks(4, n, 1)[0]  # more than two row tiles
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 def test_lengths_segment_ids_and_axis(dtype):
     lengths = [3, 0, 5, 4]

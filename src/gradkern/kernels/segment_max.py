@@ -78,40 +78,62 @@ def _zero_rows(out, lo, hi, d, dmask, so_n, dtype: tl.constexpr, BLOCK_L: tl.con
 
 
 @triton.jit
+def _order_key(bits, W: tl.constexpr, INF: tl.constexpr, KEY: tl.constexpr):
+    """Integer keys (signed, `W` bits wide, in type KEY) whose order is the float order of the elements with these
+    bits (INF: the bits of +inf), with both zeros equal (key 0) and every NaN above +inf (the largest key)."""
+    mag = bits & ((1 << (W - 1)) - 1)  # the bits without the sign
+    key = bits ^ ((bits >> (W - 1)) & ((1 << (W - 1)) - 1))  # negative numbers: the magnitude bits flipped
+    key = tl.where(mag == 0, 0, key)
+    key = tl.where(mag > INF, (1 << (W - 1)) - 1, key)
+    return key.to(KEY)
+
+
+@triton.jit
 def _segment_max_fwd_kernel(x, offs, vals, idxs, S, N, INNER, n_dblk,
                             sx_o, sx_n, sx_i, soff_o,
-                            BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, MATH: tl.constexpr,
-                            BITS: tl.constexpr):
+                            BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, BITS: tl.constexpr, W: tl.constexpr,
+                            INF: tl.constexpr):
+    # The max and its first index from one integer max per tile: each element's order key (_order_key: NaN on
+    # top) shifted up, with BLOCK_L - 1 - (its row in the tile) in the low bits, so that of equal keys the first
+    # row wins (16- and 32-bit types, in 32- and 64-bit ints; f64 takes a max, then a min of the rows).
     dblk, seg, outer = _ids(n_dblk, S)
     start, end = _segment(offs, soff_o, outer, seg, N, False)
     d = dblk * BLOCK_D + tl.arange(0, BLOCK_D)
     dmask = d < INNER
     xb = x + outer * sx_o + d * sx_i
-    best = tl.full([BLOCK_D], float("-inf"), MATH)
-    best_idx = tl.full([BLOCK_D], -1, tl.int64)  # -1: no row seen yet
-    best_nan = tl.zeros([BLOCK_D], tl.int32)  # the best so far is a NaN: nothing later replaces it
+    lr = tl.arange(0, BLOCK_L)
+    lowest = -(1 << (W - 1))  # below every key: rows past the segment's end
+    best_key = tl.full([BLOCK_D], lowest, BITS)  # the lowest: no row seen yet
+    best_idx = tl.full([BLOCK_D], 0, tl.int64)
     best_bits = tl.zeros([BLOCK_D], BITS)  # the stored bits of the element at best_idx
     for r0 in range(start, end, BLOCK_L):
-        rows = r0 + tl.arange(0, BLOCK_L)
-        m = (rows < end)[:, None] & dmask[None, :]
-        raw = tl.load(xb[None, :] + rows[:, None] * sx_n, mask=m, other=float("-inf"))
-        v = raw.to(MATH)
-        isn = (v != v) & m
-        has_nan = tl.max(isn.to(tl.int32), axis=0)
-        vn = tl.where(isn, float("-inf"), v)
-        cmax = tl.max(vn, axis=0)
-        match = tl.where((has_nan > 0)[None, :], isn, (vn == cmax[None, :]) & m)
-        cidx = tl.min(tl.where(match, rows[:, None], N), axis=0)
-        # the value is the element at the index, bits and all (NaN payload, the sign of a tied zero): picked
-        # from the tile as the sum of one nonzero integer, not reloaded (a dependent load costs a round trip)
-        cbits = tl.sum(tl.where(rows[:, None] == cidx[None, :], raw.to(BITS, bitcast=True), 0), axis=0)
-        # the first tile always wins; later tiles only with a strictly larger value (or a first NaN)
-        take = (best_idx < 0) | ((best_nan == 0) & ((has_nan > 0) | (cmax > best)))
-        best = tl.where(take, cmax, best)
-        best_idx = tl.where(take, cidx, best_idx)
-        best_nan = tl.where(take, has_nan, best_nan)
-        best_bits = tl.where(take, cbits.to(BITS), best_bits)
-    empty = best_idx < 0
+        m = (lr < end - r0)[:, None] & dmask[None, :]
+        bits = tl.load(xb[None, :] + (r0 + lr)[:, None] * sx_n, mask=m, other=0.0).to(BITS, bitcast=True)
+        key = tl.where(m, _order_key(bits, W, INF, BITS), lowest)
+        if W == 16:
+            pmax = tl.max((key.to(tl.int32) << 16) | (BLOCK_L - 1 - lr)[:, None], axis=0)
+            ckey = (pmax >> 16).to(BITS)
+            crow = BLOCK_L - 1 - (pmax & 0xFFFF)
+        elif W == 32:
+            pmax = tl.max((key.to(tl.int64) << 32) | (BLOCK_L - 1 - lr)[:, None].to(tl.int64), axis=0)
+            ckey = (pmax >> 32).to(BITS)
+            crow = BLOCK_L - 1 - (pmax & 0xFFFFFFFF).to(tl.int32)
+        else:
+            ckey = tl.max(key, axis=0)
+            crow = tl.min(tl.where(key == ckey[None, :], lr[:, None], BLOCK_L), axis=0)
+        # the element's bits: the key inverted, except for zeros and NaN (sign and payload), picked from the tile
+        # (as the sum of one nonzero integer) only where a column needs it
+        cbits = (ckey ^ ((ckey >> (W - 1)) & ((1 << (W - 1)) - 1))).to(BITS)
+        special = (ckey == 0) | (ckey == (1 << (W - 1)) - 1)
+        if tl.max(special.to(tl.int32), axis=0) > 0:
+            picked = tl.sum(tl.where(lr[:, None] == crow[None, :], bits, 0), axis=0).to(BITS)
+            cbits = tl.where(special, picked, cbits)
+        # a later tile wins only with a strictly larger key (ties, NaN included, keep the first)
+        take = ckey > best_key
+        best_key = tl.where(take, ckey, best_key)
+        best_idx = tl.where(take, r0 + crow, best_idx)
+        best_bits = tl.where(take, cbits, best_bits)
+    empty = best_key == lowest
     idx = tl.where(empty, N, best_idx)
     val = tl.where(empty, 0, best_bits).to(vals.dtype.element_ty, bitcast=True)  # empty: +0.0
     o = (outer * S + seg) * INNER + d
@@ -205,6 +227,11 @@ def _tie_grad(gv, cnt, DT: tl.constexpr, MATH: tl.constexpr):
 
 
 # ----------------------------------------------------------------------------------------------- host helpers
+_INF_BITS = {dt: int(torch.tensor(math.inf, dtype=dt).view(it).item()) for dt, it in
+             ((torch.float16, torch.int16), (torch.bfloat16, torch.int16), (torch.float32, torch.int32),
+              (torch.float64, torch.int64))}
+
+
 def _npow2(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
 
@@ -302,8 +329,8 @@ def _fwd(data: torch.Tensor, offsets: torch.Tensor, axis: int, op: str):
     n_dblk = triton.cdiv(inner, bd)
     _launch(_segment_max_fwd_kernel, outer * s * n_dblk,
             (data, offsets, vals, idxs, s, n, inner, n_dblk, sx_o, sx_n, sx_i, soff_o),
-            {"BLOCK_L": bl, "BLOCK_D": bd, "MATH": _TL[_runtime.math_dtype(data.dtype)],
-             "BITS": _BITS[data.element_size()], "num_warps": warps}, data.get_device())
+            {"BLOCK_L": bl, "BLOCK_D": bd, "BITS": _BITS[data.element_size()], "W": 8 * data.element_size(),
+             "INF": _INF_BITS[data.dtype], "num_warps": warps}, data.get_device())
     return vals, idxs
 
 
