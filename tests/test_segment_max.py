@@ -119,7 +119,7 @@ def test_special_values_across_tiles(dtype):
     expected = torch.tensor([[-0.0, 3.0, inf, math.nan]], dtype=torch.float64).to(dtype)
     expected.view(_INTS[data.element_size()])[0, 3] = _NEG_NAN[dtype]
     assert_bitwise_equal(vals, expected.to(DEVICE), "values")
-    assert data.shape[0] > 2 * sm._blocks(4, n, 1)[0]  # more than two row tiles
+    assert data.shape[0] > 2 * sm._blocks(4, n, 1, "forward", data.element_size())[0]  # more than two row tiles
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)

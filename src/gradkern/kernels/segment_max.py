@@ -92,10 +92,11 @@ def _order_key(bits, W: tl.constexpr, INF: tl.constexpr, KEY: tl.constexpr):
 def _segment_max_fwd_kernel(x, offs, vals, idxs, S, N, INNER, n_dblk,
                             sx_o, sx_n, sx_i, soff_o,
                             BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, BITS: tl.constexpr, W: tl.constexpr,
-                            INF: tl.constexpr):
+                            INF: tl.constexpr, PACK32: tl.constexpr):
     # The max and its first index from one integer max per tile: each element's order key (_order_key: NaN on
     # top) shifted up, with BLOCK_L - 1 - (its row in the tile) in the low bits, so that of equal keys the first
-    # row wins (16- and 32-bit types, in 32- and 64-bit ints; f64 takes a max, then a min of the rows).
+    # row wins (16-bit types in 32-bit ints, 32-bit types in 64-bit ints with PACK32; else a max, then a min of
+    # the rows).
     dblk, seg, outer = _ids(n_dblk, S)
     start, end = _segment(offs, soff_o, outer, seg, N, False)
     d = dblk * BLOCK_D + tl.arange(0, BLOCK_D)
@@ -114,7 +115,7 @@ def _segment_max_fwd_kernel(x, offs, vals, idxs, S, N, INNER, n_dblk,
             pmax = tl.max((key.to(tl.int32) << 16) | (BLOCK_L - 1 - lr)[:, None], axis=0)
             ckey = (pmax >> 16).to(BITS)
             crow = BLOCK_L - 1 - (pmax & 0xFFFF)
-        elif W == 32:
+        elif W == 32 and PACK32:
             pmax = tl.max((key.to(tl.int64) << 32) | (BLOCK_L - 1 - lr)[:, None].to(tl.int64), axis=0)
             ckey = (pmax >> 32).to(BITS)
             crow = BLOCK_L - 1 - (pmax & 0xFFFFFFFF).to(tl.int32)
@@ -261,23 +262,25 @@ def _layout(t: torch.Tensor, axis: int) -> tuple[torch.Tensor, tuple[int, int, i
     return t, (outer[1], t.stride(axis) if t.dim() else 0, inner[1])
 
 
-# tiles: [BLOCK_L rows of a segment, BLOCK_D of the inner dims]; launch constants measured on an H200
-# (N = 2^20, D = 64, f32 and f16: one warp for small tiles was up to 3.4x faster than four for the forward and
-# 1.5x for f16 backwards, the same for f32 backwards)
+# tiles: [BLOCK_L rows of a segment, BLOCK_D of the inner dims]; launch constants measured on an H200 (N = 2^20,
+# D = 64, segments of 16 and of 1-256 rows, f32 and f16): small tiles run with few warps, per kernel and element
+# size (the forward 1.2-3.4x faster with one warp than with four; the segment_reduce backward's f32 1.08x faster
+# with two than with one, its f16 1.8x slower)
 _BD_MAX = 64
 _TILE = 4096
-_SMALL_TILE = 2048  # tiles up to this many elements get _WARPS_SMALL warps, larger ones _WARPS_LARGE
-_WARPS_SMALL = 1
+_SMALL_TILE = 2048  # tiles up to this many elements get _WARPS_SMALL[kernel][element size] warps, larger ones 4
+_WARPS_SMALL = {"forward": {2: 1, 4: 1, 8: 1}, "backward": {2: 2, 4: 2, 8: 2}, "segment_reduce": {2: 1, 4: 2, 8: 2}}
 _WARPS_LARGE = 4
+_PACK32 = True  # the forward's f32 max and first row as one 64-bit max (else an int32 max, then a min of the rows)
 
 
-def _blocks(inner: int, n: int, s: int) -> tuple[int, int, int]:
+def _blocks(inner: int, n: int, s: int, kernel: str, esize: int) -> tuple[int, int, int]:
     """(BLOCK_L, BLOCK_D, num_warps) from the inner size and the mean segment length (results never depend on
     them: max, argmax and tie counts are exact)."""
     bd = min(_npow2(max(inner, 1)), _BD_MAX)
     mean = max(1, n // max(s, 1))
     bl = max(1, min(_npow2(mean), max(1, _TILE // bd), 256))
-    return bl, bd, _WARPS_SMALL if bl * bd <= _SMALL_TILE else _WARPS_LARGE
+    return bl, bd, _WARPS_SMALL[kernel][esize] if bl * bd <= _SMALL_TILE else _WARPS_LARGE
 
 
 def _norm_axis(op: str, axis, ndim: int) -> int:
@@ -325,12 +328,12 @@ def _fwd(data: torch.Tensor, offsets: torch.Tensor, axis: int, op: str):
     if vals.numel() == 0:
         return vals, idxs
     offsets, soff_o = _offsets_2d(offsets)
-    bl, bd, warps = _blocks(inner, n, s)
+    bl, bd, warps = _blocks(inner, n, s, "forward", data.element_size())
     n_dblk = triton.cdiv(inner, bd)
     _launch(_segment_max_fwd_kernel, outer * s * n_dblk,
             (data, offsets, vals, idxs, s, n, inner, n_dblk, sx_o, sx_n, sx_i, soff_o),
             {"BLOCK_L": bl, "BLOCK_D": bd, "BITS": _BITS[data.element_size()], "W": 8 * data.element_size(),
-             "INF": _INF_BITS[data.dtype], "num_warps": warps}, data.get_device())
+             "INF": _INF_BITS[data.dtype], "PACK32": _PACK32, "num_warps": warps}, data.get_device())
     return vals, idxs
 
 
@@ -345,7 +348,7 @@ def _bwd(grad: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor, num_r
     grad, (sg_o, sg_s, sg_i) = _layout(grad, axis)
     indices = indices.contiguous()
     offsets, soff_o = _offsets_2d(offsets)
-    bl, bd, warps = _blocks(inner, num_rows, s)
+    bl, bd, warps = _blocks(inner, num_rows, s, "backward", grad.element_size())
     n_dblk = triton.cdiv(inner, bd)
     _launch(_segment_max_bwd_kernel, outer * s * n_dblk,
             (grad, indices, offsets, gx, s, num_rows, inner, n_dblk, sg_o, sg_s, sg_i, soff_o),
@@ -431,7 +434,7 @@ def _segment_reduce_backward(grad: torch.Tensor, output: torch.Tensor, data: tor
     output, (so_o, so_s, so_i) = _layout(output, axis)
     offsets = offsets.reshape(outer, offsets.shape[-1]) if axis else offsets
     offsets, soff_o = _offsets_2d(offsets)
-    bl, bd, warps = _blocks(inner, n, s)
+    bl, bd, warps = _blocks(inner, n, s, "segment_reduce", data.element_size())
     n_dblk = triton.cdiv(inner, bd)
     _launch(_segment_reduce_max_bwd_kernel, outer * s * n_dblk,
             (grad, output, data, offsets, gx, s, n, inner, n_dblk, sg_o, sg_s, sg_i, so_o, so_s, so_i,
