@@ -15,7 +15,7 @@ import traceback
 
 import torch
 
-from gradkern import _runtime, elementwise, reduction
+from gradkern import _runtime, elementwise, multi_pointwise, reduction
 from gradkern.dispatch import use
 from gradkern.kernels import pad, prelu, repeat, segment_max, sparsemax
 from gradkern.registry import REGISTRY
@@ -46,7 +46,14 @@ GROUPS = {  # name: (ops, dtypes, configs); each config overrides only what it n
                 [DEFAULTS, (segment_max, {"_PACK32": False}), DEFAULTS]),  # the defaults twice: the spread
     "sparsemax": (["sparsemax_backward", "sparsemax_forward"], [F32, BF16],
                   [DEFAULTS, _sm((2048, 4096), (256, 1024)), DEFAULTS]),
-    "prelu": (["prelu_backward"], [F32, BF16], [DEFAULTS]),
+    "prelu": (["prelu_backward"], [F32, BF16],
+              [DEFAULTS] + [(prelu, {"_COLS_TILE": t, "_COLS_TARGET_PROGRAMS": p, "_COLS_WARPS": w})
+                            for t, p, w in ((4096, 2048, 8), (4096, 4096, 8), (4096, 2048, 4), (8192, 2048, 8),
+                                            (8192, 1024, 8), (2048, 4096, 4), (2048, 1024, 4), (4096, 1024, 8),
+                                            (2048, 2048, 8), (8192, 4096, 8))]),
+    "multi": (["lerp_backward", "where_backward"], [F32, BF16],
+              [DEFAULTS] + [(multi_pointwise, {"FLAT_BLOCK": b, "FLAT_WARPS": w})
+                            for b, w in ((2048, 4), (2048, 8), (4096, 8), (512, 4), (1024, 8), (4096, 4))]),
     "repeat": (["repeat_backward"], [F32, BF16], [DEFAULTS]),
 }
 

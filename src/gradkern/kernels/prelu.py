@@ -148,7 +148,8 @@ _COLS_TILE = 2048  # elements per loop step of the column kernel (any dtype)
 _COLS_TARGET_PROGRAMS = 2048  # the column kernel splits the rows until about this many programs run
 _ROWS_MIN_L = 32  # (A, C, L) inputs with L >= this walk rows of L; smaller L (channels_last: L = 1) walk columns
 _COLS_BK = 256  # the column kernel's widest column block
-_WARPS = 4
+_WARPS = 4  # the row kernel's
+_COLS_WARPS = 4
 _TL_MATH = {torch.float32: tl.float32, torch.float64: tl.float64}
 
 
@@ -245,7 +246,8 @@ def _prelu_grads(grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, need
     part = torch.empty(plan.part_shape, dtype=mdt, device=x.device) if need_weight else None
     kernel = _prelu_rows_kernel if plan.rows else _prelu_cols_kernel
     consts = {"MATH": _TL_MATH[mdt], "HAS_GI": need_input, "HAS_GW": need_weight, "BA": plan.block[0],
-              ("BL" if plan.rows else "BK"): plan.block[1], "I64": plan.i64, "num_warps": _WARPS}
+              ("BL" if plan.rows else "BK"): plan.block[1], "I64": plan.i64,
+              "num_warps": _WARPS if plan.rows else _COLS_WARPS}
     args = (grad, x, w, gi if need_input else x, part if need_weight else x, *plan.args)
     launch(kernel, (plan.programs,), args, consts, x.get_device())
     if not need_weight:
