@@ -17,7 +17,7 @@ import torch
 
 from gradkern import _runtime, elementwise, multi_pointwise, reduction
 from gradkern.dispatch import use
-from gradkern.kernels import pad, prelu, repeat, segment_max, sparsemax
+from gradkern.kernels import pad, prelu, repeat, sparsemax
 from gradkern.registry import REGISTRY
 from gradkern.testing import check_case
 
@@ -43,7 +43,7 @@ GROUPS = {  # name: (ops, dtypes, configs); each config overrides only what it n
                (pad, {"_TILE": {1: 8192, 2: 8192, 3: 2048}, "_TILE_16": {1: 8192, 2: 8192, 3: 4096}}),
                (pad, {"_WARP_ELEMS": {1: 512, 2: 512, 3: 1024}, "_WARP_ELEMS_16": {1: 512, 2: 512, 3: 512}})]),
     "segment": (["_segment_reduce_backward", "segment_max_forward", "segment_max_backward"], [F32, F16],
-                [DEFAULTS, (segment_max, {"_PACK32": False}), DEFAULTS]),  # the defaults twice: the spread
+                [DEFAULTS, DEFAULTS]),  # the defaults twice: the spread
     "sparsemax": (["sparsemax_backward", "sparsemax_forward"], [F32, BF16],
                   [DEFAULTS, _sm((2048, 4096), (256, 1024)), DEFAULTS]),
     "prelu": (["prelu_backward"], [F32, BF16],
