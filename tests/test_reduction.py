@@ -298,3 +298,29 @@ def test_cached_plan_does_not_skip_the_device_check():
     reduce_sum(x, 0, op="t")
     with pytest.raises(Unsupported, match="device"):
         reduce_sum(x.to("meta"), 0, op="t")
+
+
+def test_tolerance_of_long_float32_sums():
+    """check_case's tolerance for a reducing op's smaller results grows with the square root of the terms summed
+    (prelu's f32 grad_weight over 16,384 terms per channel missed the one-element tolerance by 1.6e-5 on the GPU),
+    for float32 only (16-bit results accumulate in fp32), and still catches a wrong sum."""
+    from gradkern.testing import assert_close
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 16384, generator=g, dtype=torch.float64)
+    x = 10 * (x - x.mean(1, keepdim=True)) + 1e-5  # small sums of large terms: the rounding shows
+    exact = x.sum(1)
+    fp32_sum = x.float().sum(1)  # an fp32 sum
+    with pytest.raises(AssertionError):
+        assert_close(fp32_sum, exact)  # the one-element tolerance is too tight for it
+    assert_close(fp32_sum, exact, summed_from=x.numel())  # 16,384 terms per result
+    wrong = fp32_sum.clone()
+    wrong[3] += 1.0  # one term off
+    with pytest.raises(AssertionError):
+        assert_close(wrong, exact, summed_from=x.numel())
+    # bf16: no widening (the error is the final rounding): a result 0.1 off still fails (widened by sqrt(16384)
+    # the tolerance would pass it)
+    close_bf16 = exact.to(torch.bfloat16)
+    assert_close(close_bf16, exact, summed_from=x.numel())
+    with pytest.raises(AssertionError):
+        assert_close((exact + 0.1).to(torch.bfloat16), exact, summed_from=x.numel())
