@@ -1,7 +1,6 @@
 """repeat backward: gradkern.ops.repeat_backward against autograd's own formula, and Tensor.repeat's backward
 through enable() (stock gradients, no autograd bypass)."""
 
-import math
 
 import pytest
 import torch
@@ -206,8 +205,7 @@ def test_large_shapes_on_gpu(dtype):
     for shape, reps in [((1024, 1024), (4, 4)), ((4096, 256), (2, 8)), ((4096, 256), (64, 1)),
                         ((64, 64), (256, 256)), ((2, 64, 64, 32), (1, 3, 2, 1, 4))]:
         grad = _grad_for(shape, reps, dtype)
-        out = check_case("repeat_backward", (grad, list(reps), list(shape)), what=f"{shape} rep {reps}",
-                         terms=math.prod(reps))  # 65,536 tiles: an fp32 sum's rounding grows with its length
+        out = check_case("repeat_backward", (grad, list(reps), list(shape)), what=f"{shape} rep {reps}")
         assert_bitwise_equal(ops.repeat_backward(grad, reps, shape), out, "again")
 
 

@@ -91,17 +91,15 @@ def assert_bitwise_equal(actual: Any, expected: Any, what: str = "") -> None:
 
 
 def assert_close(actual: Any, expected: Any, dtype: torch.dtype | None = None, what: str = "", *,
-                 terms: int = 1, summed_from: int = 0) -> None:
+                 summed_from: int = 0) -> None:
     """Compare a result with the float64 reference (rounded to `dtype`, default the result's) within the
-    tolerance of `dtype`. A None result (a gradient not computed) must be None in both. `terms`: how many values
-    each result element sums; the tolerance grows with its square root (rounding errors of a long sum add up as
-    a random walk); only for float32/float64 results, whose dtype is their accumulator's. `summed_from`:
-    the elements of the largest input, for results that sum it down (each result's terms: that / its size)."""
-    if _per_output(actual, expected, what,
-                   lambda a, e, w: assert_close(a, e, dtype, w, terms=terms, summed_from=summed_from)):
+    tolerance of `dtype`. A None result (a gradient not computed) must be None in both. `summed_from`: for
+    results that sum an input down, that input's number of elements; each result element then sums
+    summed_from / its size terms, and for float32/float64 results (whose dtype is their accumulator's) the
+    tolerance grows with the square root of that (rounding errors of a long sum add up as a random walk)."""
+    if _per_output(actual, expected, what, lambda a, e, w: assert_close(a, e, dtype, w, summed_from=summed_from)):
         return
-    if summed_from and actual.numel():
-        terms = max(terms, summed_from // actual.numel())
+    terms = summed_from // actual.numel() if summed_from and actual.numel() else 1
     assert tuple(actual.shape) == tuple(expected.shape), \
         f"{what}: shape {tuple(actual.shape)}, expected {tuple(expected.shape)}"
     dtype = dtype or actual.dtype
@@ -114,10 +112,10 @@ def assert_close(actual: Any, expected: Any, dtype: torch.dtype | None = None, w
                                rtol=rtol, equal_nan=True, msg=lambda m: f"{what}: {m}")
 
 
-def check_case(op_name: str, args: tuple, kwargs: dict | None = None, *, what: str = "", terms: int = 1) -> Any:
+def check_case(op_name: str, args: tuple, kwargs: dict | None = None, *, what: str = "") -> Any:
     """Run gradkern op `op_name` and compare with stock PyTorch: bit-exact against stock at the same dtype for
     ops whose result is a selection or exact scaling, else against stock in float64 within the dtype's
-    tolerance (widened for sums of `terms` values, see assert_close). Returns gradkern's result."""
+    tolerance (widened for the long sums of reducing ops, see assert_close). Returns gradkern's result."""
     info = get_op(op_name)
     kwargs = kwargs or {}
     out = info.fn(*args, **kwargs)
@@ -127,7 +125,7 @@ def check_case(op_name: str, args: tuple, kwargs: dict | None = None, *, what: s
     else:  # each result within the tolerance of its own dtype
         # a reducing op's smaller results (e.g. prelu's grad_weight) sum many terms: the tolerance grows with them
         summed = max((t.numel() for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)), default=0)
-        assert_close(out, run_reference(info.reference_fn(), args, kwargs), None, what, terms=terms,
+        assert_close(out, run_reference(info.reference_fn(), args, kwargs), None, what,
                      summed_from=summed if info.accumulates else 0)
     return out
 

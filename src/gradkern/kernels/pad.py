@@ -375,7 +375,7 @@ def _plan(spec: _Spec, g_shape, g_strides, self_shape, pads, out_strides, dtype:
     pw_lo, pw_hi, ph_lo, ph_hi, pd_lo, _ = pads + (0,) * (6 - len(pads))
     hs = _strips(h_in, ph_lo, ph_hi, spec.reflect)
     ws = _strips(w_in, pw_lo, pw_hi, spec.reflect)
-    narrow = torch.empty((), dtype=dtype).element_size() == 2
+    narrow = dtype.itemsize == 2
     tile = (_TILE_16 if narrow else _TILE)[spec.dims]
     warp_elems = (_WARP_ELEMS_16 if narrow else _WARP_ELEMS)[spec.dims]
     bw = min(triton.next_power_of_2(w_in), 1024)

@@ -47,12 +47,11 @@ _BITS = {2: tl.int16, 4: tl.int32, 8: tl.int64}  # an element's bits, by its siz
 def _segment(offs, soff_o, outer, seg, N, ENDS: tl.constexpr):
     """The clamped row range [start, end) of segment `seg` of outer slice `outer`: `offs` holds S + 1 offsets,
     or with ENDS the S segment ends (the cumulative lengths; a segment starts where the one before ends)."""
+    base = offs + outer * soff_o + seg
     if ENDS:
-        base = offs + outer * soff_o + seg
         start = tl.load(base - 1, mask=seg > 0, other=0).to(tl.int64)
         end = tl.load(base).to(tl.int64)
     else:
-        base = offs + outer * soff_o + seg
         start = tl.load(base).to(tl.int64)
         end = tl.load(base + 1).to(tl.int64)
     start = tl.minimum(tl.maximum(start, 0), N)
@@ -224,9 +223,8 @@ def _tie_grad(gv, cnt, DT: tl.constexpr, MATH: tl.constexpr):
 
 
 # ----------------------------------------------------------------------------------------------- host helpers
-_INF_BITS = {dt: int(torch.tensor(math.inf, dtype=dt).view(it).item()) for dt, it in
-             ((torch.float16, torch.int16), (torch.bfloat16, torch.int16), (torch.float32, torch.int32),
-              (torch.float64, torch.int64))}
+_INF_BITS = {torch.float16: 0x7C00, torch.bfloat16: 0x7F80, torch.float32: 0x7F800000,  # the bits of +inf
+             torch.float64: 0x7FF0000000000000}
 
 
 def _npow2(n: int) -> int:
