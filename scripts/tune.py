@@ -34,14 +34,10 @@ NEVER = 1 << 62
 
 GROUPS = {  # name: (ops, dtypes, configs); each config overrides only what it names, config 0 is the defaults
     "pad3d": (["replication_pad3d_backward", "reflection_pad3d_backward"], [F32, BF16, F16],
-              [DEFAULTS, (pad, {"_SPLIT_MIN": dict.fromkeys(pad._SPLIT_MIN, NEVER)}),
-               (pad, {"_TILE_16": {1: 4096, 2: 4096, 3: 8192}, "_WARP_ELEMS_16": {1: 1024, 2: 1024, 3: 1024}}),
-               (pad, {"_TILE": {1: 4096, 2: 4096, 3: 4096}})]),
+              [DEFAULTS] + [(pad, {"_TILE": t, "_WARPS": w}) for t, w in ((4096, 4), (1024, 4))]),
     "pad12": (["replication_pad1d_backward", "replication_pad2d_backward", "reflection_pad1d_backward",
                "reflection_pad2d_backward"], [F32, BF16],
-              [DEFAULTS, (pad, {"_SPLIT_MIN": dict.fromkeys(pad._SPLIT_MIN, NEVER)}),
-               (pad, {"_TILE": {1: 8192, 2: 8192, 3: 2048}, "_TILE_16": {1: 8192, 2: 8192, 3: 4096}}),
-               (pad, {"_WARP_ELEMS": {1: 512, 2: 512, 3: 1024}, "_WARP_ELEMS_16": {1: 512, 2: 512, 3: 512}})]),
+              [DEFAULTS] + [(pad, {"_TILE": t, "_WARPS": w}) for t, w in ((4096, 4),)]),
     "segment": (["_segment_reduce_backward", "segment_max_forward", "segment_max_backward"], [F32, F16],
                 [DEFAULTS, DEFAULTS]),  # the defaults twice: the spread
     "sparsemax": (["sparsemax_backward", "sparsemax_forward"], [F32, BF16],

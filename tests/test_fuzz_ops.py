@@ -235,8 +235,8 @@ PAD_OPS = [f"{mode}_pad{d}d_backward" for mode in ("replication", "reflection") 
 
 @SETTINGS
 @given(data=st.data(), op=st.sampled_from(PAD_OPS), gen=generators(), dtype=st.sampled_from(DTYPES),
-       batched=st.booleans(), split=st.booleans(), out_layout=st.sampled_from([None, "contiguous", "permuted"]))
-def test_pad_backward_fuzz(data, op, gen, dtype, batched, split, out_layout):
+       batched=st.booleans(), small_tiles=st.booleans(), out_layout=st.sampled_from([None, "contiguous", "permuted"]))
+def test_pad_backward_fuzz(data, op, gen, dtype, batched, small_tiles, out_layout):
     dims = int(op.split("_pad")[1][0])
     reflect = op.startswith("reflection")
     lead = ((data.draw(st.integers(0, 2)),) if batched else ()) + (data.draw(st.integers(1, 3)),)
@@ -251,10 +251,12 @@ def test_pad_backward_fuzz(data, op, gen, dtype, batched, split, out_layout):
     self_ = torch.zeros((), dtype=dtype, device=DEVICE).expand(shape)  # only its shape and dtype are read
     kind = "grid" if not reflect else data.draw(st.sampled_from(["normal", "grid"]))
     g = data.draw(placed(make_values(gen, pad_mod.padded_shape(shape, pads), dtype, kind, 3.0)))
-    what = f"{op} {_desc(g=g, self=self_)} pad {pads} split={split}"
+    what = f"{op} {_desc(g=g, self=self_)} pad {pads} small_tiles={small_tiles}"
     with ExitStack() as stack:
-        if split:  # the plan that gathers the border strips apart (problems of >= _SPLIT_MIN elements)
-            stack.enter_context(mock.patch.object(pad_mod, "_SPLIT_MIN", dict.fromkeys(pad_mod._SPLIT_MIN, 0)))
+        if small_tiles:  # tiles of a few rows and columns: the border strips cross tile edges (as in large planes)
+            stack.enter_context(mock.patch.object(pad_mod, "_TILE", 8))
+            stack.enter_context(mock.patch.object(pad_mod, "_MAX_BW", 4))
+            stack.enter_context(mock.patch.object(pad_mod, "_UNROLL", 1))
             stack.callback(pad_mod._plan.cache_clear)
             pad_mod._plan.cache_clear()
         if g.numel():

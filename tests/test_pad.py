@@ -66,21 +66,24 @@ def test_matches_stock(op, dtype):
 
 
 @pytest.fixture
-def split(monkeypatch):
-    """Plans that gather the border strips apart (what problems of >= _SPLIT_MIN elements get), forced."""
+def small_tiles(monkeypatch):
+    """Plans with tiles of a few rows and columns, so that planes span many tiles and the border strips cross tile
+    edges (what large planes get), and replicate's extra rows and columns past the first in loops."""
     padmod._plan.cache_clear()
-    monkeypatch.setattr(padmod, "_SPLIT_MIN", dict.fromkeys(padmod._SPLIT_MIN, 0))
+    monkeypatch.setattr(padmod, "_TILE", 8)
+    monkeypatch.setattr(padmod, "_MAX_BW", 4)
+    monkeypatch.setattr(padmod, "_UNROLL", 1)  # wider replicate pads take the loops
     yield
     padmod._plan.cache_clear()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
 @pytest.mark.parametrize("op", OPS)
-def test_split_plan_matches_stock(op, dtype, split):
+def test_small_tile_plan_matches_stock(op, dtype, small_tiles):
     d = _dims(op)
     cases = SEMANTICS[d] + (REPLICATE_ONLY[d] if op.startswith("replication") else [])
     for shape, pads in filter(lambda c: _valid(op, *c), cases):
-        check_case(op, _problem(op, shape, pads, dtype), what=f"{op} split {shape} pad {pads}")
+        check_case(op, _problem(op, shape, pads, dtype), what=f"{op} small tiles {shape} pad {pads}")
 
 
 @pytest.mark.parametrize("op", OPS)

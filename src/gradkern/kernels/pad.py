@@ -15,19 +15,21 @@ its per-dim source sets.
 The kernel sees every problem as (Q0, Q1, D, H, W): 3d is (N, C, D, H, W); 2d is (N, C, 1, H, W); 1d is
 (N, 1, 1, C, W), with N·C merged into H where the strides allow (H is then just rows, unpadded). A program owns a
 [BH, BW] tile of one (q0, q1, d) plane of grad_input (or, past 2^30 tiles, several planes in turn) and reads its
-sources in place, through grad_output's strides. D sources are per program: a scalar loop over the source planes
-(one for interior planes). Along H and W, the indices with extra sources form at most two short strips per dim
-(replicate: 0 and n - 1; reflect: 1..lo and n-1-hi..n-2). Small problems gather each tile in one pass with every
-source (reflect mirrors as masked loads, replicate's extra ranges summed in [PH, .] / [., PW] chunks): one phase,
-latency first. From _SPLIT_MIN elements (per dims and mode: replicate 3d never) a tile is done in parts (SPLIT):
+sources in place, through grad_output's strides. D sources are per program: a loop over the source planes (one
+for all but the border planes). Along H and W, the indices with extra sources form at most two short strips per dim
+(replicate: 0 and n - 1; reflect: 1..lo and n-1-hi..n-2). A tile is done in two steps:
 
-* the row strips, with every source, in [SH, BW] chunks;
-* the other rows, whole, with their direct sources only: one load and one vector store per element;
-* after a barrier, the column strips of those rows are rewritten with every W source, in [BH, SW] chunks.
+* the bulk: every element with its direct H, W sources only (one load per source plane, one vector store), so an
+  interior element costs one read and one write, in a few instructions;
+* if the tile holds part of a strip, after a barrier, its strip elements are rewritten in three disjoint parts:
+  strip rows x other columns with all their H sources ([SH, BW] chunks), other rows x strip columns with all
+  their W sources ([BH, SW]), and the corners with all sources ([SH, SW]). The loads of a part are unrolled
+  (replicate's extra rows and columns up to _UNROLL per side, wider pads loop), so they are in flight together.
 
-So an interior element costs one read and one write, and border work is proportional to the border data. The grid
-is 1-D (planes x row tiles x column tiles, at most 2^30 programs), plane offsets are int64, in-plane offsets int64
-where a plane spans 2^31 elements or more.
+Border work is thus proportional to the border data, and never widens the bulk's per-element work (the kernel is
+instruction-bound where every element carries border masks: measured on an H200). The grid is 1-D (planes x row
+tiles x column tiles, at most 2^30 programs), plane offsets are int64, in-plane offsets int64 where a plane spans
+2^31 elements or more.
 """
 
 from __future__ import annotations
@@ -53,122 +55,152 @@ from ..tl_helpers import cast_out
 
 _I32_MAX = 2**31 - 1
 _MAX_PROGRAMS = 2**30
-# grad_input elements from which the border strips are gathered apart (see the kernel), by (padded dims, reflect):
-# replicate 3d never (measured on an H200 at 8x32x32x64x64 and 16x64x16x128x128: one pass 1.1-1.2x faster)
-_SPLIT_MIN = {(1, False): 1 << 20, (2, False): 1 << 20, (3, False): 1 << 62,
-              (1, True): 1 << 20, (2, True): 1 << 20, (3, True): 1 << 20}
-
-
 # ----------------------------------------------------------------------------------------------- kernel
 @triton.jit
-def _w_sources(rowp, rmask, w, cmask, wlo, whi, sW, W_in, W_out, pw_lo, pw_hi,
-               W_EXTRA: tl.constexpr, REFLECT: tl.constexpr, R: tl.constexpr, PW: tl.constexpr,
-               ACC: tl.constexpr):
-    """[R, C]: for R source rows (`rowp` [R, 1] row pointers, `rmask` [R, 1]) and input columns `w` ([1, C],
-    `cmask`, all within [wlo, whi)), the sum over each column's W sources (only the direct one unless W_EXTRA)."""
+def _source_planes(d, D_in, D_out, pd_lo, REFLECT: tl.constexpr):
+    """The source planes of input plane d: reflect the valid ones of (direct o0, left mirror o1, right mirror o2)
+    in that order (k < v0: o0, k < v01: o1, else o2), replicate the range [o0, o0 + count)."""
+    o0 = d + pd_lo
+    o1 = pd_lo - d
+    o2 = pd_lo + 2 * (D_in - 1) - d
+    if REFLECT:
+        v0 = ((o0 >= 0) & (o0 < D_out)).to(tl.int32)
+        v01 = v0 + ((d >= 1) & (o1 >= 0) & (o1 < D_out)).to(tl.int32)
+        count = v01 + ((d <= D_in - 2) & (o2 >= 0) & (o2 < D_out)).to(tl.int32)
+    else:
+        v0 = 0
+        v01 = 0
+        hi = tl.minimum(tl.where(d == D_in - 1, D_out - 1, o0), D_out - 1)
+        o0 = tl.maximum(tl.where(d == 0, 0, o0), 0)
+        count = tl.maximum(hi - o0 + 1, 0)
+    return o0, o1, o2, v0, v01, count
+
+
+@triton.jit
+def _plane_k(k, o0, o1, o2, v0, v01, REFLECT: tl.constexpr):
+    if REFLECT:
+        return tl.where(k < v0, o0, tl.where(k < v01, o1, o2))
+    else:
+        return o0 + k
+
+
+@triton.jit
+def _w_sources(rowp, rm, w, cm, W_in, W_out, sW, pw_lo, pw_hi, W_ALL: tl.constexpr, NX: tl.constexpr,
+               LOOPS: tl.constexpr, REFLECT: tl.constexpr, CROP: tl.constexpr, ACC: tl.constexpr):
+    """For source rows `rowp` ([R, 1] pointers at output column 0, `rm`) and input columns `w` ([1, C], `cm`):
+    each column's direct W source, plus (W_ALL) all its others. Replicate's extra columns are unrolled NX at a
+    time (every load in flight at once), the rest of a wide pad in a loop."""
     ow = w + pw_lo
-    acc = tl.load(rowp + ow * sW, mask=rmask & cmask & (ow >= 0) & (ow < W_out), other=0.0).to(ACC)
-    if W_EXTRA:
+    m = rm & cm
+    if CROP:
+        m = m & (ow >= 0) & (ow < W_out)
+    acc = tl.load(rowp + ow * sW, mask=m, other=0.0).to(ACC)
+    if W_ALL:
         if REFLECT:
-            if wlo <= pw_lo:  # columns 1..pw_lo: left mirror
-                ow = pw_lo - w
-                m = rmask & cmask & (w >= 1) & (ow >= 0) & (ow < W_out)
-                acc += tl.load(rowp + ow * sW, mask=m, other=0.0).to(ACC)
-            if whi > W_in - 1 - pw_hi:  # columns W_in-1-pw_hi..W_in-2: right mirror
-                ow = pw_lo + 2 * (W_in - 1) - w
-                m = rmask & cmask & (w <= W_in - 2) & (ow >= 0) & (ow < W_out)
-                acc += tl.load(rowp + ow * sW, mask=m, other=0.0).to(ACC)
-        else:
-            cols = tl.arange(0, PW)[None, :]
-            if wlo == 0:  # column 0 also takes outputs [0, pw_lo)
-                end = tl.minimum(pw_lo, W_out)
-                part = tl.zeros([R, PW], ACC)
-                for j in range(0, end, PW):
-                    o = cols + j
-                    part += tl.load(rowp + o * sW, mask=rmask & (o < end), other=0.0).to(ACC)
-                acc += tl.where((w == 0) & cmask, tl.sum(part, axis=1)[:, None], 0.0)
-            if whi >= W_in:  # column W_in-1 also takes outputs [W_in + pw_lo, W_out)
-                part = tl.zeros([R, PW], ACC)
-                for j in range(tl.maximum(W_in + pw_lo, 0), W_out, PW):
-                    o = cols + j
-                    part += tl.load(rowp + o * sW, mask=rmask & (o < W_out), other=0.0).to(ACC)
-                acc += tl.where((w == W_in - 1) & cmask, tl.sum(part, axis=1)[:, None], 0.0)
+            ow = pw_lo - w  # columns 1..pw_lo: left mirror
+            acc += tl.load(rowp + ow * sW, mask=rm & cm & (w >= 1) & (ow >= 0) & (ow < W_out), other=0.0).to(ACC)
+            ow = pw_lo + 2 * (W_in - 1) - w  # columns W_in-1-pw_hi..W_in-2: right mirror
+            acc += tl.load(rowp + ow * sW, mask=rm & cm & (w <= W_in - 2) & (ow >= 0) & (ow < W_out),
+                           other=0.0).to(ACC)
+        else:  # column 0 also takes outputs [0, pw_lo), column W_in-1 [W_in + pw_lo, W_out)
+            lo_n = tl.minimum(pw_lo, W_out)
+            hi_0 = tl.maximum(W_in + pw_lo, 0)
+            left = rm & cm & (w == 0)
+            right = rm & cm & (w == W_in - 1)
+            z = w * 0  # (bool tensors for every mask: the interpreter rejects masks & scalar bools)
+            for j in tl.static_range(NX):
+                acc += tl.load(rowp + (z + j) * sW, mask=left & (z + j < lo_n), other=0.0).to(ACC)
+                acc += tl.load(rowp + (z + hi_0 + j) * sW, mask=right & (z + hi_0 + j < W_out), other=0.0).to(ACC)
+            if LOOPS:
+                for j in range(NX, tl.maximum(lo_n, W_out - hi_0)):
+                    acc += tl.load(rowp + (z + j) * sW, mask=left & (z + j < lo_n), other=0.0).to(ACC)
+                    acc += tl.load(rowp + (z + hi_0 + j) * sW, mask=right & (z + hi_0 + j < W_out),
+                                   other=0.0).to(ACC)
     return acc
 
 
 @triton.jit
-def _hw_sources(base, h, rmask, hlo, hhi, w, cmask, wlo, whi, sH, sW, H_in, H_out, W_in, W_out,
-                ph_lo, ph_hi, pw_lo, pw_hi, H_EXTRA: tl.constexpr, W_EXTRA: tl.constexpr, REFLECT: tl.constexpr,
-                R: tl.constexpr, C: tl.constexpr, PH: tl.constexpr, PW: tl.constexpr, ACC: tl.constexpr):
-    """[R, C]: for input rows `h` ([R, 1], `rmask`, within [hlo, hhi)) and columns `w`, the sum over their
-    H x W sources in the source plane at `base` (only the direct ones along a dim without its EXTRA flag)."""
+def _hw_sources(plane, h, rm, w, cm, H_in, H_out, W_in, W_out, sH, sW, ph_lo, ph_hi, pw_lo, pw_hi,
+                H_ALL: tl.constexpr, W_ALL: tl.constexpr, NXH: tl.constexpr, NXW: tl.constexpr,
+                LOOPS: tl.constexpr, REFLECT: tl.constexpr, CROP: tl.constexpr, ACC: tl.constexpr):
+    """For input rows `h` ([R, 1], `rm`) and columns `w`: each element's sum over its sources in the source plane
+    at `plane`, direct row first: along H the direct one, or (H_ALL) all; along W likewise (W_ALL)."""
     oh = h + ph_lo
-    acc = _w_sources(base + oh * sH, rmask & (oh >= 0) & (oh < H_out), w, cmask, wlo, whi, sW, W_in, W_out,
-                     pw_lo, pw_hi, W_EXTRA, REFLECT, R, PW, ACC)
-    if H_EXTRA:
+    m = rm
+    if CROP:
+        m = m & (oh >= 0) & (oh < H_out)
+    acc = _w_sources(plane + oh * sH, m, w, cm, W_in, W_out, sW, pw_lo, pw_hi, W_ALL, NXW, LOOPS, REFLECT, CROP,
+                     ACC)
+    if H_ALL:
         if REFLECT:
-            if hlo <= ph_lo:  # rows 1..ph_lo: left mirror
-                oh = ph_lo - h
-                m = rmask & (h >= 1) & (oh >= 0) & (oh < H_out)
-                acc += _w_sources(base + oh * sH, m, w, cmask, wlo, whi, sW, W_in, W_out, pw_lo, pw_hi,
-                                  W_EXTRA, REFLECT, R, PW, ACC)
-            if hhi > H_in - 1 - ph_hi:  # rows H_in-1-ph_hi..H_in-2: right mirror
-                oh = ph_lo + 2 * (H_in - 1) - h
-                m = rmask & (h <= H_in - 2) & (oh >= 0) & (oh < H_out)
-                acc += _w_sources(base + oh * sH, m, w, cmask, wlo, whi, sW, W_in, W_out, pw_lo, pw_hi,
-                                  W_EXTRA, REFLECT, R, PW, ACC)
+            oh = ph_lo - h
+            acc += _w_sources(plane + oh * sH, rm & (h >= 1) & (oh >= 0) & (oh < H_out), w, cm, W_in, W_out, sW,
+                              pw_lo, pw_hi, W_ALL, NXW, LOOPS, REFLECT, CROP, ACC)
+            oh = ph_lo + 2 * (H_in - 1) - h
+            acc += _w_sources(plane + oh * sH, rm & (h <= H_in - 2) & (oh >= 0) & (oh < H_out), w, cm, W_in, W_out,
+                              sW, pw_lo, pw_hi, W_ALL, NXW, LOOPS, REFLECT, CROP, ACC)
         else:
-            rows = tl.arange(0, PH)[:, None]
-            if hlo == 0:  # row 0 also takes output rows [0, ph_lo)
-                end = tl.minimum(ph_lo, H_out)
-                part = tl.zeros([PH, C], ACC)
-                for j in range(0, end, PH):
-                    src = rows + j
-                    part += _w_sources(base + src * sH, src < end, w, cmask, wlo, whi, sW, W_in, W_out,
-                                       pw_lo, pw_hi, W_EXTRA, REFLECT, PH, PW, ACC)
-                acc += tl.where((h == 0) & rmask, tl.sum(part, axis=0)[None, :], 0.0)
-            if hhi >= H_in:  # row H_in-1 also takes output rows [H_in + ph_lo, H_out)
-                part = tl.zeros([PH, C], ACC)
-                for j in range(tl.maximum(H_in + ph_lo, 0), H_out, PH):
-                    src = rows + j
-                    part += _w_sources(base + src * sH, src < H_out, w, cmask, wlo, whi, sW, W_in, W_out,
-                                       pw_lo, pw_hi, W_EXTRA, REFLECT, PH, PW, ACC)
-                acc += tl.where((h == H_in - 1) & rmask, tl.sum(part, axis=0)[None, :], 0.0)
+            lo_n = tl.minimum(ph_lo, H_out)
+            hi_0 = tl.maximum(H_in + ph_lo, 0)
+            top = rm & (h == 0)
+            bottom = rm & (h == H_in - 1)
+            z = h * 0
+            for j in tl.static_range(NXH):
+                acc += _w_sources(plane + (z + j) * sH, top & (z + j < lo_n), w, cm, W_in, W_out, sW, pw_lo, pw_hi,
+                                  W_ALL, NXW, LOOPS, REFLECT, CROP, ACC)
+                acc += _w_sources(plane + (z + hi_0 + j) * sH, bottom & (z + hi_0 + j < H_out), w, cm, W_in, W_out,
+                                  sW, pw_lo, pw_hi, W_ALL, NXW, LOOPS, REFLECT, CROP, ACC)
+            if LOOPS:
+                for j in range(NXH, tl.maximum(lo_n, H_out - hi_0)):
+                    acc += _w_sources(plane + (z + j) * sH, top & (z + j < lo_n), w, cm, W_in, W_out, sW, pw_lo,
+                                      pw_hi, W_ALL, NXW, LOOPS, REFLECT, CROP, ACC)
+                    acc += _w_sources(plane + (z + hi_0 + j) * sH, bottom & (z + hi_0 + j < H_out), w, cm, W_in,
+                                      W_out, sW, pw_lo, pw_hi, W_ALL, NXW, LOOPS, REFLECT, CROP, ACC)
     return acc
 
 
 @triton.jit
-def _region(src, gsD, o0, o1, o2, v0, v01, count, dst, isH, isW, r_lo, r_hi, c_lo, c_hi,
-            H_in, H_out, W_in, W_out, gsH, gsW, ph_lo, ph_hi, pw_lo, pw_hi, hs0, hs1, hs2, hs3,
-            H_EXTRA: tl.constexpr, W_EXTRA: tl.constexpr, REFLECT: tl.constexpr, RB: tl.constexpr,
-            CB: tl.constexpr, PH: tl.constexpr, PW: tl.constexpr, ACC: tl.constexpr, I64: tl.constexpr):
-    """Gather and store grad_input rows [r_lo, r_hi) x columns [c_lo, c_hi) of one plane, in [RB, CB] chunks
-    anchored at (r_lo, c_lo), summing over the source planes and, per dim, all sources (*_EXTRA) or only the
-    direct one. Without H_EXTRA the rows of the row strips [hs0, hs1), [hs2, hs3) are left out (they are
-    gathered apart); columns are never left out (masks along W would split vector stores)."""
-    for r0 in range(r_lo, r_hi, RB):
-        for c0 in range(c_lo, c_hi, CB):
-            h = tl.arange(0, RB)[:, None]
-            w = tl.arange(0, CB)[None, :]
-            if I64:
-                h = h.to(tl.int64)
-                w = w.to(tl.int64)
-            h += r0
-            w += c0
-            rmask = h < r_hi
-            if not H_EXTRA:
-                rmask = rmask & ((h < hs0) | (h >= hs1)) & ((h < hs2) | (h >= hs3))
-            cmask = w < c_hi
-            acc = tl.zeros([RB, CB], ACC)
-            for k in range(count):  # the source planes, in a fixed order
-                if REFLECT:
-                    od = tl.where(k < v0, o0, tl.where(k < v01, o1, o2))
-                else:
-                    od = o0 + k
-                acc += _hw_sources(src + od.to(tl.int64) * gsD, h, rmask, r0, r0 + RB, w, cmask, c0, c0 + CB,
-                                   gsH, gsW, H_in, H_out, W_in, W_out, ph_lo, ph_hi, pw_lo, pw_hi,
-                                   H_EXTRA, W_EXTRA, REFLECT, RB, CB, PH, PW, ACC)
-            tl.store(dst + h * isH + w * isW, cast_out(acc, dst.dtype.element_ty), mask=rmask & cmask)
+def _sources(src, gsD, o0, o1, o2, v0, v01, count, h, rm, w, cm, H_in, H_out, W_in, W_out, sH, sW,
+             ph_lo, ph_hi, pw_lo, pw_hi, H_ALL: tl.constexpr, W_ALL: tl.constexpr, ND: tl.constexpr,
+             NXH: tl.constexpr, NXW: tl.constexpr, LOOPS: tl.constexpr, REFLECT: tl.constexpr, CROP: tl.constexpr,
+             ACC: tl.constexpr):
+    """The sum over the source planes (a fixed order) of `_hw_sources`: one plane for all but the border planes;
+    those unroll ND planes at a time."""
+    if count == 1:
+        od = _plane_k(0, o0, o1, o2, v0, v01, REFLECT).to(tl.int64)
+        acc = _hw_sources(src + od * gsD, h, rm, w, cm, H_in, H_out, W_in, W_out, sH, sW, ph_lo, ph_hi, pw_lo,
+                          pw_hi, H_ALL, W_ALL, NXH, NXW, LOOPS, REFLECT, CROP, ACC)
+    else:
+        acc = (h * 0 + w * 0).to(ACC)  # zeros of the region's [R, C] shape
+        for k in tl.static_range(ND):
+            od = _plane_k(k, o0, o1, o2, v0, v01, REFLECT).to(tl.int64)
+            valid = rm & (h * 0 + k < count)  # (a bool tensor: the interpreter rejects masks & scalar bools)
+            acc += _hw_sources(src + od * gsD, h, valid, w, cm, H_in, H_out, W_in, W_out, sH, sW, ph_lo, ph_hi,
+                               pw_lo, pw_hi, H_ALL, W_ALL, NXH, NXW, LOOPS, REFLECT, CROP, ACC)
+        if LOOPS:
+            for k in range(ND, count):
+                od = _plane_k(k, o0, o1, o2, v0, v01, REFLECT).to(tl.int64)
+                acc += _hw_sources(src + od * gsD, h, rm, w, cm, H_in, H_out, W_in, W_out, sH, sW, ph_lo, ph_hi, pw_lo,
+                                   pw_hi, H_ALL, W_ALL, NXH, NXW, LOOPS, REFLECT, CROP, ACC)
+    return acc
+
+
+@triton.jit
+def _strip_index(t, n_a, a_lo, b_lo):
+    """Positions t of a list of two ranges: [a_lo, a_lo + n_a) then [b_lo, ...)."""
+    return tl.where(t < n_a, a_lo + t, b_lo + (t - n_a))
+
+
+@triton.jit
+def _overlap(lo, hi, a, b):
+    """The part [max(lo, a), min(hi, b)) of [a, b) inside [lo, hi), as (start, length >= 0)."""
+    s = tl.maximum(lo, a)
+    return s, tl.maximum(tl.minimum(hi, b) - s, 0)
+
+
+@triton.jit
+def _outside(i, s0, s1, s2, s3):
+    return ((i < s0) | (i >= s1)) & ((i < s2) | (i >= s3))
 
 
 @triton.jit
@@ -177,22 +209,32 @@ def _pad_backward_kernel(
     D_in, H_in, W_in, D_out, H_out, W_out,
     gs0, gs1, gsD, gsH, gsW, is0, is1, isD, isH, isW,
     pd_lo, ph_lo, ph_hi, pw_lo, pw_hi, hs0, hs1, hs2, hs3, ws0, ws1, ws2, ws3,
-    REFLECT: tl.constexpr, SPLIT: tl.constexpr, BH: tl.constexpr, BW: tl.constexpr, SH: tl.constexpr,
-    SW: tl.constexpr, PH: tl.constexpr, PW: tl.constexpr, ACC: tl.constexpr, I64: tl.constexpr,
+    REFLECT: tl.constexpr, CROP: tl.constexpr, BH: tl.constexpr, BW: tl.constexpr, SH: tl.constexpr,
+    SW: tl.constexpr, ND: tl.constexpr, NXH: tl.constexpr, NXW: tl.constexpr, LOOPS: tl.constexpr,
+    ACC: tl.constexpr,
+    I64: tl.constexpr,
 ):
     pid = tl.program_id(0)
     wb = pid % n_wb
     t = pid // n_wb
     hb = t % n_hb
     pg = t // n_hb
-    if I64:
-        h0 = hb.to(tl.int64) * BH
-        w0 = wb.to(tl.int64) * BW
-    else:
-        h0 = hb * BH
-        w0 = wb * BW
+    if I64:  # before multiplying: the last column tile of a 2^31-element row starts at 2^31
+        hb = hb.to(tl.int64)
+        wb = wb.to(tl.int64)
+    h0 = hb * BH
+    w0 = wb * BW
     h1 = tl.minimum(h0 + BH, H_in)
     w1 = tl.minimum(w0 + BW, W_in)
+    h = h0 + tl.arange(0, BH)[:, None]
+    w = w0 + tl.arange(0, BW)[None, :]
+    rm = h < H_in
+    cm = w < W_in
+    # the tile's parts of the border strips (input rows / columns with more than their direct source)
+    ra, n_ra = _overlap(h0, h1, hs0, hs1)
+    rb, n_rb = _overlap(h0, h1, hs2, hs3)
+    ca, n_ca = _overlap(w0, w1, ws0, ws1)
+    cb, n_cb = _overlap(w0, w1, ws2, ws3)
     first = pg.to(tl.int64) * per_program
     for i in range(tl.minimum(planes - first, per_program)):
         p = first + i
@@ -202,60 +244,41 @@ def _pad_backward_kernel(
         q0 = q // Q1
         src = g + q0 * gs0 + q1 * gs1
         dst = gi + q0 * is0 + q1 * is1 + d * isD
-        # the source planes of plane d: reflect takes the valid ones of (direct, left, right) in that order,
-        # replicate the range [o0, o0 + count)
-        o0 = d + pd_lo
-        o1 = pd_lo - d
-        o2 = pd_lo + 2 * (D_in - 1) - d
-        if REFLECT:
-            v0 = ((o0 >= 0) & (o0 < D_out)).to(tl.int32)
-            v01 = v0 + ((d >= 1) & (o1 >= 0) & (o1 < D_out)).to(tl.int32)
-            count = v01 + ((d <= D_in - 2) & (o2 >= 0) & (o2 < D_out)).to(tl.int32)
-        else:
-            v0 = 0
-            v01 = 0
-            hi = tl.minimum(tl.where(d == D_in - 1, D_out - 1, o0), D_out - 1)
-            o0 = tl.maximum(tl.where(d == 0, 0, o0), 0)
-            count = tl.maximum(hi - o0 + 1, 0)
-        if SPLIT:
-            # the row strips: every source, in [SH, BW] chunks (calls are skipped for empty parts: the
-            # interpreter pays for each)
-            r_lo = tl.maximum(h0, hs0)
-            r_hi = tl.minimum(h1, hs1)
-            if r_lo < r_hi:
-                _region(src, gsD, o0, o1, o2, v0, v01, count, dst, isH, isW, r_lo, r_hi, w0, w1, H_in, H_out,
-                        W_in, W_out, gsH, gsW, ph_lo, ph_hi, pw_lo, pw_hi, hs0, hs1, hs2, hs3,
-                        True, True, REFLECT, SH, BW, PH, PW, ACC, I64)
-            r_lo = tl.maximum(h0, hs2)
-            r_hi = tl.minimum(h1, hs3)
-            if r_lo < r_hi:
-                _region(src, gsD, o0, o1, o2, v0, v01, count, dst, isH, isW, r_lo, r_hi, w0, w1, H_in, H_out,
-                        W_in, W_out, gsH, gsW, ph_lo, ph_hi, pw_lo, pw_hi, hs0, hs1, hs2, hs3,
-                        True, True, REFLECT, SH, BW, PH, PW, ACC, I64)
-            # the other rows, whole: the bulk, one load and one (vector) store per element of direct sources
-            _region(src, gsD, o0, o1, o2, v0, v01, count, dst, isH, isW, h0, h1, w0, w1, H_in, H_out,
-                    W_in, W_out, gsH, gsW, ph_lo, ph_hi, pw_lo, pw_hi, hs0, hs1, hs2, hs3,
-                    False, False, REFLECT, BH, BW, PH, PW, ACC, I64)
-            # ... whose column-strip elements are then rewritten with all their W sources, once every thread's
-            # store above is done
-            c_lo0 = tl.maximum(w0, ws0)
-            c_hi0 = tl.minimum(w1, ws1)
-            c_lo1 = tl.maximum(w0, ws2)
-            c_hi1 = tl.minimum(w1, ws3)
-            if (c_lo0 < c_hi0) | (c_lo1 < c_hi1):
-                tl.debug_barrier()
-            if c_lo0 < c_hi0:
-                _region(src, gsD, o0, o1, o2, v0, v01, count, dst, isH, isW, h0, h1, c_lo0, c_hi0, H_in, H_out,
-                        W_in, W_out, gsH, gsW, ph_lo, ph_hi, pw_lo, pw_hi, hs0, hs1, hs2, hs3,
-                        False, True, REFLECT, BH, SW, PH, PW, ACC, I64)
-            if c_lo1 < c_hi1:
-                _region(src, gsD, o0, o1, o2, v0, v01, count, dst, isH, isW, h0, h1, c_lo1, c_hi1, H_in, H_out,
-                        W_in, W_out, gsH, gsW, ph_lo, ph_hi, pw_lo, pw_hi, hs0, hs1, hs2, hs3,
-                        False, True, REFLECT, BH, SW, PH, PW, ACC, I64)
-        else:  # the whole tile in one pass, every source (small problems: one phase, latency first)
-            _region(src, gsD, o0, o1, o2, v0, v01, count, dst, isH, isW, h0, h1, w0, w1, H_in, H_out,
-                    W_in, W_out, gsH, gsW, ph_lo, ph_hi, pw_lo, pw_hi, hs0, hs1, hs2, hs3,
-                    True, True, REFLECT, BH, BW, PH, PW, ACC, I64)
+        o0, o1, o2, v0, v01, count = _source_planes(d, D_in, D_out, pd_lo, REFLECT)
+        # the bulk: every element with its direct H, W sources only (one load a source plane, a vector store)
+        acc = _sources(src, gsD, o0, o1, o2, v0, v01, count, h, rm, w, cm, H_in, H_out, W_in, W_out, gsH, gsW,
+                       ph_lo, ph_hi, pw_lo, pw_hi, False, False, ND, NXH, NXW, LOOPS, REFLECT, CROP, ACC)
+        tl.store(dst + h * isH + w * isW, cast_out(acc, dst.dtype.element_ty), mask=rm & cm)
+        if (n_ra + n_rb + n_ca + n_cb) > 0:
+            tl.debug_barrier()  # every thread's bulk store is done: the strips below overwrite some of them
+            # three disjoint parts: strip rows x other columns (all H sources), other rows x strip columns (all W
+            # sources), strip rows x strip columns (all sources)
+            for t0 in range(0, n_ra + n_rb, SH):
+                ts = t0 + tl.arange(0, SH)[:, None]
+                hh = _strip_index(ts, n_ra, ra, rb)
+                rmk = ts < n_ra + n_rb
+                cmk = cm & _outside(w, ws0, ws1, ws2, ws3)
+                val = _sources(src, gsD, o0, o1, o2, v0, v01, count, hh, rmk, w, cmk, H_in, H_out, W_in, W_out,
+                               gsH, gsW, ph_lo, ph_hi, pw_lo, pw_hi, True, False, ND, NXH, NXW, LOOPS, REFLECT,
+                               CROP, ACC)
+                tl.store(dst + hh * isH + w * isW, cast_out(val, dst.dtype.element_ty), mask=rmk & cmk)
+                for c0 in range(0, n_ca + n_cb, SW):
+                    tc = c0 + tl.arange(0, SW)[None, :]
+                    wc = _strip_index(tc, n_ca, ca, cb)
+                    cmc = tc < n_ca + n_cb
+                    corner = _sources(src, gsD, o0, o1, o2, v0, v01, count, hh, rmk, wc, cmc, H_in, H_out, W_in,
+                                      W_out, gsH, gsW, ph_lo, ph_hi, pw_lo, pw_hi, True, True, ND, NXH, NXW,
+                                      LOOPS, REFLECT, CROP, ACC)
+                    tl.store(dst + hh * isH + wc * isW, cast_out(corner, dst.dtype.element_ty), mask=rmk & cmc)
+            for c0 in range(0, n_ca + n_cb, SW):
+                tc = c0 + tl.arange(0, SW)[None, :]
+                ww = _strip_index(tc, n_ca, ca, cb)
+                cmk = tc < n_ca + n_cb
+                rmk = rm & _outside(h, hs0, hs1, hs2, hs3)
+                val = _sources(src, gsD, o0, o1, o2, v0, v01, count, h, rmk, ww, cmk, H_in, H_out, W_in, W_out,
+                               gsH, gsW, ph_lo, ph_hi, pw_lo, pw_hi, False, True, ND, NXH, NXW, LOOPS, REFLECT,
+                               CROP, ACC)
+                tl.store(dst + h * isH + ww * isW, cast_out(val, dst.dtype.element_ty), mask=rmk & cmk)
 
 
 # ----------------------------------------------------------------------------------------------- host
@@ -275,13 +298,12 @@ class _Plan:
     consts: dict  # constexprs and num_warps, for `elementwise.launch`
 
 
-# grad_input elements per program tile (fewer when the plane is smaller), by padded dims, and per warp: measured
-# on an H200 (torch 2.11, triton 3.6); fewer elements per thread was slower everywhere
-_TILE = {1: 4096, 2: 4096, 3: 2048}
-_WARP_ELEMS = {1: 1024, 2: 1024, 3: 1024}
-# 16-bit types: 3d 4096-element tiles, 512 per warp (H200: 1.1x the 4-byte types' choice at both 3d shapes)
-_TILE_16 = {1: 4096, 2: 4096, 3: 4096}
-_WARP_ELEMS_16 = {1: 1024, 2: 1024, 3: 512}
+# grad_input elements per program tile (fewer when the plane is smaller), widest column tile, and warps: measured
+# on an H200 (torch 2.11, triton 3.6)
+_TILE = 2048
+_MAX_BW = 1024
+_WARPS = 4
+_UNROLL = 4  # replicate pads up to this many unrolled, wider ones in loops
 _WAYS = ("left", "right", "top", "bottom", "front", "back")
 
 
@@ -375,16 +397,11 @@ def _plan(spec: _Spec, g_shape, g_strides, self_shape, pads, out_strides, dtype:
     pw_lo, pw_hi, ph_lo, ph_hi, pd_lo, _ = pads + (0,) * (6 - len(pads))
     hs = _strips(h_in, ph_lo, ph_hi, spec.reflect)
     ws = _strips(w_in, pw_lo, pw_hi, spec.reflect)
-    narrow = dtype.itemsize == 2
-    tile = (_TILE_16 if narrow else _TILE)[spec.dims]
-    warp_elems = (_WARP_ELEMS_16 if narrow else _WARP_ELEMS)[spec.dims]
-    bw = min(triton.next_power_of_2(w_in), 1024)
-    bh = min(triton.next_power_of_2(h_in), max(1, tile // bw))
-    # strips are gathered in [sh, .] / [., sw] chunks; replicate's extra rows / columns summed in [ph, .] / [., pw]
-    sh = min(triton.next_power_of_2(max(hs[1] - hs[0], hs[3] - hs[2], 1)), bh)
-    sw = min(triton.next_power_of_2(max(ws[1] - ws[0], ws[3] - ws[2], 1)), bw)
-    ph = 1 if spec.reflect else min(triton.next_power_of_2(max(ph_lo, ph_hi, 1)), 16, max(1, tile // bw))
-    pw = 1 if spec.reflect else min(triton.next_power_of_2(max(pw_lo, pw_hi, 1)), 16, max(1, tile // bh))
+    bw = min(triton.next_power_of_2(w_in), _MAX_BW)
+    bh = min(triton.next_power_of_2(h_in), max(1, _TILE // bw))
+    # the strips are rewritten in [sh, bw] / [bh, sw] chunks
+    sh = min(triton.next_power_of_2(max(hs[1] - hs[0] + hs[3] - hs[2], 1)), bh)
+    sw = min(triton.next_power_of_2(max(ws[1] - ws[0] + ws[3] - ws[2], 1)), bw)
     n_wb, n_hb = triton.cdiv(w_in, bw), triton.cdiv(h_in, bh)
     planes = q0 * q1 * d_in
     per_program = triton.cdiv(planes * n_hb * n_wb, _MAX_PROGRAMS)
@@ -394,10 +411,20 @@ def _plan(spec: _Spec, g_shape, g_strides, self_shape, pads, out_strides, dtype:
                 2 * max(gsize[3:] + isize[3:]) + max(map(abs, pads)) + 2 * max(bh, bw))
     i64 = reach > _I32_MAX
     acc = tl.float64 if dtype == torch.float64 else tl.float32
-    split = math.prod(self_shape) >= _SPLIT_MIN[spec.dims, spec.reflect]
-    values = (spec.reflect, split, bh, bw, sh, sw, ph, pw, acc, i64)
-    consts = dict(zip(("REFLECT", "SPLIT", "BH", "BW", "SH", "SW", "PH", "PW", "ACC", "I64"), values, strict=True))
-    consts["num_warps"] = max(1, min(8, bh * bw // warp_elems))
+    crop = min(pads) < 0
+    # loads unrolled (in flight together): source planes, and replicate's extra rows / columns per side
+    pd_lo, pd_hi = pads[4:6] if spec.dims == 3 else (0, 0)
+    if spec.reflect:  # at most three source planes; one mirror a side along H and W
+        nd, nxh, nxw, loops = 3, 0, 0, False
+    else:  # replicate: the most source planes, extra rows and columns a side; past _UNROLL, the rest in loops
+        planes_max = 1 + (max(pd_lo, 0) + max(pd_hi, 0) if d_in == 1 else max(pd_lo, pd_hi, 0))
+        nd = min(planes_max, 1 + _UNROLL)
+        nxh, nxw = min(max(ph_lo, ph_hi, 0), _UNROLL), min(max(pw_lo, pw_hi, 0), _UNROLL)
+        loops = planes_max > nd or max(pads) > _UNROLL  # (compiled only where needed: they double the code)
+    values = (spec.reflect, crop, bh, bw, sh, sw, nd, nxh, nxw, loops, acc, i64)
+    consts = dict(zip(("REFLECT", "CROP", "BH", "BW", "SH", "SW", "ND", "NXH", "NXW", "LOOPS", "ACC", "I64"),
+                      values, strict=True))
+    consts["num_warps"] = _WARPS
     consts["__values__"] = values
     args = (planes, per_program, n_hb, n_wb, q1, d_in, h_in, w_in, *gsize[2:], *gstr, *istr,
             pd_lo, ph_lo, ph_hi, pw_lo, pw_hi, *hs, *ws)
