@@ -34,10 +34,11 @@ NEVER = 1 << 62
 
 GROUPS = {  # name: (ops, dtypes, configs); each config overrides only what it names, config 0 is the defaults
     "pad3d": (["replication_pad3d_backward", "reflection_pad3d_backward"], [F32, BF16, F16],
-              [DEFAULTS] + [(pad, {"_TILE": t, "_WARPS": w}) for t, w in ((4096, 4), (1024, 4))]),
+              [DEFAULTS] + [(pad, {"_TILE": dict.fromkeys((1, 2, 3), t), "_WARPS": w})
+                            for t, w in ((2048, 4), (8192, 8))]),
     "pad12": (["replication_pad1d_backward", "replication_pad2d_backward", "reflection_pad1d_backward",
                "reflection_pad2d_backward"], [F32, BF16],
-              [DEFAULTS] + [(pad, {"_TILE": t, "_WARPS": w}) for t, w in ((4096, 4),)]),
+              [DEFAULTS] + [(pad, {"_TILE": dict.fromkeys((1, 2, 3), t), "_WARPS": w}) for t, w in ((4096, 4),)]),
     "segment": (["_segment_reduce_backward", "segment_max_forward", "segment_max_backward"], [F32, F16],
                 [DEFAULTS, DEFAULTS]),  # the defaults twice: the spread
     "sparsemax": (["sparsemax_backward", "sparsemax_forward"], [F32, BF16],

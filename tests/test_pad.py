@@ -70,7 +70,7 @@ def small_tiles(monkeypatch):
     """Plans with tiles of a few rows and columns, so that planes span many tiles and the border strips cross tile
     edges (what large planes get), and replicate's extra rows and columns past the first in loops."""
     padmod._plan.cache_clear()
-    monkeypatch.setattr(padmod, "_TILE", 8)
+    monkeypatch.setattr(padmod, "_TILE", dict.fromkeys((1, 2, 3), 8))
     monkeypatch.setattr(padmod, "_MAX_BW", 4)
     monkeypatch.setattr(padmod, "_UNROLL", 1)  # wider replicate pads take the loops
     yield
