@@ -34,8 +34,8 @@ NEVER = 1 << 62
 
 GROUPS = {  # name: (ops, dtypes, configs); each config overrides only what it names, config 0 is the defaults
     "pad3d": (["replication_pad3d_backward", "reflection_pad3d_backward"], [F32, BF16, F16],
-              [DEFAULTS] + [(pad, {"_TILE": dict.fromkeys((1, 2, 3), t), "_WARPS": w})
-                            for t, w in ((2048, 4), (8192, 8))]),
+              [DEFAULTS, (pad, {"_TILE": dict.fromkeys((1, 2, 3), 2048)}), (pad, {"_WARPS": 8}),
+               (pad, {"_MAXNREG": 128}), (pad, {"_UNROLL": 0})]),  # the last three: fewer registers
     "pad12": (["replication_pad1d_backward", "replication_pad2d_backward", "reflection_pad1d_backward",
                "reflection_pad2d_backward"], [F32, BF16],
               [DEFAULTS] + [(pad, {"_TILE": dict.fromkeys((1, 2, 3), t), "_WARPS": w}) for t, w in ((4096, 4),)]),

@@ -305,6 +305,9 @@ _TILE = {1: 2048, 2: 2048, 3: 4096}
 _MAX_BW = 1024
 _WARPS = 4
 _UNROLL = 4  # replicate pads up to this many unrolled, wider ones in loops
+# a cap on registers a thread (ptxas --maxrregcount), None for none: ptxas gives the 3d kernel at 64x64 planes all 255
+# (cuobjdump on sm_90 cubins), which caps residency at two 4-warp programs an SM; to be timed against spilling
+_MAXNREG = None
 _WAYS = ("left", "right", "top", "bottom", "front", "back")
 
 
@@ -426,6 +429,8 @@ def _plan(spec: _Spec, g_shape, g_strides, self_shape, pads, out_strides, dtype:
     consts = dict(zip(("REFLECT", "CROP", "BH", "BW", "SH", "SW", "ND", "NXH", "NXW", "LOOPS", "ACC", "I64"),
                       values, strict=True))
     consts["num_warps"] = _WARPS
+    if _MAXNREG:
+        consts["maxnreg"] = _MAXNREG
     consts["__values__"] = values
     args = (planes, per_program, n_hb, n_wb, q1, d_in, h_in, w_in, *gsize[2:], *gstr, *istr,
             pd_lo, ph_lo, ph_hi, pw_lo, pw_hi, *hs, *ws)
