@@ -204,6 +204,56 @@ def _outside(i, s0, s1, s2, s3):
 
 
 @triton.jit
+def _plane_tile(gi, g, p, h, rm, w, cm, n_ra, n_rb, ra, rb, n_ca, n_cb, ca, cb, Q1, D_in, H_in, W_in, D_out, H_out,
+                W_out, gs0, gs1, gsD, gsH, gsW, is0, is1, isD, isH, isW, pd_lo, ph_lo, ph_hi, pw_lo, pw_hi,
+                hs0, hs1, hs2, hs3, ws0, ws1, ws2, ws3, REFLECT: tl.constexpr, CROP: tl.constexpr, SH: tl.constexpr,
+                SW: tl.constexpr, ND: tl.constexpr, NXH: tl.constexpr, NXW: tl.constexpr, LOOPS: tl.constexpr,
+                ACC: tl.constexpr):
+    """The tile (rows h, columns w) of plane p of grad_input: the bulk, then the strip parts."""
+    d = p % D_in
+    q = p // D_in
+    q1 = q % Q1
+    q0 = q // Q1
+    src = g + q0 * gs0 + q1 * gs1
+    dst = gi + q0 * is0 + q1 * is1 + d * isD
+    o0, o1, o2, v0, v01, count = _source_planes(d, D_in, D_out, pd_lo, REFLECT)
+    # the bulk: every element with its direct H, W sources only (one load a source plane, a vector store)
+    acc = _sources(src, gsD, o0, o1, o2, v0, v01, count, h, rm, w, cm, H_in, H_out, W_in, W_out, gsH, gsW,
+                   ph_lo, ph_hi, pw_lo, pw_hi, False, False, ND, NXH, NXW, LOOPS, REFLECT, CROP, ACC)
+    tl.store(dst + h * isH + w * isW, cast_out(acc, dst.dtype.element_ty), mask=rm & cm)
+    if (n_ra + n_rb + n_ca + n_cb) > 0:
+        tl.debug_barrier()  # every thread's bulk store is done: the strips below overwrite some of them
+        # three disjoint parts: strip rows x other columns (all H sources), other rows x strip columns (all W
+        # sources), strip rows x strip columns (all sources)
+        for t0 in range(0, n_ra + n_rb, SH):
+            ts = t0 + tl.arange(0, SH)[:, None]
+            hh = _strip_index(ts, n_ra, ra, rb)
+            rmk = ts < n_ra + n_rb
+            cmk = cm & _outside(w, ws0, ws1, ws2, ws3)
+            val = _sources(src, gsD, o0, o1, o2, v0, v01, count, hh, rmk, w, cmk, H_in, H_out, W_in, W_out,
+                           gsH, gsW, ph_lo, ph_hi, pw_lo, pw_hi, True, False, ND, NXH, NXW, LOOPS, REFLECT,
+                           CROP, ACC)
+            tl.store(dst + hh * isH + w * isW, cast_out(val, dst.dtype.element_ty), mask=rmk & cmk)
+            for c0 in range(0, n_ca + n_cb, SW):
+                tc = c0 + tl.arange(0, SW)[None, :]
+                wc = _strip_index(tc, n_ca, ca, cb)
+                cmc = tc < n_ca + n_cb
+                corner = _sources(src, gsD, o0, o1, o2, v0, v01, count, hh, rmk, wc, cmc, H_in, H_out, W_in,
+                                  W_out, gsH, gsW, ph_lo, ph_hi, pw_lo, pw_hi, True, True, ND, NXH, NXW,
+                                  LOOPS, REFLECT, CROP, ACC)
+                tl.store(dst + hh * isH + wc * isW, cast_out(corner, dst.dtype.element_ty), mask=rmk & cmc)
+        for c0 in range(0, n_ca + n_cb, SW):
+            tc = c0 + tl.arange(0, SW)[None, :]
+            ww = _strip_index(tc, n_ca, ca, cb)
+            cmk = tc < n_ca + n_cb
+            rmk = rm & _outside(h, hs0, hs1, hs2, hs3)
+            val = _sources(src, gsD, o0, o1, o2, v0, v01, count, h, rmk, ww, cmk, H_in, H_out, W_in, W_out,
+                           gsH, gsW, ph_lo, ph_hi, pw_lo, pw_hi, False, True, ND, NXH, NXW, LOOPS, REFLECT,
+                           CROP, ACC)
+            tl.store(dst + h * isH + ww * isW, cast_out(val, dst.dtype.element_ty), mask=rmk & cmk)
+
+
+@triton.jit
 def _pad_backward_kernel(
     gi, g, planes, per_program, n_hb, n_wb, Q1,
     D_in, H_in, W_in, D_out, H_out, W_out,
@@ -211,8 +261,7 @@ def _pad_backward_kernel(
     pd_lo, ph_lo, ph_hi, pw_lo, pw_hi, hs0, hs1, hs2, hs3, ws0, ws1, ws2, ws3,
     REFLECT: tl.constexpr, CROP: tl.constexpr, BH: tl.constexpr, BW: tl.constexpr, SH: tl.constexpr,
     SW: tl.constexpr, ND: tl.constexpr, NXH: tl.constexpr, NXW: tl.constexpr, LOOPS: tl.constexpr,
-    ACC: tl.constexpr,
-    I64: tl.constexpr,
+    PLANES_LOOP: tl.constexpr, ACC: tl.constexpr, I64: tl.constexpr,
 ):
     pid = tl.program_id(0)
     wb = pid % n_wb
@@ -236,49 +285,16 @@ def _pad_backward_kernel(
     ca, n_ca = _overlap(w0, w1, ws0, ws1)
     cb, n_cb = _overlap(w0, w1, ws2, ws3)
     first = pg.to(tl.int64) * per_program
-    for i in range(tl.minimum(planes - first, per_program)):
-        p = first + i
-        d = p % D_in
-        q = p // D_in
-        q1 = q % Q1
-        q0 = q // Q1
-        src = g + q0 * gs0 + q1 * gs1
-        dst = gi + q0 * is0 + q1 * is1 + d * isD
-        o0, o1, o2, v0, v01, count = _source_planes(d, D_in, D_out, pd_lo, REFLECT)
-        # the bulk: every element with its direct H, W sources only (one load a source plane, a vector store)
-        acc = _sources(src, gsD, o0, o1, o2, v0, v01, count, h, rm, w, cm, H_in, H_out, W_in, W_out, gsH, gsW,
-                       ph_lo, ph_hi, pw_lo, pw_hi, False, False, ND, NXH, NXW, LOOPS, REFLECT, CROP, ACC)
-        tl.store(dst + h * isH + w * isW, cast_out(acc, dst.dtype.element_ty), mask=rm & cm)
-        if (n_ra + n_rb + n_ca + n_cb) > 0:
-            tl.debug_barrier()  # every thread's bulk store is done: the strips below overwrite some of them
-            # three disjoint parts: strip rows x other columns (all H sources), other rows x strip columns (all W
-            # sources), strip rows x strip columns (all sources)
-            for t0 in range(0, n_ra + n_rb, SH):
-                ts = t0 + tl.arange(0, SH)[:, None]
-                hh = _strip_index(ts, n_ra, ra, rb)
-                rmk = ts < n_ra + n_rb
-                cmk = cm & _outside(w, ws0, ws1, ws2, ws3)
-                val = _sources(src, gsD, o0, o1, o2, v0, v01, count, hh, rmk, w, cmk, H_in, H_out, W_in, W_out,
-                               gsH, gsW, ph_lo, ph_hi, pw_lo, pw_hi, True, False, ND, NXH, NXW, LOOPS, REFLECT,
-                               CROP, ACC)
-                tl.store(dst + hh * isH + w * isW, cast_out(val, dst.dtype.element_ty), mask=rmk & cmk)
-                for c0 in range(0, n_ca + n_cb, SW):
-                    tc = c0 + tl.arange(0, SW)[None, :]
-                    wc = _strip_index(tc, n_ca, ca, cb)
-                    cmc = tc < n_ca + n_cb
-                    corner = _sources(src, gsD, o0, o1, o2, v0, v01, count, hh, rmk, wc, cmc, H_in, H_out, W_in,
-                                      W_out, gsH, gsW, ph_lo, ph_hi, pw_lo, pw_hi, True, True, ND, NXH, NXW,
-                                      LOOPS, REFLECT, CROP, ACC)
-                    tl.store(dst + hh * isH + wc * isW, cast_out(corner, dst.dtype.element_ty), mask=rmk & cmc)
-            for c0 in range(0, n_ca + n_cb, SW):
-                tc = c0 + tl.arange(0, SW)[None, :]
-                ww = _strip_index(tc, n_ca, ca, cb)
-                cmk = tc < n_ca + n_cb
-                rmk = rm & _outside(h, hs0, hs1, hs2, hs3)
-                val = _sources(src, gsD, o0, o1, o2, v0, v01, count, h, rmk, ww, cmk, H_in, H_out, W_in, W_out,
-                               gsH, gsW, ph_lo, ph_hi, pw_lo, pw_hi, False, True, ND, NXH, NXW, LOOPS, REFLECT,
-                               CROP, ACC)
-                tl.store(dst + h * isH + ww * isW, cast_out(val, dst.dtype.element_ty), mask=rmk & cmk)
+    if PLANES_LOOP:  # past 2^30 tiles, several planes a program (a loop: its invariants then hold registers)
+        for i in range(tl.minimum(planes - first, per_program)):
+            _plane_tile(gi, g, first + i, h, rm, w, cm, n_ra, n_rb, ra, rb, n_ca, n_cb, ca, cb, Q1, D_in, H_in,
+                        W_in, D_out, H_out, W_out, gs0, gs1, gsD, gsH, gsW, is0, is1, isD, isH, isW, pd_lo, ph_lo,
+                        ph_hi, pw_lo, pw_hi, hs0, hs1, hs2, hs3, ws0, ws1, ws2, ws3, REFLECT, CROP, SH, SW, ND, NXH,
+                        NXW, LOOPS, ACC)
+    else:
+        _plane_tile(gi, g, first, h, rm, w, cm, n_ra, n_rb, ra, rb, n_ca, n_cb, ca, cb, Q1, D_in, H_in, W_in, D_out,
+                    H_out, W_out, gs0, gs1, gsD, gsH, gsW, is0, is1, isD, isH, isW, pd_lo, ph_lo, ph_hi, pw_lo,
+                    pw_hi, hs0, hs1, hs2, hs3, ws0, ws1, ws2, ws3, REFLECT, CROP, SH, SW, ND, NXH, NXW, LOOPS, ACC)
 
 
 # ----------------------------------------------------------------------------------------------- host
@@ -425,9 +441,9 @@ def _plan(spec: _Spec, g_shape, g_strides, self_shape, pads, out_strides, dtype:
         nd = min(planes_max, 1 + _UNROLL)
         nxh, nxw = min(max(ph_lo, ph_hi, 0), _UNROLL), min(max(pw_lo, pw_hi, 0), _UNROLL)
         loops = planes_max > nd or max(pads) > _UNROLL  # (compiled only where needed: they double the code)
-    values = (spec.reflect, crop, bh, bw, sh, sw, nd, nxh, nxw, loops, acc, i64)
-    consts = dict(zip(("REFLECT", "CROP", "BH", "BW", "SH", "SW", "ND", "NXH", "NXW", "LOOPS", "ACC", "I64"),
-                      values, strict=True))
+    values = (spec.reflect, crop, bh, bw, sh, sw, nd, nxh, nxw, loops, per_program > 1, acc, i64)
+    consts = dict(zip(("REFLECT", "CROP", "BH", "BW", "SH", "SW", "ND", "NXH", "NXW", "LOOPS", "PLANES_LOOP", "ACC",
+                       "I64"), values, strict=True))
     consts["num_warps"] = _WARPS
     if _MAXNREG:
         consts["maxnreg"] = _MAXNREG
