@@ -85,8 +85,24 @@ def _plane_k(k, o0, o1, o2, v0, v01, REFLECT: tl.constexpr):
 
 
 @triton.jit
+def _extra(first, last, z, j, lo_n, hi_0, n_out, S: tl.constexpr, SIDES: tl.constexpr):
+    """Replicate's j-th extra source (index, mask) along a dim: the first index takes the outputs [0, lo_n), the
+    last [hi_0, n_out). SIDES == 1: one load serves both (no index is first and last: the dim's size is > 1);
+    SIDES == 2: side S alone."""
+    lo_ok = first & (z + j < lo_n)
+    hi_ok = last & (z + hi_0 + j < n_out)
+    if SIDES == 1:
+        return tl.where(first, z + j, z + hi_0 + j), lo_ok | hi_ok
+    elif S == 0:
+        return z + j, lo_ok
+    else:
+        return z + hi_0 + j, hi_ok
+
+
+@triton.jit
 def _w_sources(rowp, rm, w, cm, W_in, W_out, sW, pw_lo, pw_hi, W_ALL: tl.constexpr, NX: tl.constexpr,
-               LOOPS: tl.constexpr, REFLECT: tl.constexpr, CROP: tl.constexpr, ACC: tl.constexpr):
+               SIDES_W: tl.constexpr, LOOPS: tl.constexpr, REFLECT: tl.constexpr, CROP: tl.constexpr,
+               ACC: tl.constexpr):
     """For source rows `rowp` ([R, 1] pointers at output column 0, `rm`) and input columns `w` ([1, C], `cm`):
     each column's direct W source, plus (W_ALL) all its others. Replicate's extra columns are unrolled NX at a
     time (every load in flight at once), the rest of a wide pad in a loop."""
@@ -109,36 +125,38 @@ def _w_sources(rowp, rm, w, cm, W_in, W_out, sW, pw_lo, pw_hi, W_ALL: tl.constex
             right = rm & cm & (w == W_in - 1)
             z = w * 0  # (bool tensors for every mask: the interpreter rejects masks & scalar bools)
             for j in tl.static_range(NX):
-                acc += tl.load(rowp + (z + j) * sW, mask=left & (z + j < lo_n), other=0.0).to(ACC)
-                acc += tl.load(rowp + (z + hi_0 + j) * sW, mask=right & (z + hi_0 + j < W_out), other=0.0).to(ACC)
+                for side in tl.static_range(SIDES_W):
+                    ow, mk = _extra(left, right, z, j, lo_n, hi_0, W_out, side, SIDES_W)
+                    acc += tl.load(rowp + ow * sW, mask=mk, other=0.0).to(ACC)
             if LOOPS:
                 for j in range(NX, tl.maximum(lo_n, W_out - hi_0)):
-                    acc += tl.load(rowp + (z + j) * sW, mask=left & (z + j < lo_n), other=0.0).to(ACC)
-                    acc += tl.load(rowp + (z + hi_0 + j) * sW, mask=right & (z + hi_0 + j < W_out),
-                                   other=0.0).to(ACC)
+                    for side in tl.static_range(SIDES_W):
+                        ow, mk = _extra(left, right, z, j, lo_n, hi_0, W_out, side, SIDES_W)
+                        acc += tl.load(rowp + ow * sW, mask=mk, other=0.0).to(ACC)
     return acc
 
 
 @triton.jit
 def _hw_sources(plane, h, rm, w, cm, H_in, H_out, W_in, W_out, sH, sW, ph_lo, ph_hi, pw_lo, pw_hi,
                 H_ALL: tl.constexpr, W_ALL: tl.constexpr, NXH: tl.constexpr, NXW: tl.constexpr,
-                LOOPS: tl.constexpr, REFLECT: tl.constexpr, CROP: tl.constexpr, ACC: tl.constexpr):
+                SIDES_H: tl.constexpr, SIDES_W: tl.constexpr, LOOPS: tl.constexpr, REFLECT: tl.constexpr,
+                CROP: tl.constexpr, ACC: tl.constexpr):
     """For input rows `h` ([R, 1], `rm`) and columns `w`: each element's sum over its sources in the source plane
     at `plane`, direct row first: along H the direct one, or (H_ALL) all; along W likewise (W_ALL)."""
     oh = h + ph_lo
     m = rm
     if CROP:
         m = m & (oh >= 0) & (oh < H_out)
-    acc = _w_sources(plane + oh * sH, m, w, cm, W_in, W_out, sW, pw_lo, pw_hi, W_ALL, NXW, LOOPS, REFLECT, CROP,
-                     ACC)
+    acc = _w_sources(plane + oh * sH, m, w, cm, W_in, W_out, sW, pw_lo, pw_hi, W_ALL, NXW, SIDES_W, LOOPS, REFLECT,
+                     CROP, ACC)
     if H_ALL:
         if REFLECT:
             oh = ph_lo - h
             acc += _w_sources(plane + oh * sH, rm & (h >= 1) & (oh >= 0) & (oh < H_out), w, cm, W_in, W_out, sW,
-                              pw_lo, pw_hi, W_ALL, NXW, LOOPS, REFLECT, CROP, ACC)
+                              pw_lo, pw_hi, W_ALL, NXW, SIDES_W, LOOPS, REFLECT, CROP, ACC)
             oh = ph_lo + 2 * (H_in - 1) - h
             acc += _w_sources(plane + oh * sH, rm & (h <= H_in - 2) & (oh >= 0) & (oh < H_out), w, cm, W_in, W_out,
-                              sW, pw_lo, pw_hi, W_ALL, NXW, LOOPS, REFLECT, CROP, ACC)
+                              sW, pw_lo, pw_hi, W_ALL, NXW, SIDES_W, LOOPS, REFLECT, CROP, ACC)
         else:
             lo_n = tl.minimum(ph_lo, H_out)
             hi_0 = tl.maximum(H_in + ph_lo, 0)
@@ -146,42 +164,42 @@ def _hw_sources(plane, h, rm, w, cm, H_in, H_out, W_in, W_out, sH, sW, ph_lo, ph
             bottom = rm & (h == H_in - 1)
             z = h * 0
             for j in tl.static_range(NXH):
-                acc += _w_sources(plane + (z + j) * sH, top & (z + j < lo_n), w, cm, W_in, W_out, sW, pw_lo, pw_hi,
-                                  W_ALL, NXW, LOOPS, REFLECT, CROP, ACC)
-                acc += _w_sources(plane + (z + hi_0 + j) * sH, bottom & (z + hi_0 + j < H_out), w, cm, W_in, W_out,
-                                  sW, pw_lo, pw_hi, W_ALL, NXW, LOOPS, REFLECT, CROP, ACC)
+                for side in tl.static_range(SIDES_H):
+                    oh, mk = _extra(top, bottom, z, j, lo_n, hi_0, H_out, side, SIDES_H)
+                    acc += _w_sources(plane + oh * sH, mk, w, cm, W_in, W_out, sW, pw_lo, pw_hi, W_ALL, NXW, SIDES_W,
+                                      LOOPS, REFLECT, CROP, ACC)
             if LOOPS:
                 for j in range(NXH, tl.maximum(lo_n, H_out - hi_0)):
-                    acc += _w_sources(plane + (z + j) * sH, top & (z + j < lo_n), w, cm, W_in, W_out, sW, pw_lo,
-                                      pw_hi, W_ALL, NXW, LOOPS, REFLECT, CROP, ACC)
-                    acc += _w_sources(plane + (z + hi_0 + j) * sH, bottom & (z + hi_0 + j < H_out), w, cm, W_in,
-                                      W_out, sW, pw_lo, pw_hi, W_ALL, NXW, LOOPS, REFLECT, CROP, ACC)
+                    for side in tl.static_range(SIDES_H):
+                        oh, mk = _extra(top, bottom, z, j, lo_n, hi_0, H_out, side, SIDES_H)
+                        acc += _w_sources(plane + oh * sH, mk, w, cm, W_in, W_out, sW, pw_lo, pw_hi, W_ALL, NXW,
+                                          SIDES_W, LOOPS, REFLECT, CROP, ACC)
     return acc
 
 
 @triton.jit
 def _sources(src, gsD, o0, o1, o2, v0, v01, count, h, rm, w, cm, H_in, H_out, W_in, W_out, sH, sW,
              ph_lo, ph_hi, pw_lo, pw_hi, H_ALL: tl.constexpr, W_ALL: tl.constexpr, ND: tl.constexpr,
-             NXH: tl.constexpr, NXW: tl.constexpr, LOOPS: tl.constexpr, REFLECT: tl.constexpr, CROP: tl.constexpr,
-             ACC: tl.constexpr):
+             NXH: tl.constexpr, NXW: tl.constexpr, SIDES_H: tl.constexpr, SIDES_W: tl.constexpr, LOOPS: tl.constexpr,
+             REFLECT: tl.constexpr, CROP: tl.constexpr, ACC: tl.constexpr):
     """The sum over the source planes (a fixed order) of `_hw_sources`: one plane for all but the border planes;
     those unroll ND planes at a time."""
     if count == 1:
         od = _plane_k(0, o0, o1, o2, v0, v01, REFLECT).to(tl.int64)
         acc = _hw_sources(src + od * gsD, h, rm, w, cm, H_in, H_out, W_in, W_out, sH, sW, ph_lo, ph_hi, pw_lo,
-                          pw_hi, H_ALL, W_ALL, NXH, NXW, LOOPS, REFLECT, CROP, ACC)
+                          pw_hi, H_ALL, W_ALL, NXH, NXW, SIDES_H, SIDES_W, LOOPS, REFLECT, CROP, ACC)
     else:
         acc = (h * 0 + w * 0).to(ACC)  # zeros of the region's [R, C] shape
         for k in tl.static_range(ND):
             od = _plane_k(k, o0, o1, o2, v0, v01, REFLECT).to(tl.int64)
             valid = rm & (h * 0 + k < count)  # (a bool tensor: the interpreter rejects masks & scalar bools)
             acc += _hw_sources(src + od * gsD, h, valid, w, cm, H_in, H_out, W_in, W_out, sH, sW, ph_lo, ph_hi,
-                               pw_lo, pw_hi, H_ALL, W_ALL, NXH, NXW, LOOPS, REFLECT, CROP, ACC)
+                               pw_lo, pw_hi, H_ALL, W_ALL, NXH, NXW, SIDES_H, SIDES_W, LOOPS, REFLECT, CROP, ACC)
         if LOOPS:
             for k in range(ND, count):
                 od = _plane_k(k, o0, o1, o2, v0, v01, REFLECT).to(tl.int64)
                 acc += _hw_sources(src + od * gsD, h, rm, w, cm, H_in, H_out, W_in, W_out, sH, sW, ph_lo, ph_hi, pw_lo,
-                                   pw_hi, H_ALL, W_ALL, NXH, NXW, LOOPS, REFLECT, CROP, ACC)
+                                   pw_hi, H_ALL, W_ALL, NXH, NXW, SIDES_H, SIDES_W, LOOPS, REFLECT, CROP, ACC)
     return acc
 
 
@@ -207,8 +225,8 @@ def _outside(i, s0, s1, s2, s3):
 def _plane_tile(gi, g, p, h, rm, w, cm, n_ra, n_rb, ra, rb, n_ca, n_cb, ca, cb, Q1, D_in, H_in, W_in, D_out, H_out,
                 W_out, gs0, gs1, gsD, gsH, gsW, is0, is1, isD, isH, isW, pd_lo, ph_lo, ph_hi, pw_lo, pw_hi,
                 hs0, hs1, hs2, hs3, ws0, ws1, ws2, ws3, REFLECT: tl.constexpr, CROP: tl.constexpr, SH: tl.constexpr,
-                SW: tl.constexpr, ND: tl.constexpr, NXH: tl.constexpr, NXW: tl.constexpr, LOOPS: tl.constexpr,
-                ACC: tl.constexpr):
+                SW: tl.constexpr, ND: tl.constexpr, NXH: tl.constexpr, NXW: tl.constexpr, SIDES_H: tl.constexpr,
+                SIDES_W: tl.constexpr, LOOPS: tl.constexpr, ACC: tl.constexpr):
     """The tile (rows h, columns w) of plane p of grad_input: the bulk, then the strip parts."""
     d = p % D_in
     q = p // D_in
@@ -219,7 +237,7 @@ def _plane_tile(gi, g, p, h, rm, w, cm, n_ra, n_rb, ra, rb, n_ca, n_cb, ca, cb, 
     o0, o1, o2, v0, v01, count = _source_planes(d, D_in, D_out, pd_lo, REFLECT)
     # the bulk: every element with its direct H, W sources only (one load a source plane, a vector store)
     acc = _sources(src, gsD, o0, o1, o2, v0, v01, count, h, rm, w, cm, H_in, H_out, W_in, W_out, gsH, gsW,
-                   ph_lo, ph_hi, pw_lo, pw_hi, False, False, ND, NXH, NXW, LOOPS, REFLECT, CROP, ACC)
+                   ph_lo, ph_hi, pw_lo, pw_hi, False, False, ND, NXH, NXW, SIDES_H, SIDES_W, LOOPS, REFLECT, CROP, ACC)
     tl.store(dst + h * isH + w * isW, cast_out(acc, dst.dtype.element_ty), mask=rm & cm)
     if (n_ra + n_rb + n_ca + n_cb) > 0:
         tl.debug_barrier()  # every thread's bulk store is done: the strips below overwrite some of them
@@ -231,8 +249,8 @@ def _plane_tile(gi, g, p, h, rm, w, cm, n_ra, n_rb, ra, rb, n_ca, n_cb, ca, cb, 
             rmk = ts < n_ra + n_rb
             cmk = cm & _outside(w, ws0, ws1, ws2, ws3)
             val = _sources(src, gsD, o0, o1, o2, v0, v01, count, hh, rmk, w, cmk, H_in, H_out, W_in, W_out,
-                           gsH, gsW, ph_lo, ph_hi, pw_lo, pw_hi, True, False, ND, NXH, NXW, LOOPS, REFLECT,
-                           CROP, ACC)
+                           gsH, gsW, ph_lo, ph_hi, pw_lo, pw_hi, True, False, ND, NXH, NXW, SIDES_H, SIDES_W, LOOPS,
+                           REFLECT, CROP, ACC)
             tl.store(dst + hh * isH + w * isW, cast_out(val, dst.dtype.element_ty), mask=rmk & cmk)
             for c0 in range(0, n_ca + n_cb, SW):
                 tc = c0 + tl.arange(0, SW)[None, :]
@@ -240,7 +258,7 @@ def _plane_tile(gi, g, p, h, rm, w, cm, n_ra, n_rb, ra, rb, n_ca, n_cb, ca, cb, 
                 cmc = tc < n_ca + n_cb
                 corner = _sources(src, gsD, o0, o1, o2, v0, v01, count, hh, rmk, wc, cmc, H_in, H_out, W_in,
                                   W_out, gsH, gsW, ph_lo, ph_hi, pw_lo, pw_hi, True, True, ND, NXH, NXW,
-                                  LOOPS, REFLECT, CROP, ACC)
+                                  SIDES_H, SIDES_W, LOOPS, REFLECT, CROP, ACC)
                 tl.store(dst + hh * isH + wc * isW, cast_out(corner, dst.dtype.element_ty), mask=rmk & cmc)
         for c0 in range(0, n_ca + n_cb, SW):
             tc = c0 + tl.arange(0, SW)[None, :]
@@ -248,8 +266,8 @@ def _plane_tile(gi, g, p, h, rm, w, cm, n_ra, n_rb, ra, rb, n_ca, n_cb, ca, cb, 
             cmk = tc < n_ca + n_cb
             rmk = rm & _outside(h, hs0, hs1, hs2, hs3)
             val = _sources(src, gsD, o0, o1, o2, v0, v01, count, h, rmk, ww, cmk, H_in, H_out, W_in, W_out,
-                           gsH, gsW, ph_lo, ph_hi, pw_lo, pw_hi, False, True, ND, NXH, NXW, LOOPS, REFLECT,
-                           CROP, ACC)
+                           gsH, gsW, ph_lo, ph_hi, pw_lo, pw_hi, False, True, ND, NXH, NXW, SIDES_H, SIDES_W, LOOPS,
+                           REFLECT, CROP, ACC)
             tl.store(dst + h * isH + ww * isW, cast_out(val, dst.dtype.element_ty), mask=rmk & cmk)
 
 
@@ -260,8 +278,8 @@ def _pad_backward_kernel(
     gs0, gs1, gsD, gsH, gsW, is0, is1, isD, isH, isW,
     pd_lo, ph_lo, ph_hi, pw_lo, pw_hi, hs0, hs1, hs2, hs3, ws0, ws1, ws2, ws3,
     REFLECT: tl.constexpr, CROP: tl.constexpr, BH: tl.constexpr, BW: tl.constexpr, SH: tl.constexpr,
-    SW: tl.constexpr, ND: tl.constexpr, NXH: tl.constexpr, NXW: tl.constexpr, LOOPS: tl.constexpr,
-    PLANES_LOOP: tl.constexpr, ACC: tl.constexpr, I64: tl.constexpr,
+    SW: tl.constexpr, ND: tl.constexpr, NXH: tl.constexpr, NXW: tl.constexpr, SIDES_H: tl.constexpr,
+    SIDES_W: tl.constexpr, LOOPS: tl.constexpr, PLANES_LOOP: tl.constexpr, ACC: tl.constexpr, I64: tl.constexpr,
 ):
     pid = tl.program_id(0)
     wb = pid % n_wb
@@ -290,11 +308,12 @@ def _pad_backward_kernel(
             _plane_tile(gi, g, first + i, h, rm, w, cm, n_ra, n_rb, ra, rb, n_ca, n_cb, ca, cb, Q1, D_in, H_in,
                         W_in, D_out, H_out, W_out, gs0, gs1, gsD, gsH, gsW, is0, is1, isD, isH, isW, pd_lo, ph_lo,
                         ph_hi, pw_lo, pw_hi, hs0, hs1, hs2, hs3, ws0, ws1, ws2, ws3, REFLECT, CROP, SH, SW, ND, NXH,
-                        NXW, LOOPS, ACC)
+                        NXW, SIDES_H, SIDES_W, LOOPS, ACC)
     else:
         _plane_tile(gi, g, first, h, rm, w, cm, n_ra, n_rb, ra, rb, n_ca, n_cb, ca, cb, Q1, D_in, H_in, W_in, D_out,
                     H_out, W_out, gs0, gs1, gsD, gsH, gsW, is0, is1, isD, isH, isW, pd_lo, ph_lo, ph_hi, pw_lo,
-                    pw_hi, hs0, hs1, hs2, hs3, ws0, ws1, ws2, ws3, REFLECT, CROP, SH, SW, ND, NXH, NXW, LOOPS, ACC)
+                    pw_hi, hs0, hs1, hs2, hs3, ws0, ws1, ws2, ws3, REFLECT, CROP, SH, SW, ND, NXH, NXW, SIDES_H,
+                    SIDES_W, LOOPS, ACC)
 
 
 # ----------------------------------------------------------------------------------------------- host
@@ -441,9 +460,11 @@ def _plan(spec: _Spec, g_shape, g_strides, self_shape, pads, out_strides, dtype:
         nd = min(planes_max, 1 + _UNROLL)
         nxh, nxw = min(max(ph_lo, ph_hi, 0), _UNROLL), min(max(pw_lo, pw_hi, 0), _UNROLL)
         loops = planes_max > nd or max(pads) > _UNROLL  # (compiled only where needed: they double the code)
-    values = (spec.reflect, crop, bh, bw, sh, sw, nd, nxh, nxw, loops, per_program > 1, acc, i64)
-    consts = dict(zip(("REFLECT", "CROP", "BH", "BW", "SH", "SW", "ND", "NXH", "NXW", "LOOPS", "PLANES_LOOP", "ACC",
-                       "I64"), values, strict=True))
+    # replicate's extra sources of both ends along a dim share one load per source, but in a dim of size 1
+    sides_h, sides_w = 2 if h_in == 1 else 1, 2 if w_in == 1 else 1
+    values = (spec.reflect, crop, bh, bw, sh, sw, nd, nxh, nxw, sides_h, sides_w, loops, per_program > 1, acc, i64)
+    consts = dict(zip(("REFLECT", "CROP", "BH", "BW", "SH", "SW", "ND", "NXH", "NXW", "SIDES_H", "SIDES_W", "LOOPS",
+                       "PLANES_LOOP", "ACC", "I64"), values, strict=True))
     consts["num_warps"] = _WARPS
     if _MAXNREG:
         consts["maxnreg"] = _MAXNREG
