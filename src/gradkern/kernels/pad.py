@@ -340,8 +340,9 @@ _TILE = {1: 2048, 2: 2048, 3: 4096}
 _MAX_BW = 1024
 _WARPS = 4
 _UNROLL = 4  # replicate pads up to this many unrolled, wider ones in loops
-# a cap on registers a thread (ptxas --maxrregcount), None for none: ptxas gives the 3d kernel at 64x64 planes all 255
-# (cuobjdump on sm_90 cubins), which caps residency at two 4-warp programs an SM; to be timed against spilling
+# a cap on registers a thread (ptxas --maxrregcount), None for none. ptxas gives the 3d kernel at 64x64 planes 136
+# (reflect) to 168 (replicate) at 4096-element tiles, 80 to 96 at 2048 (cuobjdump of sm_90 cubins): three or five
+# 4-warp programs an SM. Not yet timed against the spilling a cap brings
 _MAXNREG = None
 _WAYS = ("left", "right", "top", "bottom", "front", "back")
 
