@@ -30,7 +30,6 @@ def _sm(row_tile, warp):
 
 
 DEFAULTS = (None, {})  # the modules' own constants
-NEVER = 1 << 62
 
 GROUPS = {  # name: (ops, dtypes, configs); each config overrides only what it names, config 0 is the defaults
     "pad3d": (["replication_pad3d_backward", "reflection_pad3d_backward"], [F32, BF16, F16],
@@ -38,7 +37,7 @@ GROUPS = {  # name: (ops, dtypes, configs); each config overrides only what it n
                (pad, {"_MAXNREG": 128}), (pad, {"_UNROLL": 0})]),  # the last three: fewer registers
     "pad12": (["replication_pad1d_backward", "replication_pad2d_backward", "reflection_pad1d_backward",
                "reflection_pad2d_backward"], [F32, BF16],
-              [DEFAULTS] + [(pad, {"_TILE": dict.fromkeys((1, 2, 3), t), "_WARPS": w}) for t, w in ((4096, 4),)]),
+              [DEFAULTS, (pad, {"_TILE": dict.fromkeys((1, 2, 3), 4096)})]),
     "segment": (["_segment_reduce_backward", "segment_max_forward", "segment_max_backward"], [F32, F16],
                 [DEFAULTS, DEFAULTS]),  # the defaults twice: the spread
     "sparsemax": (["sparsemax_backward", "sparsemax_forward"], [F32, BF16],

@@ -222,6 +222,34 @@ def _outside(i, s0, s1, s2, s3):
 
 
 @triton.jit
+def _strip_chunk(src, dst, gsD, o0, o1, o2, v0, v01, count, t0, c0, n_ra, n_rb, ra, rb, n_ca, n_cb, ca, cb, h, rm, w,
+                 cm, hs0, hs1, hs2, hs3, ws0, ws1, ws2, ws3, H_in, H_out, W_in, W_out, sH, sW, isH, isW, ph_lo, ph_hi,
+                 pw_lo, pw_hi, ROWS: tl.constexpr, COLS: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr,
+                 ND: tl.constexpr, NXH: tl.constexpr, NXW: tl.constexpr, SIDES_H: tl.constexpr, SIDES_W: tl.constexpr,
+                 LOOPS: tl.constexpr, REFLECT: tl.constexpr, CROP: tl.constexpr, ACC: tl.constexpr):
+    """Gather and store one chunk of a strip part: the tile's strip rows [t0, t0 + SH) of its list (ROWS; else its
+    rows outside the strips) x its strip columns [c0, c0 + SW) (COLS; else its columns outside the strips), each
+    element with all its sources along the strip dims and its direct one along the others."""
+    if ROWS:
+        ts = t0 + tl.arange(0, SH)[:, None]
+        hh = _strip_index(ts, n_ra, ra, rb)
+        rmk = ts < n_ra + n_rb
+    else:
+        hh = h
+        rmk = rm & _outside(h, hs0, hs1, hs2, hs3)
+    if COLS:
+        tc = c0 + tl.arange(0, SW)[None, :]
+        ww = _strip_index(tc, n_ca, ca, cb)
+        cmk = tc < n_ca + n_cb
+    else:
+        ww = w
+        cmk = cm & _outside(w, ws0, ws1, ws2, ws3)
+    val = _sources(src, gsD, o0, o1, o2, v0, v01, count, hh, rmk, ww, cmk, H_in, H_out, W_in, W_out, sH, sW, ph_lo,
+                   ph_hi, pw_lo, pw_hi, ROWS, COLS, ND, NXH, NXW, SIDES_H, SIDES_W, LOOPS, REFLECT, CROP, ACC)
+    tl.store(dst + hh * isH + ww * isW, cast_out(val, dst.dtype.element_ty), mask=rmk & cmk)
+
+
+@triton.jit
 def _plane_tile(gi, g, p, h, rm, w, cm, n_ra, n_rb, ra, rb, n_ca, n_cb, ca, cb, Q1, D_in, H_in, W_in, D_out, H_out,
                 W_out, gs0, gs1, gsD, gsH, gsW, is0, is1, isD, isH, isW, pd_lo, ph_lo, ph_hi, pw_lo, pw_hi,
                 hs0, hs1, hs2, hs3, ws0, ws1, ws2, ws3, REFLECT: tl.constexpr, CROP: tl.constexpr, SH: tl.constexpr,
@@ -244,31 +272,20 @@ def _plane_tile(gi, g, p, h, rm, w, cm, n_ra, n_rb, ra, rb, n_ca, n_cb, ca, cb, 
         # three disjoint parts: strip rows x other columns (all H sources), other rows x strip columns (all W
         # sources), strip rows x strip columns (all sources)
         for t0 in range(0, n_ra + n_rb, SH):
-            ts = t0 + tl.arange(0, SH)[:, None]
-            hh = _strip_index(ts, n_ra, ra, rb)
-            rmk = ts < n_ra + n_rb
-            cmk = cm & _outside(w, ws0, ws1, ws2, ws3)
-            val = _sources(src, gsD, o0, o1, o2, v0, v01, count, hh, rmk, w, cmk, H_in, H_out, W_in, W_out,
-                           gsH, gsW, ph_lo, ph_hi, pw_lo, pw_hi, True, False, ND, NXH, NXW, SIDES_H, SIDES_W, LOOPS,
-                           REFLECT, CROP, ACC)
-            tl.store(dst + hh * isH + w * isW, cast_out(val, dst.dtype.element_ty), mask=rmk & cmk)
+            _strip_chunk(src, dst, gsD, o0, o1, o2, v0, v01, count, t0, 0, n_ra, n_rb, ra, rb, n_ca, n_cb, ca, cb, h,
+                         rm, w, cm, hs0, hs1, hs2, hs3, ws0, ws1, ws2, ws3, H_in, H_out, W_in, W_out, gsH, gsW, isH,
+                         isW, ph_lo, ph_hi, pw_lo, pw_hi, True, False, SH, SW, ND, NXH, NXW, SIDES_H, SIDES_W, LOOPS,
+                         REFLECT, CROP, ACC)
             for c0 in range(0, n_ca + n_cb, SW):
-                tc = c0 + tl.arange(0, SW)[None, :]
-                wc = _strip_index(tc, n_ca, ca, cb)
-                cmc = tc < n_ca + n_cb
-                corner = _sources(src, gsD, o0, o1, o2, v0, v01, count, hh, rmk, wc, cmc, H_in, H_out, W_in,
-                                  W_out, gsH, gsW, ph_lo, ph_hi, pw_lo, pw_hi, True, True, ND, NXH, NXW,
-                                  SIDES_H, SIDES_W, LOOPS, REFLECT, CROP, ACC)
-                tl.store(dst + hh * isH + wc * isW, cast_out(corner, dst.dtype.element_ty), mask=rmk & cmc)
+                _strip_chunk(src, dst, gsD, o0, o1, o2, v0, v01, count, t0, c0, n_ra, n_rb, ra, rb, n_ca, n_cb, ca, cb,
+                             h, rm, w, cm, hs0, hs1, hs2, hs3, ws0, ws1, ws2, ws3, H_in, H_out, W_in, W_out, gsH, gsW,
+                             isH, isW, ph_lo, ph_hi, pw_lo, pw_hi, True, True, SH, SW, ND, NXH, NXW, SIDES_H, SIDES_W,
+                             LOOPS, REFLECT, CROP, ACC)
         for c0 in range(0, n_ca + n_cb, SW):
-            tc = c0 + tl.arange(0, SW)[None, :]
-            ww = _strip_index(tc, n_ca, ca, cb)
-            cmk = tc < n_ca + n_cb
-            rmk = rm & _outside(h, hs0, hs1, hs2, hs3)
-            val = _sources(src, gsD, o0, o1, o2, v0, v01, count, h, rmk, ww, cmk, H_in, H_out, W_in, W_out,
-                           gsH, gsW, ph_lo, ph_hi, pw_lo, pw_hi, False, True, ND, NXH, NXW, SIDES_H, SIDES_W, LOOPS,
-                           REFLECT, CROP, ACC)
-            tl.store(dst + h * isH + ww * isW, cast_out(val, dst.dtype.element_ty), mask=rmk & cmk)
+            _strip_chunk(src, dst, gsD, o0, o1, o2, v0, v01, count, 0, c0, n_ra, n_rb, ra, rb, n_ca, n_cb, ca, cb, h,
+                         rm, w, cm, hs0, hs1, hs2, hs3, ws0, ws1, ws2, ws3, H_in, H_out, W_in, W_out, gsH, gsW, isH,
+                         isW, ph_lo, ph_hi, pw_lo, pw_hi, False, True, SH, SW, ND, NXH, NXW, SIDES_H, SIDES_W, LOOPS,
+                         REFLECT, CROP, ACC)
 
 
 @triton.jit
@@ -434,7 +451,7 @@ def _plan(spec: _Spec, g_shape, g_strides, self_shape, pads, out_strides, dtype:
     gsize, gstr = _canonical(spec, g_shape, g_strides, merge)
     isize, istr = _canonical(spec, self_shape, out_strides, merge)
     q0, q1, d_in, h_in, w_in = isize
-    pw_lo, pw_hi, ph_lo, ph_hi, pd_lo, _ = pads + (0,) * (6 - len(pads))
+    pw_lo, pw_hi, ph_lo, ph_hi, pd_lo, pd_hi = pads + (0,) * (6 - len(pads))
     hs = _strips(h_in, ph_lo, ph_hi, spec.reflect)
     ws = _strips(w_in, pw_lo, pw_hi, spec.reflect)
     bw = min(triton.next_power_of_2(w_in), _MAX_BW)
@@ -453,7 +470,6 @@ def _plan(spec: _Spec, g_shape, g_strides, self_shape, pads, out_strides, dtype:
     acc = tl.float64 if dtype == torch.float64 else tl.float32
     crop = min(pads) < 0
     # loads unrolled (in flight together): source planes, and replicate's extra rows / columns per side
-    pd_lo, pd_hi = pads[4:6] if spec.dims == 3 else (0, 0)
     if spec.reflect:  # at most three source planes; one mirror a side along H and W
         nd, nxh, nxw, loops = 3, 0, 0, False
     else:  # replicate: the most source planes, extra rows and columns a side; past _UNROLL, the rest in loops
