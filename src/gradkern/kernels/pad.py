@@ -129,10 +129,10 @@ def _w_sources(rowp, rm, w, cm, W_in, W_out, sW, pw_lo, pw_hi, W_ALL: tl.constex
                     ow, mk = _extra(left, right, z, j, lo_n, hi_0, W_out, side, SIDES_W)
                     acc += tl.load(rowp + ow * sW, mask=mk, other=0.0).to(ACC)
             if LOOPS:
-                for j in range(NX, tl.maximum(lo_n, W_out - hi_0)):
+                for j in range(NX, tl.maximum(lo_n, W_out - hi_0)):  # (own names: only acc is carried)
                     for side in tl.static_range(SIDES_W):
-                        ow, mk = _extra(left, right, z, j, lo_n, hi_0, W_out, side, SIDES_W)
-                        acc += tl.load(rowp + ow * sW, mask=mk, other=0.0).to(ACC)
+                        owj, mkj = _extra(left, right, z, j, lo_n, hi_0, W_out, side, SIDES_W)
+                        acc += tl.load(rowp + owj * sW, mask=mkj, other=0.0).to(ACC)
     return acc
 
 
@@ -169,10 +169,10 @@ def _hw_sources(plane, h, rm, w, cm, H_in, H_out, W_in, W_out, sH, sW, ph_lo, ph
                     acc += _w_sources(plane + oh * sH, mk, w, cm, W_in, W_out, sW, pw_lo, pw_hi, W_ALL, NXW, SIDES_W,
                                       LOOPS, REFLECT, CROP, ACC)
             if LOOPS:
-                for j in range(NXH, tl.maximum(lo_n, H_out - hi_0)):
+                for j in range(NXH, tl.maximum(lo_n, H_out - hi_0)):  # (own names: only acc is carried)
                     for side in tl.static_range(SIDES_H):
-                        oh, mk = _extra(top, bottom, z, j, lo_n, hi_0, H_out, side, SIDES_H)
-                        acc += _w_sources(plane + oh * sH, mk, w, cm, W_in, W_out, sW, pw_lo, pw_hi, W_ALL, NXW,
+                        ohj, mkj = _extra(top, bottom, z, j, lo_n, hi_0, H_out, side, SIDES_H)
+                        acc += _w_sources(plane + ohj * sH, mkj, w, cm, W_in, W_out, sW, pw_lo, pw_hi, W_ALL, NXW,
                                           SIDES_W, LOOPS, REFLECT, CROP, ACC)
     return acc
 
