@@ -50,7 +50,9 @@ GROUPS = {  # name: (ops, dtypes, configs); each config overrides only what it n
     "multi": (["lerp_backward", "where_backward"], [F32, BF16],
               [DEFAULTS] + [(multi_pointwise, {"FLAT_BLOCK": b, "FLAT_WARPS": w})
                             for b, w in ((2048, 4), (2048, 8), (4096, 8), (512, 4), (1024, 8), (4096, 4))]),
-    "repeat": (["repeat_backward"], [F32, BF16], [DEFAULTS]),
+    "repeat": (["repeat_backward"], [F32, BF16],
+               [DEFAULTS, (reduction, {"_STEP_SUM": False}), (reduction, {"_MIN_PROGRAMS": 1}),
+                (reduction, {"_STEP_SUM": False, "_MIN_PROGRAMS": 1})]),  # the last: before either
 }
 
 _saved: dict = {}

@@ -171,6 +171,26 @@ def test_split_regime_and_single_pass_regime(dtype):
     assert_sum_close(reduce_sum(wide, (0, 2), op="test"), wide, (0, 2), "wide")
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
+def test_step_summed_tiles_and_spread_passes(dtype):
+    """Rows that span every thread's vector sum each step at once (STEP_SUM); a pass that is not split, with few
+    output tiles, takes narrower tiles (down to 128-byte rows) for more programs. Both against float64."""
+    esize = torch.empty((), dtype=dtype).element_size()
+    wide = _randn((3, 2**19 // esize), dtype)  # 2 KB rows over 2^19 / 2 KB >= _MIN_PROGRAMS tiles: not spread
+    p = _plan(wide, (0,)).passes[0]
+    assert p.step_sum and p.block_o * esize >= 2048 and p.n_oblk >= reduction._MIN_PROGRAMS
+    assert_sum_close(reduce_sum(wide, (0,), op="test"), wide, (0,), "step-summed")
+    few = _randn((300, 4096), dtype)  # 300 terms (not split), 4096 outputs: 1 KB rows would be 4 to 8 tiles
+    p = _plan(few, (0,)).passes[0]
+    assert p.n_split == 1 and p.block_o * esize == 128 and not p.step_sum
+    assert p.n_oblk == 4096 * esize // 128
+    assert_sum_close(reduce_sum(few, (0,), op="test"), few, (0,), "spread")
+    tall = _randn((20000, 64), dtype)  # split; the finishing pass over the fp32 partial sums is spread too
+    first, second = _plan(tall, (0,)).passes
+    assert first.n_split > 1 and second.block_o * 4 == 128
+    assert_sum_close(reduce_sum(tall, (0,), op="test"), tall, (0,), "split, finish spread")
+
+
 def test_strided_split_regime():
     x = _randn((30000, 6), torch.float32)[:, ::2]  # stride 6 rows of 3
     assert len(_plan(x, (0,)).passes) == 2

@@ -54,6 +54,9 @@ _MAX_SPLITS = 4096
 _ROW_BYTES, _ROW_BYTES_16 = 1024, 2048
 _SHORT_TILE_BYTES, _LONG_TILE_BYTES = 8192, 32768
 _O_WARPS = 4
+# a pass that is not split runs at least this many programs where narrower output rows allow (down to 128 bytes)
+_MIN_PROGRAMS = 256
+_STEP_SUM = True  # sum each step's terms at once where a thread holds whole columns (fewer registers)
 
 
 # ----------------------------------------------------------------------------------------------- kernel
@@ -78,7 +81,7 @@ def _sum_kernel(x, out, n_out, n_red, red_per_split, n_oblk,
                 KR: tl.constexpr, RR: tl.constexpr, ACC: tl.constexpr,
                 BLOCK_O: tl.constexpr, BLOCK_R: tl.constexpr,
                 O_CONTIG: tl.constexpr, O_DIV: tl.constexpr, R_CONTIG: tl.constexpr, R_DIV: tl.constexpr,
-                I64: tl.constexpr):
+                I64: tl.constexpr, STEP_SUM: tl.constexpr):
     # shapes and strides come as scalars (unused ranks are padding), so the compiled kernel can be relaunched
     # directly with plain ints
     pid = tl.program_id(0)
@@ -95,7 +98,10 @@ def _sum_kernel(x, out, n_out, n_red, red_per_split, n_oblk,
         koff = tl.max_contiguous(koff, O_CONTIG)
     r_begin = pid_s * red_per_split
     r_end = tl.minimum(r_begin + red_per_split, n_red)
-    acc = tl.zeros([BLOCK_R, BLOCK_O], dtype=ACC)
+    if STEP_SUM:  # each step's BLOCK_R terms summed at once (a thread holds its outputs' whole columns)
+        acc = tl.zeros([BLOCK_O], dtype=ACC)
+    else:  # every lane its own partial sum, summed at the end
+        acc = tl.zeros([BLOCK_R, BLOCK_O], dtype=ACC)
     for rb in range(r_begin, r_end, BLOCK_R):
         r = rb + tl.arange(0, BLOCK_R)
         roff = _flat_offsets(r, (r0, r1, r2, r3, r4, r5, r6, r7), (rs0, rs1, rs2, rs3, rs4, rs5, rs6, rs7), RR)
@@ -105,8 +111,14 @@ def _sum_kernel(x, out, n_out, n_red, red_per_split, n_oblk,
             roff = tl.max_contiguous(roff, R_CONTIG)
         mask = (r < r_end)[:, None] & o_mask[None, :]
         v = tl.load(x + (roff[:, None] + koff[None, :]), mask=mask, other=0.0)
-        acc += v.to(ACC)
-    res = tl.sum(acc, axis=0)
+        if STEP_SUM:
+            acc += tl.sum(v.to(ACC), axis=0)
+        else:
+            acc += v.to(ACC)
+    if STEP_SUM:
+        res = acc
+    else:
+        res = tl.sum(acc, axis=0)
     tl.store(out + (pid_s * n_out + o), cast_out(res, out.dtype.element_ty), mask=o_mask)
 
 
@@ -133,6 +145,7 @@ class _Pass:
     i64: bool
     num_warps: int
     acc: torch.dtype
+    step_sum: bool
     uid: int = 0  # identifies the pass (and so its specialisation) in the relaunch cache
 
     @property
@@ -146,7 +159,7 @@ class _Pass:
     def consts(self) -> tuple:
         """The kernel's constexpr values, in parameter order."""
         return (len(self.kshape), len(self.rshape), _TL[self.acc], self.block_o, self.block_r, self.o_contig,
-                self.o_div, self.r_contig, self.r_div, self.i64)
+                self.o_div, self.r_contig, self.r_div, self.i64, self.step_sum)
 
 
 @dataclass(frozen=True)
@@ -205,19 +218,27 @@ def _hints(dims: list[tuple[int, int]], block: int, esize: int) -> tuple[int, in
     return contig, div
 
 
-def _blocks(kdims, rdims, n_out: int, n_red: int, esize: int) -> tuple[int, int, int]:
-    """(BLOCK_O, BLOCK_R, num_warps): the tile, from the layout alone (measured on an H200: see the commit log).
+def _blocks(kdims, rdims, n_out: int, n_red: int, esize: int, spread: bool = False) -> tuple[int, int, int, bool]:
+    """(BLOCK_O, BLOCK_R, num_warps, STEP_SUM): the tile, from the layout alone (measured on an H200: see the
+    commit log).
 
     Outputs contiguous: rows of 1 KB (2 KB for 16-bit types) across outputs and a few reduction rows per step
-    (8 KB tiles for short reductions, 32 KB for longer ones); Triton's pipeliner overlaps the steps' loads."""
+    (8 KB tiles for short reductions, 32 KB for longer ones); Triton's pipeliner overlaps the steps' loads.
+    `spread` (a pass that is not split): rows as narrow as 128 bytes, so that at least _MIN_PROGRAMS programs run.
+    Where a row spans every thread's vector (so a thread holds whole columns), each step is summed at once."""
     o_contig = bool(kdims) and kdims[-1][1] == 1
     r_contig = bool(rdims) and rdims[-1][1] == 1
     if o_contig:  # coalesce across outputs
         bo = min(_npow2(n_out), (_ROW_BYTES_16 if esize == 2 else _ROW_BYTES) // esize)
+        if spread:
+            while bo * esize > 128 and triton.cdiv(n_out, bo) < _MIN_PROGRAMS:
+                bo //= 2
         tile_bytes = _SHORT_TILE_BYTES if n_red <= 16 else _LONG_TILE_BYTES
         br = min(_npow2(n_red), max(1, tile_bytes // (bo * esize)), 1024)
-        bo = min(_npow2(n_out), max(bo, tile_bytes // (br * esize)), 4096)
-        return bo, br, _O_WARPS
+        if not spread:
+            bo = min(_npow2(n_out), max(bo, tile_bytes // (br * esize)), 4096)
+        step = _STEP_SUM and bo * esize >= 16 * 32 * _O_WARPS
+        return bo, br, _O_WARPS, step
     tile = 4096 if esize <= 4 else 2048
     if r_contig:  # coalesce along the reduction
         br = min(_npow2(n_red), 256 if esize >= 4 else 512)
@@ -228,7 +249,7 @@ def _blocks(kdims, rdims, n_out: int, n_red: int, esize: int) -> tuple[int, int,
         br = min(_npow2(n_red), max(1, tile // bo))
         bo = min(_npow2(n_out), max(bo, tile // br), 1024)
     warps = 8 if bo * br >= 4096 else 4
-    return bo, br, warps
+    return bo, br, warps, False
 
 
 def _max_offset(dims) -> int:
@@ -238,13 +259,17 @@ def _max_offset(dims) -> int:
 def _make_pass(kdims, rdims, esize: int, acc: torch.dtype, allow_split: bool) -> _Pass:
     n_out = math.prod(s for s, _ in kdims)
     n_red = math.prod(s for s, _ in rdims)
-    bo, br, warps = _blocks(kdims, rdims, n_out, n_red, esize)
+    bo, br, warps, step = _blocks(kdims, rdims, n_out, n_red, esize)
     n_oblk = triton.cdiv(n_out, bo)
     steps = triton.cdiv(n_red, br)
     n_split = 1
     if (allow_split and n_oblk < _TARGET_PROGRAMS and steps >= 2 * _MIN_STEPS_PER_SPLIT
             and n_red >= _MIN_SPLIT_TERMS):
         n_split = min(triton.cdiv(_TARGET_PROGRAMS, n_oblk), steps // _MIN_STEPS_PER_SPLIT, _MAX_SPLITS)
+    elif n_oblk < _MIN_PROGRAMS:  # not split: narrower tiles, for more programs
+        bo, br, warps, step = _blocks(kdims, rdims, n_out, n_red, esize, spread=True)
+        n_oblk = triton.cdiv(n_out, bo)
+        steps = triton.cdiv(n_red, br)
     steps_per_split = triton.cdiv(steps, n_split)
     n_split = triton.cdiv(steps, steps_per_split)
     o_contig, o_div = _hints(kdims, bo, esize)
@@ -255,7 +280,7 @@ def _make_pass(kdims, rdims, esize: int, acc: torch.dtype, allow_split: bool) ->
     kshape, kstride = (tuple(s for s, _ in kdims), tuple(st for _, st in kdims)) if kdims else ((1,), (0,))
     rshape, rstride = (tuple(s for s, _ in rdims), tuple(st for _, st in rdims)) if rdims else ((1,), (0,))
     return _Pass(n_out, n_red, steps_per_split * br, n_split, n_oblk, kshape, kstride, rshape, rstride,
-                 bo, br, o_contig, o_div, r_contig, r_div, i64, warps, acc, next(_uids))
+                 bo, br, o_contig, o_div, r_contig, r_div, i64, warps, acc, step, next(_uids))
 
 
 def _normalize_dims(op: str, dims, ndim: int) -> tuple[int, ...]:
@@ -372,7 +397,8 @@ def _run_pass(p: _Pass, src: torch.Tensor, dst: torch.Tensor, device: int) -> No
         if fn is not None and torch._C._cuda_getDevice() == device and hooks_idle():
             fn(grid0, torch._C._cuda_getCurrentRawStream(device), sp, dp, *p.ints, *p.consts)
             return
-    kw = dict(zip(("KR", "RR", "ACC", "BLOCK_O", "BLOCK_R", "O_CONTIG", "O_DIV", "R_CONTIG", "R_DIV", "I64"),
+    kw = dict(zip(("KR", "RR", "ACC", "BLOCK_O", "BLOCK_R", "O_CONTIG", "O_DIV", "R_CONTIG", "R_DIV", "I64",
+                   "STEP_SUM"),
                   p.consts, strict=True))
     if device >= 0 and torch.cuda.current_device() != device:
         with torch.cuda.device(device):
