@@ -10,7 +10,9 @@ One Triton kernel then sums a tile of BLOCK_R reduction terms x BLOCK_O outputs 
 decomposing the flat output index over the kept dims and the flat reduction index over the reduced dims (in
 int64 where offsets can pass 2^31), with contiguity/alignment hints where the layout guarantees them, so that the
 loads are coalesced (and vectorised) along whichever of the two axes is contiguous in memory. Each lane carries
-its own partial sum across steps; a fixed tree sum over the BLOCK_R lanes finishes an output.
+its own partial sum across steps and a fixed tree sum over the BLOCK_R lanes finishes an output; or, where a
+thread holds whole output columns (STEP_SUM), each step's BLOCK_R terms are tree-summed at once into one running
+sum per output (a BLOCK_O accumulator instead of BLOCK_R x BLOCK_O: fewer registers, more programs an SM).
 
 Two regimes, one kernel:
 * many outputs, few terms each (e.g. repeat (4, 4) backward: 1M outputs of 16 terms) - one pass, each program
