@@ -351,15 +351,16 @@ class _Plan:
 
 
 # grad_input elements per program tile (fewer when the plane is smaller), by padded dims; widest column tile; warps.
-# Measured on an H200 (torch 2.11, triton 3.6): 3d 4096 (at 8x32x32x64x64 pad 2, 1.6x 2048's speed in replicate f32
-# and 1.2x in reflect bf16, 0.86x in reflect f32; equal at 16x64x16x128x128 pad 1), 1d/2d 2048 (within 4% of 4096)
+# Measured on an H200 (torch 2.11, triton 3.6), at 8x32x32x64x64 pad 2 against 2048: 3d 4096 is 1.2x in f32
+# replicate, 1.4x in bf16 replicate, 0.98-1.17x elsewhere and at 16x64x16x128x128 pad 1; 8 warps 0.57-1.01x;
+# 1d/2d 2048 within 4% of 4096
 _TILE = {1: 2048, 2: 2048, 3: 4096}
 _MAX_BW = 1024
 _WARPS = 4
 _UNROLL = 4  # replicate pads up to this many unrolled, wider ones in loops
 # a cap on registers a thread (ptxas --maxrregcount), None for none. ptxas gives the 3d kernel at 64x64 planes 136
 # (reflect) to 168 (replicate) at 4096-element tiles, 80 to 96 at 2048 (cuobjdump of sm_90 cubins): three or five
-# 4-warp programs an SM. Not yet timed against the spilling a cap brings
+# 4-warp programs an SM. A cap of 128 (four programs) was 0.92-1.02x no cap on the H200
 _MAXNREG = None
 _WAYS = ("left", "right", "top", "bottom", "front", "back")
 
