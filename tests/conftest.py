@@ -1,7 +1,9 @@
 """Test set-up: without a CUDA GPU every kernel runs on CPU through Triton's interpreter (set before triton is
 imported), with small shapes; on a GPU the same tests run compiled, with larger shapes."""
 
+import contextlib
 import os
+from unittest import mock
 
 import torch
 
@@ -30,3 +32,18 @@ def _stock_routing_after_each_test():
 
 def dtype_id(d: torch.dtype) -> str:
     return _runtime.DTYPE_NAMES[d]
+
+
+@contextlib.contextmanager
+def small_pad_tiles(unroll: int = 1):
+    """Pad plans with 8-element tiles at most 4 columns wide, so that planes span many tiles and the border strips
+    cross tile edges (what large planes get), and replicate pads wider than `unroll` in loops."""
+    from gradkern.kernels import pad
+
+    with (mock.patch.object(pad, "_TILE", dict.fromkeys((1, 2, 3), 8)), mock.patch.object(pad, "_MAX_BW", 4),
+          mock.patch.object(pad, "_UNROLL", unroll)):
+        pad._plan.cache_clear()
+        try:
+            yield
+        finally:
+            pad._plan.cache_clear()

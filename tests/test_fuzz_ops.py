@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import gradkern
-from conftest import DEVICE, DTYPES
+from conftest import DEVICE, DTYPES, small_pad_tiles
 from gradkern import dispatch, ops
 from gradkern.kernels import pad as pad_mod
 from gradkern.kernels import prelu as prelu_mod
@@ -254,11 +254,7 @@ def test_pad_backward_fuzz(data, op, gen, dtype, batched, small_tiles, out_layou
     what = f"{op} {_desc(g=g, self=self_)} pad {pads} small_tiles={small_tiles}"
     with ExitStack() as stack:
         if small_tiles:  # tiles of a few rows and columns: the border strips cross tile edges (as in large planes)
-            stack.enter_context(mock.patch.object(pad_mod, "_TILE", dict.fromkeys((1, 2, 3), 8)))
-            stack.enter_context(mock.patch.object(pad_mod, "_MAX_BW", 4))
-            stack.enter_context(mock.patch.object(pad_mod, "_UNROLL", 1))
-            stack.callback(pad_mod._plan.cache_clear)
-            pad_mod._plan.cache_clear()
+            stack.enter_context(small_pad_tiles(unroll=1))
         if g.numel():
             out = check_case(op, (g, self_, pads), what=what)
         else:  # pads that crop a dim to size 0: no gradient at all. (Not against stock here: ATen's CPU

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import DEVICE, DTYPES
+from conftest import DEVICE, DTYPES, small_pad_tiles
 from gradkern import _runtime
 from gradkern.registry import REGISTRY
 
@@ -108,25 +108,19 @@ def _record_launches(monkeypatch) -> list[dict]:
                     info.fn(*strided, **case.kwargs)
                 except (ValueError, RuntimeError, TypeError):
                     pass
-    _record_pad_loops(monkeypatch)
+    _record_pad_loops()
     return specs
 
 
-def _record_pad_loops(monkeypatch) -> None:
+def _record_pad_loops() -> None:
     """Replicate pad's loop paths (pads wider than _UNROLL, here 0 or 1) over many-tile planes, as test_pad's
     small_tiles fixture runs them: the registry's examples never reach them (their pads are unrolled)."""
-    from gradkern.kernels import pad as padmod
-
-    monkeypatch.setattr(padmod, "_TILE", dict.fromkeys((1, 2, 3), 8))
-    monkeypatch.setattr(padmod, "_MAX_BW", 4)
     for unroll in (0, 1):
-        monkeypatch.setattr(padmod, "_UNROLL", unroll)
-        padmod._plan.cache_clear()
-        for d in (1, 2, 3):
-            info = REGISTRY[f"replication_pad{d}d_backward"]
-            for case in info.cases(DEVICE, torch.float32, "small"):
-                info.fn(*case.args, **case.kwargs)
-    padmod._plan.cache_clear()
+        with small_pad_tiles(unroll):
+            for d in (1, 2, 3):
+                info = REGISTRY[f"replication_pad{d}d_backward"]
+                for case in info.cases(DEVICE, torch.float32, "small"):
+                    info.fn(*case.args, **case.kwargs)
 
 
 _COMPILER = textwrap.dedent("""

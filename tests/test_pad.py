@@ -10,7 +10,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import gradkern
-from conftest import DEVICE, DTYPES, dtype_id, gpu_only
+from conftest import DEVICE, DTYPES, dtype_id, gpu_only, small_pad_tiles
 from gradkern import ops
 from gradkern.kernels import pad as padmod
 from gradkern.registry import REGISTRY
@@ -66,15 +66,11 @@ def test_matches_stock(op, dtype):
 
 
 @pytest.fixture
-def small_tiles(monkeypatch):
-    """Plans with tiles of a few rows and columns, so that planes span many tiles and the border strips cross tile
-    edges (what large planes get), and replicate's extra rows and columns past the first in loops."""
-    padmod._plan.cache_clear()
-    monkeypatch.setattr(padmod, "_TILE", dict.fromkeys((1, 2, 3), 8))
-    monkeypatch.setattr(padmod, "_MAX_BW", 4)
-    monkeypatch.setattr(padmod, "_UNROLL", 1)  # wider replicate pads take the loops
-    yield
-    padmod._plan.cache_clear()
+def small_tiles():
+    """Plans with tiles of a few rows and columns (conftest.small_pad_tiles): replicate's extra rows and columns
+    past the first in loops."""
+    with small_pad_tiles(unroll=1):
+        yield
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
