@@ -42,11 +42,12 @@ GROUPS = {  # name: (ops, dtypes, configs); each config overrides only what it n
                 [DEFAULTS, DEFAULTS]),  # the defaults twice: the spread
     "sparsemax": (["sparsemax_backward", "sparsemax_forward"], [F32, BF16],
                   [DEFAULTS, _sm((2048, 4096), (256, 1024)), DEFAULTS]),
+    "smbwd": (["sparsemax_backward"], [F32, BF16],
+              [DEFAULTS, _sm((2048, 1024), (256, 256)), _sm((2048, 1024), (256, 128)), _sm((2048, 2048), (256, 1024)),
+               _sm((2048, 2048), (256, 512)), DEFAULTS, _sm((2048, 1024), (256, 512)), _sm((2048, 2048), (256, 512))]),
     "prelu": (["prelu_backward"], [F32, BF16],
               [DEFAULTS] + [(prelu, {"_COLS_TILE": t, "_COLS_TARGET_PROGRAMS": p, "_COLS_WARPS": w})
-                            for t, p, w in ((4096, 2048, 8), (4096, 4096, 8), (4096, 2048, 4), (8192, 2048, 8),
-                                            (8192, 1024, 8), (2048, 4096, 4), (2048, 1024, 4), (4096, 1024, 8),
-                                            (2048, 2048, 8), (8192, 4096, 8))]),
+                            for t, p, w in ((4096, 8192, 4), (2048, 4096, 4), (2048, 2048, 4), (4096, 4096, 8))]),
     "multi": (["lerp_backward", "where_backward"], [F32, BF16],
               [DEFAULTS] + [(multi_pointwise, {"FLAT_BLOCK": b, "FLAT_WARPS": w})
                             for b, w in ((2048, 4), (2048, 8), (4096, 8), (512, 4), (1024, 8), (4096, 4))]),

@@ -279,6 +279,21 @@ def test_prelu_split_reduction_is_fixed_order(dtype, monkeypatch):
         assert_bitwise_equal(ops.prelu_backward(g, x, w), first, "run twice")
 
 
+def test_prelu_relaunch_cache_respects_alignment():
+    """The fused kernels are relaunched directly after their first launch, keyed by plan, output mask and the
+    pointers' 16-byte alignment: views at an odd element offset (not aligned) must not reuse a kernel compiled for
+    aligned ones, nor the other way round."""
+    for shape, layout in (((4, 6, 5, 8), None), ((4, 6, 5, 8), torch.channels_last), ((64, 10), None)):
+        n = math.prod(shape)
+        bx, bg = _rand((n + 1,), torch.float32, 2.0), _rand((n + 1,), torch.float32)
+        w = _rand((shape[1],), torch.float32, 0.25)
+        for start in (0, 1, 0, 1):
+            x = _layout(bx[start:start + n].view(shape), layout)
+            g = _layout(bg[start:start + n].view(shape), layout)
+            _compare(ops.prelu_backward(g, x, w), run_reference(REGISTRY["prelu_backward"].reference, (g, x, w)),
+                     torch.float32, f"prelu {shape} {layout} offset {start}")
+
+
 def test_prelu_kernel_backward_keeps_atens_full_shape_result():
     x, g = _rand((2, 3, 4, 5), torch.float32), _rand((2, 3, 4, 5), torch.float32)
     w = _rand((1, 3, 1, 1), torch.float32)
