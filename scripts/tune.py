@@ -17,7 +17,7 @@ import torch
 
 from gradkern import _runtime, elementwise, multi_pointwise, reduction
 from gradkern.dispatch import use
-from gradkern.kernels import pad, prelu, repeat, sparsemax
+from gradkern.kernels import pad, prelu, repeat, segment_max, sparsemax
 from gradkern.registry import REGISTRY
 from gradkern.testing import check_case
 
@@ -27,6 +27,11 @@ F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
 def _sm(row_tile, warp):
     return (sparsemax, {"_ROW_TILE": {"forward": row_tile[0], "backward": row_tile[1]},
                         "_WARP_ELEMS": {"forward": warp[0], "backward": warp[1]}})
+
+
+def _sr(r2, r4, w2, w4):  # segment_reduce's small tiles: register caps and warps, 2- and 4-byte elements
+    warps = {"forward": {2: 1, 4: 1, 8: 1}, "backward": {2: 2, 4: 2, 8: 2}, "segment_reduce": {2: w2, 4: w4, 8: 2}}
+    return (segment_max, {"_SEGRED_MAXNREG": {2: r2, 4: r4}, "_WARPS_SMALL": warps})
 
 
 DEFAULTS = (None, {})  # the modules' own constants
@@ -40,6 +45,9 @@ GROUPS = {  # name: (ops, dtypes, configs); each config overrides only what it n
               [DEFAULTS, (pad, {"_TILE": dict.fromkeys((1, 2, 3), 4096)})]),
     "segment": (["_segment_reduce_backward", "segment_max_forward", "segment_max_backward"], [F32, F16],
                 [DEFAULTS, DEFAULTS]),  # the defaults twice: the spread
+    "segred": (["_segment_reduce_backward"], [F32, F16],
+               [DEFAULTS] + [_sr(*c) for c in ((48, 32, 1, 2), (64, 40, 2, 1), (56, 48, 2, 4), (56, 40, 1, 2),
+                                                (72, 64, 1, 1), (48, 32, 2, 1), (56, 40, 1, 2))]),
     "sparsemax": (["sparsemax_backward", "sparsemax_forward"], [F32, BF16],
                   [DEFAULTS, _sm((2048, 4096), (256, 1024)), DEFAULTS]),
     "smbwd": (["sparsemax_backward"], [F32, BF16],

@@ -265,6 +265,15 @@ _TILE = 4096
 _SMALL_TILE = 2048  # tiles up to this many elements get _WARPS_SMALL[kernel][element size] warps, larger ones 4
 _WARPS_SMALL = {"forward": {2: 1, 4: 1, 8: 1}, "backward": {2: 2, 4: 2, 8: 2}, "segment_reduce": {2: 1, 4: 2, 8: 2}}
 _WARPS_LARGE = 4
+# the segment_reduce backward's register cap on small tiles, per element size: more programs an SM (it took 69
+# registers, 14 two-warp programs an SM). Segments of 16: f32 2.70x -> 2.95x stock with 40 (32 spills: 2.29x),
+# f16 3.29x -> 3.91x with 56. Larger tiles (the loop path) stay uncapped: capped, they spill (1-256: 3.1x -> 1.3x)
+_SEGRED_MAXNREG = {2: 56, 4: 40}
+
+
+def _segred_regs(tile: int, esize: int) -> dict:
+    cap = _SEGRED_MAXNREG.get(esize) if tile <= _SMALL_TILE else None
+    return {"maxnreg": cap} if cap else {}
 
 
 def _blocks(inner: int, n: int, s: int, kernel: str, esize: int) -> tuple[int, int, int]:
@@ -433,7 +442,7 @@ def _segment_reduce_backward(grad: torch.Tensor, output: torch.Tensor, data: tor
             (grad, output, data, offsets, gx, s, n, inner, n_dblk, sg_o, sg_s, sg_i, so_o, so_s, so_i,
              sx_o, sx_n, sx_i, soff_o),
             {"BLOCK_L": bl, "BLOCK_D": bd, "MATH": _TL[_runtime.math_dtype(data.dtype)], "ENDS": ends,
-             "num_warps": warps},
+             "num_warps": warps, **_segred_regs(bl * bd, data.element_size())},
             data.get_device())
     return gx
 
