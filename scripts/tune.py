@@ -39,10 +39,12 @@ DEFAULTS = (None, {})  # the modules' own constants
 GROUPS = {  # name: (ops, dtypes, configs); each config overrides only what it names, config 0 is the defaults
     "pad3d": (["replication_pad3d_backward", "reflection_pad3d_backward"], [F32, BF16, F16],
               [DEFAULTS, (pad, {"_TILE": dict.fromkeys((1, 2, 3), 2048)}), (pad, {"_WARPS": 8}),
-               (pad, {"_MAXNREG": 128}), (pad, {"_UNROLL": 0})]),  # the last three: fewer registers
+               (pad, {"_MAXNREG": {(3, 2): 128, (3, 4): 128}}), (pad, {"_UNROLL": 0}),  # these three: fewer registers
+               (pad, {"_MAXNREG": {}}), (pad, {"_MAXNREG": {(3, 2): 80, (3, 4): 96}})]),
     "pad12": (["replication_pad1d_backward", "replication_pad2d_backward", "reflection_pad1d_backward",
                "reflection_pad2d_backward"], [F32, BF16],
-              [DEFAULTS, (pad, {"_TILE": dict.fromkeys((1, 2, 3), 4096)})]),
+              [DEFAULTS, (pad, {"_TILE": dict.fromkeys((1, 2, 3), 4096)}),
+               (pad, {"_MAXNREG": {(1, 2): 96, (2, 2): 96}})]),
     "segment": (["_segment_reduce_backward", "segment_max_forward", "segment_max_backward"], [F32, F16],
                 [DEFAULTS, DEFAULTS]),  # the defaults twice: the spread
     "segred": (["_segment_reduce_backward"], [F32, F16],
@@ -52,7 +54,7 @@ GROUPS = {  # name: (ops, dtypes, configs); each config overrides only what it n
                   [DEFAULTS, _sm((2048, 4096), (256, 1024)), DEFAULTS]),
     "smbwd": (["sparsemax_backward"], [F32, BF16],
               [DEFAULTS, _sm((2048, 1024), (256, 256)), _sm((2048, 1024), (256, 128)), _sm((2048, 2048), (256, 1024)),
-               _sm((2048, 2048), (256, 512)), DEFAULTS, _sm((2048, 1024), (256, 512)), _sm((2048, 2048), (256, 512))]),
+               _sm((2048, 2048), (256, 512))]),
     "prelu": (["prelu_backward"], [F32, BF16],
               [DEFAULTS] + [(prelu, {"_COLS_TILE": t, "_COLS_TARGET_PROGRAMS": p, "_COLS_WARPS": w})
                             for t, p, w in ((4096, 8192, 4), (2048, 4096, 4), (2048, 2048, 4), (4096, 4096, 8))]),

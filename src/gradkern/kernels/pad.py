@@ -358,10 +358,12 @@ _TILE = {1: 2048, 2: 2048, 3: 4096}
 _MAX_BW = 1024
 _WARPS = 4
 _UNROLL = 4  # replicate pads up to this many unrolled, wider ones in loops
-# a cap on registers a thread (ptxas --maxrregcount), None for none. ptxas gives the 3d kernel at 64x64 planes 136
-# (reflect) to 168 (replicate) at 4096-element tiles, 80 to 96 at 2048 (cuobjdump of sm_90 cubins): three or five
-# 4-warp programs an SM. A cap of 128 (four programs) was 0.92-1.02x no cap on the H200
-_MAXNREG = None
+# a cap on registers a thread (ptxas --maxrregcount) by (padded dims, element size), none where absent. ptxas gives
+# the 3d kernel at 64x64 planes 136 (reflect) to 168 (replicate) at 4096-element tiles, 80 to 96 at 2048 (cuobjdump
+# of sm_90 cubins): three or five 4-warp programs an SM. On the H200, 16-bit 3d at pad 2 with a cap of 96:
+# replicate 1.03-1.05x, reflect 1.02-1.04x no cap, pad 1 0.99-1.01x; but 16-bit 1d/2d 0.90-1.00x and f32 3d reflect
+# pad 2 0.98x, so those are uncapped; caps of 128 (0.92-1.02x), 80 and 64 (down to 0.62x: spills) were no better
+_MAXNREG = {(3, 2): 96}
 _WAYS = ("left", "right", "top", "bottom", "front", "back")
 
 
@@ -484,8 +486,9 @@ def _plan(spec: _Spec, g_shape, g_strides, self_shape, pads, out_strides, dtype:
     consts = dict(zip(("REFLECT", "CROP", "BH", "BW", "SH", "SW", "ND", "NXH", "NXW", "SIDES_H", "SIDES_W", "LOOPS",
                        "PLANES_LOOP", "ACC", "I64"), values, strict=True))
     consts["num_warps"] = _WARPS
-    if _MAXNREG:
-        consts["maxnreg"] = _MAXNREG
+    cap = _MAXNREG.get((spec.dims, dtype.itemsize))
+    if cap:
+        consts["maxnreg"] = cap
     consts["__values__"] = values
     args = (planes, per_program, n_hb, n_wb, q1, d_in, h_in, w_in, *gsize[2:], *gstr, *istr,
             pd_lo, ph_lo, ph_hi, pw_lo, pw_hi, *hs, *ws)
