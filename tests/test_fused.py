@@ -83,6 +83,34 @@ def test_where_backward_broadcast(case, dtype):
     _compare(ours, ref, dtype, f"where {case}")
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
+def test_row_pass_sums_trailing_dims(dtype):
+    """Gradients summed over B's trailing dims (a per-row operand) take the row pass: partial sums per tile, summed
+    in a fixed order, nothing written at B for them. Several column blocks (M > 4096), row blocks with a ragged
+    end, trailing dims merged, a 0-d operand (everything summed), a strided input; against stock in float64."""
+    from gradkern.kernels import lerp as lerp_mod
+    from gradkern.kernels import where as where_mod
+
+    cases = (((3, 5000), (3, 1), None), ((300, 5), (300, 1), None), ((2, 3, 4, 5), (2, 3, 1, 1), None),
+             ((6, 7), (), None), ((5, 9), (5, 1), "strided"))
+    for shape, oshape, view in cases:
+        g, c, s = _rand(shape, dtype), _cond(shape), _rand(shape, dtype)
+        if view == "strided":
+            g = _rand((shape[0], 2 * shape[1]), dtype)[:, ::2]
+        o = _rand(oshape, dtype)
+        where_mod._WHERE_BACKWARD._plans.clear()
+        ours = ops.where_backward(g, c, s, o)
+        (plan,) = where_mod._WHERE_BACKWARD._plans.values()
+        assert plan.rows, f"{shape} {oshape}: not the row pass"
+        _compare(ours, run_reference(REGISTRY["where_backward"].reference, (g, c, s, o)), dtype, f"where {shape}")
+        w = _rand(oshape, dtype)
+        lerp_mod._LERP_BACKWARD._plans.clear()
+        ours = ops.lerp_backward(g, s, o, w)
+        (plan,) = lerp_mod._LERP_BACKWARD._plans.values()
+        assert plan.rows, f"lerp {shape} {oshape}: not the row pass"
+        _compare(ours, run_reference(REGISTRY["lerp_backward"].reference, (g, s, o, w)), dtype, f"lerp {shape}")
+
+
 def test_where_backward_layouts_and_mixed_dtypes():
     g0 = _rand((8, 6, 5), torch.float32)
     c0 = _cond((8, 6, 5))

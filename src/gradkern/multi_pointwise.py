@@ -15,8 +15,12 @@ and calls `MultiPointwise(...)(inputs, outputs, scalars=..., flag=...)`:
   an op whose results are selections of the first input (`exact=True`: nothing to round), in that input's dtype.
 
 A flat 1-D pass over storage runs when every input has shape B and the same dense strides (contiguous,
-channels_last or any dense permutation; outputs then take that layout); otherwise a strided pass with int64
-offsets over up to 8 dims (after merging dims contiguous in every operand). Validation of dtypes is the calling
+channels_last or any dense permutation; outputs then take that layout). Results summed over B's trailing dims
+(a per-row `(N, 1)` operand of an `(N, M)` problem: B seen as R rows x M columns, each result kept either at B or
+at (R, 1)) take a row pass instead: each program sums its tile's columns per row into an fp32/fp64 partial, and
+`reduction.reduce_sum` adds the partials in a fixed order - no result at B is written and read back just to be
+summed. Otherwise a strided pass with int64 offsets over up to 8 dims (after merging dims contiguous in every
+operand). Validation of dtypes is the calling
 op's job (it knows the rules); this checks devices and shapes, before any launch. Plans are cached per problem.
 """
 
@@ -41,7 +45,7 @@ from .elementwise import (
     strided_offsets,
 )
 from .errors import InvalidProblem, Unsupported
-from .reduction import sum_to_shape
+from .reduction import reduce_sum, sum_to_shape
 from .tl_helpers import cast_out, scalar
 
 __all__ = ["MultiPointwise", "check_output_mask", "MAX_INPUTS", "MAX_OUTPUTS", "MAX_RANK"]
@@ -50,6 +54,7 @@ MAX_INPUTS, MAX_OUTPUTS, MAX_RANK = 4, 3, 8
 _I32_MAX = 2**31 - 1
 FLAT_BLOCK, FLAT_WARPS = 1024, 4
 STRIDED_BLOCK, STRIDED_WARPS = 1024, 4
+ROWS_TILE, ROWS_MAX_BC, ROWS_WARPS = 4096, 4096, 8  # the row pass's tile, its widest column block, warps
 _TL_MATH = {torch.float32: tl.float32, torch.float64: tl.float64}
 
 
@@ -107,6 +112,55 @@ def _strided_kernel(o0, o1, o2, x0, x1, x2, x3, s0, s1, n, SHAPE, SO, S0, S1, S2
     _apply(o0, o1, o2, x0, x1, x2, x3, oo, f0, f1, f2, f3, mask, s0, s1, FN, INS, OUTS, FLAG, MATH)
 
 
+@triton.jit
+def _row_result(r, o, p, oo, po, mask, rmask, J: tl.constexpr, OUTS: tl.constexpr, SUMS: tl.constexpr):
+    """Result J: stored at B (offsets oo), or its tile's columns summed per row into the partials (offsets po)."""
+    if OUTS & (1 << J):
+        if SUMS & (1 << J):
+            tl.store(p + po, tl.sum(tl.where(mask, r, 0.0), axis=1), mask=rmask)
+        else:
+            tl.store(o + oo, cast_out(r, o.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _rows_kernel(o0, o1, o2, x0, x1, x2, x3, p0, p1, p2, s0, s1, R, M, n_cb,
+                 r0s, c0s, r1s, c1s, r2s, c2s, r3s, c3s,
+                 FN: tl.constexpr, INS: tl.constexpr, OUTS: tl.constexpr, SUMS: tl.constexpr, FLAG: tl.constexpr,
+                 MATH: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr, I64: tl.constexpr):
+    # B as R rows x M columns; program (rb, cb) takes rows [rb*BR, +BR) x columns [cb*BC, +BC). Input i is at
+    # row * r{i}s + column * c{i}s; results at B are contiguous (R, M); the partial sums of result j are (R, n_cb).
+    pid = tl.program_id(0)
+    cb = pid % n_cb
+    rb = pid // n_cb
+    if I64:
+        cb = cb.to(tl.int64)
+        rb = rb.to(tl.int64)
+    r = rb * BR + tl.arange(0, BR)
+    c = cb * BC + tl.arange(0, BC)
+    rmask = r < R
+    mask = rmask[:, None] & (c < M)[None, :]
+    oo = r[:, None] * M + c[None, :]
+    f0 = r[:, None] * r0s + c[None, :] * c0s
+    f1 = r[:, None] * r1s + c[None, :] * c1s
+    f2 = r[:, None] * r2s + c[None, :] * c2s
+    f3 = r[:, None] * r3s + c[None, :] * c3s
+    a = tl.load(x0 + f0, mask=mask).to(MATH)
+    b = a
+    cc = a
+    d = a
+    if INS & 2:
+        b = tl.load(x1 + f1, mask=mask).to(MATH)
+    if INS & 4:
+        cc = tl.load(x2 + f2, mask=mask).to(MATH)
+    if INS & 8:
+        d = tl.load(x3 + f3, mask=mask).to(MATH)
+    v0, v1, v2 = FN(a, b, cc, d, scalar(s0, MATH), scalar(s1, MATH), FLAG)
+    po = r * n_cb + cb
+    _row_result(v0, o0, p0, oo, po, mask, rmask, 0, OUTS, SUMS)
+    _row_result(v1, o1, p1, oo, po, mask, rmask, 1, OUTS, SUMS)
+    _row_result(v2, o2, p2, oo, po, mask, rmask, 2, OUTS, SUMS)
+
+
 # ----------------------------------------------------------------------------------------------- planning
 @dataclass(frozen=True)
 class _Plan:
@@ -124,6 +178,7 @@ class _Plan:
     shape_c: tuple = ()
     strides_c: tuple = ()  # output strides, then one tuple per input slot
     i64: bool = True  # strided: index math in int64
+    rows: tuple = ()  # the row pass: (R, M, BR, BC, n_cb, per-input (row, column) strides), else empty
 
 
 class MultiPointwise:
@@ -172,6 +227,9 @@ class MultiPointwise:
         same = all(tuple(t.shape) == shape for t in present) and len({t.stride() for t in present}) == 1
         common = dict(shape=shape, n=n, math=mdt, ins=ins_mask, outs=outs_mask, out_dtypes=tuple(out_dtypes),
                       reduce_to=tuple(reduce_to), final_dtypes=tuple(final))
+        rows = _row_view(shape, ins, reduce_to)
+        if rows is not None:
+            return _Plan(**common, flat=False, dense_like=-1, rows=rows, i64=_rows_i64(rows))
         if same and (present[0].is_contiguous() or _dense_strides(present[0])):
             return _Plan(**common, flat=True, dense_like=-1 if present[0].is_contiguous() else 0)
         operands = [torch.empty(shape, device="meta").stride()]
@@ -207,6 +265,8 @@ class MultiPointwise:
                     self._plans.clear()
                 self._plans[key] = plan
         first = ins[0]
+        if plan.rows:
+            return self._run_rows(plan, ins, scalars, flag)
         results: list = []
         for odt in plan.out_dtypes:
             if odt is None:
@@ -221,6 +281,42 @@ class MultiPointwise:
             r if r is None or shape is None else sum_to_shape(r, shape, op=self.op, out_dtype=dt)
             for r, shape, dt in zip(results[:len(self.outputs)], plan.reduce_to, plan.final_dtypes, strict=False)
         )
+
+    def _run_rows(self, plan: _Plan, ins: list, scalars: Sequence[float], flag: int) -> tuple:
+        """The row pass: results at B written, results summed to (R, 1) as per-tile partials, then summed."""
+        first = ins[0]
+        R, M, BR, BC, n_cb, istrides = plan.rows
+        acc = _runtime.math_dtype(first.dtype)
+        outs, parts, sums = [], [], 0
+        for j, (odt, to) in enumerate(zip(plan.out_dtypes, plan.reduce_to, strict=True)):
+            if odt is None:
+                outs.append(None), parts.append(None)
+            elif to is None:
+                outs.append(torch.empty(plan.shape, dtype=odt, device=first.device)), parts.append(None)
+            else:
+                outs.append(None), parts.append(torch.empty((R, n_cb), dtype=acc, device=first.device))
+                sums |= 1 << j
+        if R * M > 0 and plan.outs:
+            x = [t if t is not None else first for t in ins]
+            o = [t if t is not None else first for t in outs]
+            p = [t if t is not None else first for t in parts]
+            bits = [scalar_bits(v) for v in scalars] + [0] * (2 - len(scalars))
+            values = (self.math_fn, plan.ins, plan.outs, sums, flag, plan.math, BR, BC, plan.i64)
+            consts = dict(zip(("FN", "INS", "OUTS", "SUMS", "FLAG", "MATH", "BR", "BC", "I64"), values, strict=True))
+            consts["__values__"] = values
+            consts["num_warps"] = ROWS_WARPS
+            ptrs = (*o, *x, *p)
+            spec = (self, plan, tuple(t.data_ptr() % 16 == 0 for t in ptrs), tuple(t.dtype for t in ptrs),
+                    tuple(-(2**31) <= b <= _I32_MAX for b in bits))
+            args = (*ptrs, *bits, R, M, n_cb, *[v for st in istrides for v in st])
+            launch(_rows_kernel, (triton.cdiv(R, BR) * n_cb,), args, consts, first.get_device(), spec)
+        result = []
+        for out, part, to, dt in zip(outs, parts, plan.reduce_to, plan.final_dtypes, strict=True):
+            if part is not None:
+                out = reduce_sum(part, (1,), op=self.op, out_dtype=dt).view(to) if R * M else \
+                    torch.zeros(to, dtype=dt, device=first.device)
+            result.append(out)
+        return tuple(result[:len(self.outputs)])
 
     def _launch(self, plan: _Plan, ins: list, results: list, scalars: Sequence[float], flag: int) -> None:
         first = ins[0]
@@ -242,3 +338,50 @@ class MultiPointwise:
                   "RANK": plan.rank, "BLOCK": STRIDED_BLOCK, "I64": plan.i64, "num_warps": STRIDED_WARPS}
         args = (*o, *x, *bits, plan.n, plan.shape_c, *plan.strides_c)
         launch(_strided_kernel, (triton.cdiv(plan.n, STRIDED_BLOCK),), args, consts, device)
+
+
+def _row_view(shape: tuple[int, ...], ins: list, reduce_to: tuple):
+    """The row pass's view of B, or None: every result summed back is summed over the same trailing dims of B
+    (its shape, aligned right, keeps B's leading k dims and is 1 after them) and every input's strides merge into
+    one (row, column) pair over B[:k] and B[k:]."""
+    targets = {t for t in reduce_to if t is not None}
+    if not targets:
+        return None
+    ks = set()
+    for t in targets:
+        full = (1,) * (len(shape) - len(t)) + tuple(t)
+        if len(full) != len(shape):
+            return None
+        k = 0
+        while k < len(shape) and full[k] == shape[k]:
+            k += 1
+        if any(d != 1 for d in full[k:]) or math.prod(shape[k:]) <= 1:
+            return None
+        ks.add(k)
+    if len(ks) != 1:
+        return None
+    k = ks.pop()
+    R, M = math.prod(shape[:k]), math.prod(shape[k:])
+    istrides = []
+    for t in list(ins) + [None] * (MAX_INPUTS - len(ins)):
+        if t is None:
+            istrides.append((0, 0))
+            continue
+        st = _broadcast_strides(t, shape)
+        pair = []
+        for lo, hi in ((0, k), (k, len(shape))):
+            cshape, (cst,) = _collapse(shape[lo:hi], [st[lo:hi]])
+            if len(cshape) > 1:
+                return None
+            pair.append(cst[0] if cshape else 0)
+        istrides.append(tuple(pair))
+    bc = min(triton.next_power_of_2(M), ROWS_MAX_BC)
+    br = min(triton.next_power_of_2(R), max(1, ROWS_TILE // bc))
+    return R, M, br, bc, triton.cdiv(M, bc), tuple(istrides)
+
+
+def _rows_i64(rows: tuple) -> bool:
+    R, M, BR, BC, n_cb, istrides = rows
+    span = max((R - 1) * abs(r) + (M - 1) * abs(c) for r, c in istrides)
+    return (R + BR) * M + BC > _I32_MAX or span + BR * max(abs(r) for r, _ in istrides) > _I32_MAX \
+        or (R + BR) * n_cb > _I32_MAX
