@@ -17,7 +17,7 @@ import torch
 
 from gradkern import _runtime, elementwise, multi_pointwise, reduction
 from gradkern.dispatch import use
-from gradkern.kernels import pad, prelu, repeat, segment_max, sparsemax
+from gradkern.kernels import lerp, pad, prelu, repeat, segment_max, sparsemax, where
 from gradkern.registry import REGISTRY
 from gradkern.testing import check_case
 
@@ -61,6 +61,10 @@ GROUPS = {  # name: (ops, dtypes, configs); each config overrides only what it n
     "multi": (["lerp_backward", "where_backward"], [F32, BF16],
               [DEFAULTS] + [(multi_pointwise, {"FLAT_BLOCK": b, "FLAT_WARPS": w})
                             for b, w in ((2048, 4), (2048, 8), (4096, 8), (512, 4), (1024, 8), (4096, 4))]),
+    "rows": (["lerp_backward", "where_backward"], [F32, BF16],
+             [DEFAULTS] + [(multi_pointwise, {"ROWS_TILE": t, "ROWS_MAX_BC": c, "ROWS_WARPS": w})
+                           for t, c, w in ((2048, 2048, 4), (8192, 8192, 8), (4096, 4096, 4), (4096, 1024, 4),
+                                           (8192, 4096, 16))]),
     "repeat": (["repeat_backward"], [F32, BF16],
                [DEFAULTS, (reduction, {"_STEP_SUM": False}), (reduction, {"_MIN_PROGRAMS": 1}),
                 (reduction, {"_STEP_SUM": False, "_MIN_PROGRAMS": 1})]),  # the last: before either
@@ -77,6 +81,8 @@ def _clear() -> None:
     reduction._plans.clear()
     reduction._launchers.clear()
     elementwise._fast_cache.clear()
+    for fused in (where._WHERE_BACKWARD, lerp._LERP_BACKWARD, prelu._PRELU_FULL):  # (the row pass's tiles)
+        fused._plans.clear()
 
 
 def _apply(config) -> None:

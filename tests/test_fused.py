@@ -86,7 +86,7 @@ def test_where_backward_broadcast(case, dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
 def test_row_pass_sums_trailing_dims(dtype):
     """Gradients summed over B's trailing dims (a per-row operand) take the row pass: partial sums per tile, summed
-    in a fixed order, nothing written at B for them. Several column blocks (M > 4096), row blocks with a ragged
+    in a fixed order, nothing written at B for them. Several column blocks (M > 2048), row blocks with a ragged
     end, trailing dims merged, a 0-d operand (everything summed), a strided input; against stock in float64."""
     from gradkern.kernels import lerp as lerp_mod
     from gradkern.kernels import where as where_mod
