@@ -84,15 +84,21 @@ def test_where_backward_broadcast(case, dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
-def test_row_pass_sums_trailing_dims(dtype):
-    """Gradients summed over B's trailing dims (a per-row operand) take the row pass: partial sums per tile, summed
-    in a fixed order, nothing written at B for them. Several column blocks (M > 2048), row blocks with a ragged
-    end, trailing dims merged, a 0-d operand (everything summed), a strided input; against stock in float64."""
+def test_summing_pass_sums_trailing_or_leading_dims(dtype, monkeypatch):
+    """Gradients summed over B's trailing dims (a per-row operand) or its leading dims (a per-column one) take the
+    summing pass: partial sums per program, summed in a fixed order, nothing written at B for them. Several column
+    blocks (M > 2048), row blocks with a ragged end, rows split over programs, dims merged, a 0-d operand
+    (everything summed), a strided input; against stock in float64. Column sums split over 3 programs at most here,
+    so that each walks several row steps."""
+    monkeypatch.setattr(multi_pointwise, "COLS_PROGRAMS", 3)
     from gradkern.kernels import lerp as lerp_mod
     from gradkern.kernels import where as where_mod
 
     cases = (((3, 5000), (3, 1), None), ((300, 5), (300, 1), None), ((2, 3, 4, 5), (2, 3, 1, 1), None),
-             ((6, 7), (), None), ((5, 9), (5, 1), "strided"))
+             ((6, 7), (), None), ((5, 9), (5, 1), "strided"),
+             # over the leading dims (a column sum): rows split over programs, several column blocks, merged dims
+             ((3000, 7), (7,), None), ((70, 2500), (1, 2500), None), ((3, 4, 5, 6), (5, 6), None),
+             ((40, 9), (9,), "strided"))
     for shape, oshape, view in cases:
         g, c, s = _rand(shape, dtype), _cond(shape), _rand(shape, dtype)
         if view == "strided":

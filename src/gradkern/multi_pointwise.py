@@ -17,9 +17,10 @@ and calls `MultiPointwise(...)(inputs, outputs, scalars=..., flag=...)`:
 A flat 1-D pass over storage runs when every input has shape B and the same dense strides (contiguous,
 channels_last or any dense permutation; outputs then take that layout). Results summed over B's trailing dims
 (a per-row `(N, 1)` operand of an `(N, M)` problem: B seen as R rows x M columns, each result kept either at B or
-at (R, 1)) take a row pass instead: each program sums its tile's columns per row into an fp32/fp64 partial, and
-`reduction.reduce_sum` adds the partials in a fixed order - no result at B is written and read back just to be
-summed. Otherwise a strided pass with int64 offsets over up to 8 dims (after merging dims contiguous in every
+at (R, 1)) or over its leading dims (a per-column `(M,)` operand: kept at B or at (1, M)) take a summing pass
+instead: each program sums its part of a row (or of a column, over its chunk of rows) into an fp32/fp64 partial,
+and `reduction.reduce_sum` adds the partials in a fixed order - no result at B is written and read back just to
+be summed. Otherwise a strided pass with int64 offsets over up to 8 dims (after merging dims contiguous in every
 operand). Validation of dtypes is the calling
 op's job (it knows the rules); this checks devices and shapes, before any launch. Plans are cached per problem.
 """
@@ -54,9 +55,11 @@ MAX_INPUTS, MAX_OUTPUTS, MAX_RANK = 4, 3, 8
 _I32_MAX = 2**31 - 1
 FLAT_BLOCK, FLAT_WARPS = 1024, 4
 STRIDED_BLOCK, STRIDED_WARPS = 1024, 4
-# the row pass's tile, its widest column block, warps (H200, 8192x8192 with an (8192, 1) operand: against 4096 /
-# 4096 / 8, lerp 1.03-1.17x, where 1.00-1.01x; 8192-element tiles and 1024-wide blocks no better for both ops)
+# the summing pass's tile, its widest column block, warps (H200, 8192x8192 with an (8192, 1) operand: against 4096
+# / 4096 / 8, lerp 1.03-1.17x, where 1.00-1.01x; 8192-element tiles and 1024-wide blocks no better for both ops);
+# summing over rows, the rows are split until about COLS_PROGRAMS programs run
 ROWS_TILE, ROWS_MAX_BC, ROWS_WARPS = 2048, 2048, 4
+COLS_PROGRAMS = 2048
 _TL_MATH = {torch.float32: tl.float32, torch.float64: tl.float64}
 
 
@@ -115,52 +118,85 @@ def _strided_kernel(o0, o1, o2, x0, x1, x2, x3, s0, s1, n, SHAPE, SO, S0, S1, S2
 
 
 @triton.jit
-def _row_result(r, o, p, oo, po, mask, rmask, J: tl.constexpr, OUTS: tl.constexpr, SUMS: tl.constexpr):
-    """Result J: stored at B (offsets oo), or its tile's columns summed per row into the partials (offsets po)."""
-    if OUTS & (1 << J):
-        if SUMS & (1 << J):
-            tl.store(p + po, tl.sum(tl.where(mask, r, 0.0), axis=1), mask=rmask)
-        else:
-            tl.store(o + oo, cast_out(r, o.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _rows_kernel(o0, o1, o2, x0, x1, x2, x3, p0, p1, p2, s0, s1, R, M, n_cb,
-                 r0s, c0s, r1s, c1s, r2s, c2s, r3s, c3s,
-                 FN: tl.constexpr, INS: tl.constexpr, OUTS: tl.constexpr, SUMS: tl.constexpr, FLAG: tl.constexpr,
-                 MATH: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr, I64: tl.constexpr):
-    # B as R rows x M columns; program (rb, cb) takes rows [rb*BR, +BR) x columns [cb*BC, +BC). Input i is at
-    # row * r{i}s + column * c{i}s; results at B are contiguous (R, M); the partial sums of result j are (R, n_cb).
-    pid = tl.program_id(0)
-    cb = pid % n_cb
-    rb = pid // n_cb
-    if I64:
-        cb = cb.to(tl.int64)
-        rb = rb.to(tl.int64)
-    r = rb * BR + tl.arange(0, BR)
-    c = cb * BC + tl.arange(0, BC)
-    rmask = r < R
-    mask = rmask[:, None] & (c < M)[None, :]
-    oo = r[:, None] * M + c[None, :]
-    f0 = r[:, None] * r0s + c[None, :] * c0s
-    f1 = r[:, None] * r1s + c[None, :] * c1s
-    f2 = r[:, None] * r2s + c[None, :] * c2s
-    f3 = r[:, None] * r3s + c[None, :] * c3s
-    a = tl.load(x0 + f0, mask=mask).to(MATH)
+def _sum_step(o0, o1, o2, x0, x1, x2, x3, p0, p1, p2, s0, s1, r, rmask, c, cmask, M, n_cb, cb,
+              r0s, c0s, r1s, c1s, r2s, c2s, r3s, c3s, FN: tl.constexpr, INS: tl.constexpr, OUTS: tl.constexpr,
+              SUMS: tl.constexpr, FLAG: tl.constexpr, MATH: tl.constexpr, AXIS: tl.constexpr):
+    """One [rows r x columns c] tile: results at B stored; results summed back over columns (AXIS 1) stored as
+    per-row partials; the results to be summed over rows (AXIS 0) returned, zero outside the tile."""
+    mask = rmask[:, None] & cmask[None, :]
+    a = tl.load(x0 + (r[:, None] * r0s + c[None, :] * c0s), mask=mask).to(MATH)
     b = a
     cc = a
     d = a
     if INS & 2:
-        b = tl.load(x1 + f1, mask=mask).to(MATH)
+        b = tl.load(x1 + (r[:, None] * r1s + c[None, :] * c1s), mask=mask).to(MATH)
     if INS & 4:
-        cc = tl.load(x2 + f2, mask=mask).to(MATH)
+        cc = tl.load(x2 + (r[:, None] * r2s + c[None, :] * c2s), mask=mask).to(MATH)
     if INS & 8:
-        d = tl.load(x3 + f3, mask=mask).to(MATH)
+        d = tl.load(x3 + (r[:, None] * r3s + c[None, :] * c3s), mask=mask).to(MATH)
     v0, v1, v2 = FN(a, b, cc, d, scalar(s0, MATH), scalar(s1, MATH), FLAG)
+    oo = r[:, None] * M + c[None, :]
     po = r * n_cb + cb
-    _row_result(v0, o0, p0, oo, po, mask, rmask, 0, OUTS, SUMS)
-    _row_result(v1, o1, p1, oo, po, mask, rmask, 1, OUTS, SUMS)
-    _row_result(v2, o2, p2, oo, po, mask, rmask, 2, OUTS, SUMS)
+    _sum_store(v0, o0, p0, oo, po, mask, rmask, 0, OUTS, SUMS, AXIS)
+    _sum_store(v1, o1, p1, oo, po, mask, rmask, 1, OUTS, SUMS, AXIS)
+    _sum_store(v2, o2, p2, oo, po, mask, rmask, 2, OUTS, SUMS, AXIS)
+    return tl.where(mask, v0, 0.0), tl.where(mask, v1, 0.0), tl.where(mask, v2, 0.0)
+
+
+@triton.jit
+def _sum_store(v, o, p, oo, po, mask, rmask, J: tl.constexpr, OUTS: tl.constexpr, SUMS: tl.constexpr,
+               AXIS: tl.constexpr):
+    if OUTS & (1 << J):
+        if SUMS & (1 << J):
+            if AXIS == 1:
+                tl.store(p + po, tl.sum(tl.where(mask, v, 0.0), axis=1), mask=rmask)
+        else:
+            tl.store(o + oo, cast_out(v, o.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _sum_pass_kernel(o0, o1, o2, x0, x1, x2, x3, p0, p1, p2, s0, s1, R, M, n_cb, RPP, NP,
+                     r0s, c0s, r1s, c1s, r2s, c2s, r3s, c3s,
+                     FN: tl.constexpr, INS: tl.constexpr, OUTS: tl.constexpr, SUMS: tl.constexpr,
+                     FLAG: tl.constexpr, MATH: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr, AXIS: tl.constexpr,
+                     I64: tl.constexpr):
+    # B as R rows x M columns; program (sp, cb) takes rows [sp*RPP, +RPP), BR at a time, x columns [cb*BC, +BC).
+    # Input i is at row * r{i}s + column * c{i}s; results at B are contiguous (R, M). Results summed back: AXIS 1
+    # (over columns: RPP == BR, one tile) into partials (R, n_cb); AXIS 0 (over rows) into partials (M, NP),
+    # column-major (a column's partials contiguous).
+    pid = tl.program_id(0)
+    cb = pid % n_cb
+    sp = pid // n_cb
+    if I64:
+        cb = cb.to(tl.int64)
+        sp = sp.to(tl.int64)
+    c = cb * BC + tl.arange(0, BC)
+    cmask = c < M
+    if AXIS == 1:
+        r = sp * BR + tl.arange(0, BR)
+        _sum_step(o0, o1, o2, x0, x1, x2, x3, p0, p1, p2, s0, s1, r, r < R, c, cmask, M, n_cb, cb,
+                  r0s, c0s, r1s, c1s, r2s, c2s, r3s, c3s, FN, INS, OUTS, SUMS, FLAG, MATH, AXIS)
+    else:
+        r_hi = tl.minimum(sp * RPP + RPP, R)
+        acc0 = tl.zeros([BR, BC], MATH)
+        acc1 = tl.zeros([BR, BC], MATH)
+        acc2 = tl.zeros([BR, BC], MATH)
+        for r0 in range(sp * RPP, r_hi, BR):
+            r = r0 + tl.arange(0, BR)
+            v0, v1, v2 = _sum_step(o0, o1, o2, x0, x1, x2, x3, p0, p1, p2, s0, s1, r, r < r_hi, c, cmask, M, n_cb,
+                                   cb, r0s, c0s, r1s, c1s, r2s, c2s, r3s, c3s, FN, INS, OUTS, SUMS, FLAG, MATH, AXIS)
+            if SUMS & 1:
+                acc0 += v0
+            if SUMS & 2:
+                acc1 += v1
+            if SUMS & 4:
+                acc2 += v2
+        if SUMS & 1:
+            tl.store(p0 + c * NP + sp, tl.sum(acc0, axis=0), mask=cmask)
+        if SUMS & 2:
+            tl.store(p1 + c * NP + sp, tl.sum(acc1, axis=0), mask=cmask)
+        if SUMS & 4:
+            tl.store(p2 + c * NP + sp, tl.sum(acc2, axis=0), mask=cmask)
 
 
 # ----------------------------------------------------------------------------------------------- planning
@@ -180,7 +216,7 @@ class _Plan:
     shape_c: tuple = ()
     strides_c: tuple = ()  # output strides, then one tuple per input slot
     i64: bool = True  # strided: index math in int64
-    rows: tuple = ()  # the row pass: (R, M, BR, BC, n_cb, per-input (row, column) strides), else empty
+    rows: tuple = ()  # the summing pass: (axis, R, M, BR, BC, n_cb, RPP, NP, per-input (row, column) strides)
 
 
 class MultiPointwise:
@@ -285,9 +321,10 @@ class MultiPointwise:
         )
 
     def _run_rows(self, plan: _Plan, ins: list, scalars: Sequence[float], flag: int) -> tuple:
-        """The row pass: results at B written, results summed to (R, 1) as per-tile partials, then summed."""
+        """The summing pass: results at B written, results summed back as per-program partials, then summed."""
         first = ins[0]
-        R, M, BR, BC, n_cb, istrides = plan.rows
+        axis, R, M, BR, BC, n_cb, RPP, NP, istrides = plan.rows
+        pshape = (R, n_cb) if axis == 1 else (M, NP)
         acc = _runtime.math_dtype(first.dtype)
         outs, parts, sums = [], [], 0
         for j, (odt, to) in enumerate(zip(plan.out_dtypes, plan.reduce_to, strict=True)):
@@ -296,22 +333,23 @@ class MultiPointwise:
             elif to is None:
                 outs.append(torch.empty(plan.shape, dtype=odt, device=first.device)), parts.append(None)
             else:
-                outs.append(None), parts.append(torch.empty((R, n_cb), dtype=acc, device=first.device))
+                outs.append(None), parts.append(torch.empty(pshape, dtype=acc, device=first.device))
                 sums |= 1 << j
         if R * M > 0 and plan.outs:
             x = [t if t is not None else first for t in ins]
             o = [t if t is not None else first for t in outs]
             p = [t if t is not None else first for t in parts]
             bits = [scalar_bits(v) for v in scalars] + [0] * (2 - len(scalars))
-            values = (self.math_fn, plan.ins, plan.outs, sums, flag, plan.math, BR, BC, plan.i64)
-            consts = dict(zip(("FN", "INS", "OUTS", "SUMS", "FLAG", "MATH", "BR", "BC", "I64"), values, strict=True))
+            values = (self.math_fn, plan.ins, plan.outs, sums, flag, plan.math, BR, BC, axis, plan.i64)
+            names = ("FN", "INS", "OUTS", "SUMS", "FLAG", "MATH", "BR", "BC", "AXIS", "I64")
+            consts = dict(zip(names, values, strict=True))
             consts["__values__"] = values
             consts["num_warps"] = ROWS_WARPS
             ptrs = (*o, *x, *p)
             spec = (self, plan, tuple(t.data_ptr() % 16 == 0 for t in ptrs), tuple(t.dtype for t in ptrs),
                     tuple(-(2**31) <= b <= _I32_MAX for b in bits))
-            args = (*ptrs, *bits, R, M, n_cb, *[v for st in istrides for v in st])
-            launch(_rows_kernel, (triton.cdiv(R, BR) * n_cb,), args, consts, first.get_device(), spec)
+            args = (*ptrs, *bits, R, M, n_cb, RPP, NP, *[v for st in istrides for v in st])
+            launch(_sum_pass_kernel, (NP * n_cb,), args, consts, first.get_device(), spec)
         result = []
         for out, part, to, dt in zip(outs, parts, plan.reduce_to, plan.final_dtypes, strict=True):
             if part is not None:
@@ -343,13 +381,14 @@ class MultiPointwise:
 
 
 def _row_view(shape: tuple[int, ...], ins: list, reduce_to: tuple):
-    """The row pass's view of B, or None: every result summed back is summed over the same trailing dims of B
-    (its shape, aligned right, keeps B's leading k dims and is 1 after them) and every input's strides merge into
-    one (row, column) pair over B[:k] and B[k:]."""
+    """The summing pass's view of B, or None: every result summed back is summed over the same dims of B - its
+    trailing dims (its shape, aligned right, keeps B's leading k dims and is 1 after them: axis 1) or its leading
+    ones (1 up to k, B's dims after: axis 0) - and every input's strides merge into one (row, column) pair over
+    B[:k] and B[k:]."""
     targets = {t for t in reduce_to if t is not None}
     if not targets:
         return None
-    ks = set()
+    views = set()
     for t in targets:
         full = (1,) * (len(shape) - len(t)) + tuple(t)
         if len(full) != len(shape):
@@ -357,12 +396,19 @@ def _row_view(shape: tuple[int, ...], ins: list, reduce_to: tuple):
         k = 0
         while k < len(shape) and full[k] == shape[k]:
             k += 1
-        if any(d != 1 for d in full[k:]) or math.prod(shape[k:]) <= 1:
-            return None
-        ks.add(k)
-    if len(ks) != 1:
+        if all(d == 1 for d in full[k:]) and math.prod(shape[k:]) > 1:
+            views.add((1, k))
+            continue
+        k = 0
+        while k < len(shape) and full[k] == 1:
+            k += 1
+        if tuple(full[k:]) == tuple(shape[k:]) and math.prod(shape[:k]) > 1:
+            views.add((0, k))
+            continue
         return None
-    k = ks.pop()
+    if len(views) != 1:
+        return None
+    axis, k = views.pop()
     R, M = math.prod(shape[:k]), math.prod(shape[k:])
     istrides = []
     for t in list(ins) + [None] * (MAX_INPUTS - len(ins)):
@@ -379,11 +425,18 @@ def _row_view(shape: tuple[int, ...], ins: list, reduce_to: tuple):
         istrides.append(tuple(pair))
     bc = min(triton.next_power_of_2(M), ROWS_MAX_BC)
     br = min(triton.next_power_of_2(R), max(1, ROWS_TILE // bc))
-    return R, M, br, bc, triton.cdiv(M, bc), tuple(istrides)
+    n_cb = triton.cdiv(M, bc)
+    if axis == 1:
+        rpp, n_p = br, triton.cdiv(R, br)
+    else:  # a program walks a chunk of rows
+        n_p = max(1, min(triton.cdiv(R, br), triton.cdiv(COLS_PROGRAMS, n_cb)))
+        rpp = triton.cdiv(triton.cdiv(R, n_p), br) * br
+        n_p = triton.cdiv(R, rpp)
+    return axis, R, M, br, bc, n_cb, rpp, n_p, tuple(istrides)
 
 
 def _rows_i64(rows: tuple) -> bool:
-    R, M, BR, BC, n_cb, istrides = rows
+    _axis, R, M, BR, BC, n_cb, _rpp, n_p, istrides = rows
     span = max((R - 1) * abs(r) + (M - 1) * abs(c) for r, c in istrides)
-    return (R + BR) * M + BC > _I32_MAX or span + BR * max(abs(r) for r, _ in istrides) > _I32_MAX \
-        or (R + BR) * n_cb > _I32_MAX
+    return ((R + BR) * M + BC > _I32_MAX or span + BR * max(abs(r) for r, _ in istrides) > _I32_MAX
+            or (R + BR) * n_cb > _I32_MAX or (M + BC) * n_p > _I32_MAX)

@@ -64,6 +64,8 @@ def _where_cases(device, dtype, size: str) -> list[Case]:
         Case(f"same shape {rows}x{cols}", (g, cond, full, full), {}, bytes=n * (3 * el + 1), elements=n),
         Case(f"other ({rows}, 1) {rows}x{cols}", (g.abs() + 0.1, cond, full, stand_in((rows, 1), device, dtype)),
              {}, bytes=n * (2 * el + 1) + rows * el, elements=n),
+        Case(f"other ({cols},) {rows}x{cols}", (g.abs() + 0.1, cond, full, stand_in((cols,), device, dtype)),
+             {}, bytes=n * (2 * el + 1) + cols * el, elements=n),
     ]
 
 
