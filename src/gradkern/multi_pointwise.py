@@ -21,8 +21,8 @@ at (R, 1)) or over its leading dims (a per-column `(M,)` operand: kept at B or a
 instead: each program sums its part of a row (or of a column, over its chunk of rows) into an fp32/fp64 partial,
 and `reduction.reduce_sum` adds the partials in a fixed order - no result at B is written and read back just to
 be summed. Otherwise a strided pass with int64 offsets over up to 8 dims (after merging dims contiguous in every
-operand). Validation of dtypes is the calling
-op's job (it knows the rules); this checks devices and shapes, before any launch. Plans are cached per problem.
+operand). Validation of dtypes is the calling op's job (it knows the rules); this checks devices and shapes, before
+any launch. Plans are cached per problem.
 """
 
 from __future__ import annotations
