@@ -117,6 +117,24 @@ def test_summing_pass_sums_trailing_or_leading_dims(dtype, monkeypatch):
         _compare(ours, run_reference(REGISTRY["lerp_backward"].reference, (g, s, o, w)), dtype, f"lerp {shape}")
 
 
+def test_summing_pass_int64_offsets(monkeypatch):
+    """The summing pass's int64 index variant (used where offsets can pass 2^31) gives the same results: forced by
+    lowering the threshold, since a 2^31-element problem does not fit a CPU test."""
+    from gradkern.kernels import where as where_mod
+
+    monkeypatch.setattr(multi_pointwise, "_I32_MAX", 64)
+    for shape, oshape in (((30, 70), (30, 1)), ((30, 70), (70,))):
+        g, c, s = _rand(shape, torch.float32), _cond(shape), _rand(shape, torch.float32)
+        o = _rand(oshape, torch.float32)
+        where_mod._WHERE_BACKWARD._plans.clear()
+        ours = ops.where_backward(g, c, s, o)
+        (plan,) = where_mod._WHERE_BACKWARD._plans.values()
+        assert plan.rows and plan.i64
+        _compare(ours, run_reference(REGISTRY["where_backward"].reference, (g, c, s, o)), torch.float32,
+                 f"where i64 {oshape}")
+    where_mod._WHERE_BACKWARD._plans.clear()
+
+
 def test_where_backward_layouts_and_mixed_dtypes():
     g0 = _rand((8, 6, 5), torch.float32)
     c0 = _cond((8, 6, 5))
