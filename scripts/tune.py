@@ -81,7 +81,7 @@ def _clear() -> None:
     reduction._plans.clear()
     reduction._launchers.clear()
     elementwise._fast_cache.clear()
-    for fused in (where._WHERE_BACKWARD, lerp._LERP_BACKWARD, prelu._PRELU_FULL):  # (the row pass's tiles)
+    for fused in (where._WHERE_BACKWARD, lerp._LERP_BACKWARD, prelu._PRELU_FULL):  # (the summing pass's tiles)
         fused._plans.clear()
 
 

@@ -108,13 +108,13 @@ def test_summing_pass_sums_trailing_or_leading_dims(dtype, monkeypatch):
         where_mod._WHERE_BACKWARD._plans.clear()
         ours = ops.where_backward(g, c, s, o)
         (plan,) = where_mod._WHERE_BACKWARD._plans.values()
-        assert plan.rows, f"{shape} {oshape}: not the row pass"
+        assert plan.summing, f"{shape} {oshape}: not the summing pass"
         _compare(ours, run_reference(REGISTRY["where_backward"].reference, (g, c, s, o)), dtype, f"where {shape}")
         w = _rand(oshape, dtype)
         lerp_mod._LERP_BACKWARD._plans.clear()
         ours = ops.lerp_backward(g, s, o, w)
         (plan,) = lerp_mod._LERP_BACKWARD._plans.values()
-        assert plan.rows, f"lerp {shape} {oshape}: not the row pass"
+        assert plan.summing, f"lerp {shape} {oshape}: not the summing pass"
         _compare(ours, run_reference(REGISTRY["lerp_backward"].reference, (g, s, o, w)), dtype, f"lerp {shape}")
 
 
@@ -130,7 +130,7 @@ def test_summing_pass_int64_offsets(monkeypatch):
         where_mod._WHERE_BACKWARD._plans.clear()
         ours = ops.where_backward(g, c, s, o)
         (plan,) = where_mod._WHERE_BACKWARD._plans.values()
-        assert plan.rows and plan.i64
+        assert plan.summing and plan.i64
         _compare(ours, run_reference(REGISTRY["where_backward"].reference, (g, c, s, o)), torch.float32,
                  f"where i64 {oshape}")
     where_mod._WHERE_BACKWARD._plans.clear()

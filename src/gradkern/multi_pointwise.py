@@ -216,7 +216,7 @@ class _Plan:
     shape_c: tuple = ()
     strides_c: tuple = ()  # output strides, then one tuple per input slot
     i64: bool = True  # strided: index math in int64
-    rows: tuple = ()  # the summing pass: (axis, R, M, BR, BC, n_cb, RPP, NP, per-input (row, column) strides)
+    summing: tuple = ()  # the summing pass: (axis, R, M, BR, BC, n_cb, RPP, NP, per-input (row, column) strides)
 
 
 class MultiPointwise:
@@ -265,9 +265,9 @@ class MultiPointwise:
         same = all(tuple(t.shape) == shape for t in present) and len({t.stride() for t in present}) == 1
         common = dict(shape=shape, n=n, math=mdt, ins=ins_mask, outs=outs_mask, out_dtypes=tuple(out_dtypes),
                       reduce_to=tuple(reduce_to), final_dtypes=tuple(final))
-        rows = _row_view(shape, ins, reduce_to)
-        if rows is not None:
-            return _Plan(**common, flat=False, dense_like=-1, rows=rows, i64=_rows_i64(rows))
+        summing = _summing_view(shape, ins, reduce_to)
+        if summing is not None:
+            return _Plan(**common, flat=False, dense_like=-1, summing=summing, i64=_summing_i64(summing))
         if same and (present[0].is_contiguous() or _dense_strides(present[0])):
             return _Plan(**common, flat=True, dense_like=-1 if present[0].is_contiguous() else 0)
         operands = [torch.empty(shape, device="meta").stride()]
@@ -303,8 +303,8 @@ class MultiPointwise:
                     self._plans.clear()
                 self._plans[key] = plan
         first = ins[0]
-        if plan.rows:
-            return self._run_rows(plan, ins, scalars, flag)
+        if plan.summing:
+            return self._run_summing(plan, ins, scalars, flag)
         results: list = []
         for odt in plan.out_dtypes:
             if odt is None:
@@ -320,10 +320,10 @@ class MultiPointwise:
             for r, shape, dt in zip(results[:len(self.outputs)], plan.reduce_to, plan.final_dtypes, strict=False)
         )
 
-    def _run_rows(self, plan: _Plan, ins: list, scalars: Sequence[float], flag: int) -> tuple:
+    def _run_summing(self, plan: _Plan, ins: list, scalars: Sequence[float], flag: int) -> tuple:
         """The summing pass: results at B written, results summed back as per-program partials, then summed."""
         first = ins[0]
-        axis, R, M, BR, BC, n_cb, RPP, NP, istrides = plan.rows
+        axis, R, M, BR, BC, n_cb, RPP, NP, istrides = plan.summing
         pshape = (R, n_cb) if axis == 1 else (M, NP)
         acc = _runtime.math_dtype(first.dtype)
         outs, parts, sums = [], [], 0
@@ -336,18 +336,14 @@ class MultiPointwise:
                 outs.append(None), parts.append(torch.empty(pshape, dtype=acc, device=first.device))
                 sums |= 1 << j
         if R * M > 0 and plan.outs:
-            x = [t if t is not None else first for t in ins]
-            o = [t if t is not None else first for t in outs]
-            p = [t if t is not None else first for t in parts]
-            bits = [scalar_bits(v) for v in scalars] + [0] * (2 - len(scalars))
+            bits = _scalar_args(scalars)
             values = (self.math_fn, plan.ins, plan.outs, sums, flag, plan.math, BR, BC, axis, plan.i64)
             names = ("FN", "INS", "OUTS", "SUMS", "FLAG", "MATH", "BR", "BC", "AXIS", "I64")
             consts = dict(zip(names, values, strict=True))
             consts["__values__"] = values
             consts["num_warps"] = ROWS_WARPS
-            ptrs = (*o, *x, *p)
-            spec = (self, plan, tuple(t.data_ptr() % 16 == 0 for t in ptrs), tuple(t.dtype for t in ptrs),
-                    tuple(-(2**31) <= b <= _I32_MAX for b in bits))
+            ptrs = (*_or_first(outs, first), *_or_first(ins, first), *_or_first(parts, first))
+            spec = self._relaunch_key(plan, ptrs, bits)
             args = (*ptrs, *bits, R, M, n_cb, RPP, NP, *[v for st in istrides for v in st])
             launch(_sum_pass_kernel, (NP * n_cb,), args, consts, first.get_device(), spec)
         result = []
@@ -358,20 +354,23 @@ class MultiPointwise:
             result.append(out)
         return tuple(result[:len(self.outputs)])
 
+    def _relaunch_key(self, plan: _Plan, ptrs: Sequence[torch.Tensor], bits: Sequence[int]) -> tuple:
+        """What a compiled kernel of this plan is specialised on beyond the plan: the pointers' dtypes and 16-byte
+        alignment, and whether each scalar's bits fit an int32."""
+        return (self, plan, tuple(t.data_ptr() % 16 == 0 for t in ptrs), tuple(t.dtype for t in ptrs),
+                tuple(-(2**31) <= b <= _I32_MAX for b in bits))
+
     def _launch(self, plan: _Plan, ins: list, results: list, scalars: Sequence[float], flag: int) -> None:
         first = ins[0]
-        x = [t if t is not None else first for t in ins]
-        o = [r if r is not None else first for r in results]
-        bits = [scalar_bits(s) for s in scalars] + [0] * (2 - len(scalars))
+        x, o = _or_first(ins, first), _or_first(results, first)
+        bits = _scalar_args(scalars)
         device = first.get_device()
         if plan.flat:
             i64 = plan.n + FLAT_BLOCK > _I32_MAX
             values = (self.math_fn, plan.ins, plan.outs, flag, plan.math, FLAT_BLOCK, i64)
             consts = {"FN": self.math_fn, "INS": plan.ins, "OUTS": plan.outs, "FLAG": flag, "MATH": plan.math,
                       "BLOCK": FLAT_BLOCK, "I64": i64, "num_warps": FLAT_WARPS, "__values__": values}
-            ptrs = (*o, *x)
-            spec = (self, plan, tuple(t.data_ptr() % 16 == 0 for t in ptrs), tuple(t.dtype for t in ptrs),
-                    tuple(-(2**31) <= b <= _I32_MAX for b in bits), plan.n % 16 == 0, plan.n == 1)
+            spec = (*self._relaunch_key(plan, (*o, *x), bits), plan.n % 16 == 0, plan.n == 1)
             launch(_flat_kernel, (triton.cdiv(plan.n, FLAT_BLOCK),), (*o, *x, *bits, plan.n), consts, device, spec)
             return
         consts = {"FN": self.math_fn, "INS": plan.ins, "OUTS": plan.outs, "FLAG": flag, "MATH": plan.math,
@@ -380,7 +379,17 @@ class MultiPointwise:
         launch(_strided_kernel, (triton.cdiv(plan.n, STRIDED_BLOCK),), args, consts, device)
 
 
-def _row_view(shape: tuple[int, ...], ins: list, reduce_to: tuple):
+def _or_first(tensors: Sequence, first: torch.Tensor) -> list:
+    """The kernels' pointer arguments: `first` stands in for an operand or result that is not there."""
+    return [t if t is not None else first for t in tensors]
+
+
+def _scalar_args(scalars: Sequence[float]) -> list[int]:
+    """The kernels' two scalar arguments, as float64 bits (0 for those not given)."""
+    return [scalar_bits(v) for v in scalars] + [0] * (2 - len(scalars))
+
+
+def _summing_view(shape: tuple[int, ...], ins: list, reduce_to: tuple):
     """The summing pass's view of B, or None: every result summed back is summed over the same dims of B - its
     trailing dims (its shape, aligned right, keeps B's leading k dims and is 1 after them: axis 1) or its leading
     ones (1 up to k, B's dims after: axis 0) - and every input's strides merge into one (row, column) pair over
@@ -435,8 +444,8 @@ def _row_view(shape: tuple[int, ...], ins: list, reduce_to: tuple):
     return axis, R, M, br, bc, n_cb, rpp, n_p, tuple(istrides)
 
 
-def _rows_i64(rows: tuple) -> bool:
-    _axis, R, M, BR, BC, n_cb, _rpp, n_p, istrides = rows
+def _summing_i64(summing: tuple) -> bool:
+    _axis, R, M, BR, BC, n_cb, _rpp, n_p, istrides = summing
     span = max((R - 1) * abs(r) + (M - 1) * abs(c) for r, c in istrides)
     return ((R + BR) * M + BC > _I32_MAX or span + BR * max(abs(r) for r, _ in istrides) > _I32_MAX
             or (R + BR) * n_cb > _I32_MAX or (M + BC) * n_p > _I32_MAX)
