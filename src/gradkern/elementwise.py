@@ -91,6 +91,30 @@ def check_tensor(op: str, arg: str, t, dtypes: Sequence[torch.dtype] = _runtime.
         raise Unsupported(op, arg, f"a tensor on device {where}", f"a tensor on device {t.device}")
 
 
+_BROADCAST: dict = {}  # shapes -> broadcast shape (torch.broadcast_shapes costs 10-20 us a call)
+
+
+def broadcast_shape(op: str, names: Sequence[str], shapes: Sequence) -> tuple[int, ...]:
+    """torch.broadcast_shapes(*shapes) as a tuple (cached: fused backwards ask on every call), or InvalidProblem
+    naming each input (`names`, one per shape) with its shape."""
+    try:
+        key = tuple(tuple(s) for s in shapes)
+        shape = _BROADCAST.get(key)
+    except TypeError:  # symbolic sizes: not cached
+        key, shape = None, None
+    if shape is None:
+        try:
+            shape = tuple(torch.broadcast_shapes(*shapes))
+        except RuntimeError:
+            given = ", ".join(f"{n}{tuple(s)}" for n, s in zip(names, shapes, strict=False))
+            raise InvalidProblem(op, "/".join(names), "shapes that broadcast together", given) from None
+        if key is not None:
+            if len(_BROADCAST) > 4096:
+                _BROADCAST.clear()
+            _BROADCAST[key] = shape
+    return shape
+
+
 # ----------------------------------------------------------------------------------------------- kernels
 @triton.jit
 def _apply(out, x0, x1, x2, oo, o0, o1, o2, mask, s0, s1, s2, FN: tl.constexpr, NIN: tl.constexpr,
@@ -333,11 +357,7 @@ class Pointwise:
         for name, t in zip(self.inputs[1:], ts[1:], strict=False):
             if t.device != dev:
                 raise Unsupported(self.op, name, f"a tensor on {dev} (the device of '{self.inputs[0]}')", t.device)
-        try:
-            shape = tuple(torch.broadcast_shapes(*(t.shape for t in ts)))
-        except RuntimeError:
-            given = ", ".join(f"{nm}{tuple(t.shape)}" for nm, t in zip(self.inputs, ts, strict=False))
-            raise InvalidProblem(self.op, "/".join(self.inputs), "shapes that broadcast together", given) from None
+        shape = broadcast_shape(self.op, self.inputs[:len(ts)], [t.shape for t in ts])
         out_dtype = result_dtype(ts)
         if out is not None:
             check_tensor(self.op, self.out_name, out)

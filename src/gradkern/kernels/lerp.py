@@ -18,7 +18,7 @@ import triton.language as tl
 from .._cases import matrix_shape, randn, stand_in
 from .._runtime import FLOAT_DTYPES
 from ..autograd_routing import fused_autograd
-from ..elementwise import check_tensor
+from ..elementwise import broadcast_shape, check_tensor
 from ..errors import InvalidProblem, Unsupported
 from ..multi_pointwise import MultiPointwise, check_output_mask
 from ..registry import Case, register_op
@@ -168,11 +168,7 @@ def lerp_backward(grad: torch.Tensor, self: torch.Tensor, end: torch.Tensor, wei
         shapes = (self.shape, end.shape)
     else:
         raise Unsupported(_OP, "weight", "a real number or a floating tensor", type(weight).__name__)
-    try:
-        shape = tuple(torch.broadcast_shapes(*shapes))
-    except RuntimeError:
-        given = ", ".join(f"{n}{tuple(s)}" for n, s in zip(("self", "end", "weight"), shapes, strict=False))
-        raise InvalidProblem(_OP, "self/end/weight", "shapes that broadcast together", given) from None
+    shape = broadcast_shape(_OP, ("self", "end", "weight")[:len(shapes)], shapes)
     if shape != tuple(grad.shape):
         raise InvalidProblem(_OP, "grad", f"shape {shape} (self, end and weight broadcast)", tuple(grad.shape))
     tensor_w = isinstance(weight, torch.Tensor)

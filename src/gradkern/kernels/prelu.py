@@ -29,7 +29,7 @@ import triton.language as tl
 from .._cases import randn
 from .._runtime import FLOAT_DTYPES, math_dtype
 from ..autograd_routing import fused_autograd
-from ..elementwise import _dense_strides, check_tensor, launch
+from ..elementwise import _dense_strides, broadcast_shape, check_tensor, launch
 from ..errors import InvalidProblem, Unsupported
 from ..multi_pointwise import MultiPointwise, check_output_mask
 from ..reduction import reduce_sum
@@ -71,11 +71,7 @@ def _prelu_kernel_backward(grad_output: torch.Tensor, self: torch.Tensor, weight
     for name, t in named:
         if t.dtype != self.dtype:
             raise Unsupported(_OP_FULL, name, f"dtype {self.dtype} (the dtype of self)", t.dtype)
-    try:
-        shape = tuple(torch.broadcast_shapes(grad_output.shape, self.shape, weight.shape))
-    except RuntimeError:
-        given = f"grad_output{tuple(grad_output.shape)}, self{tuple(self.shape)}, weight{tuple(weight.shape)}"
-        raise InvalidProblem(_OP_FULL, "grad_output/self/weight", "shapes that broadcast together", given) from None
+    shape = broadcast_shape(_OP_FULL, [n for n, _ in named], [t.shape for _, t in named])
     spec = (shape, self.dtype)
     return _PRELU_FULL((grad_output, self, weight), (spec, spec))
 

@@ -16,7 +16,7 @@ import triton.language as tl
 from .._cases import matrix_shape, randn, stand_in
 from .._runtime import FLOAT_DTYPES
 from ..autograd_routing import fused_autograd
-from ..elementwise import check_tensor
+from ..elementwise import broadcast_shape, check_tensor
 from ..errors import InvalidProblem
 from ..multi_pointwise import MultiPointwise, check_output_mask
 from ..registry import Case, register_op
@@ -113,11 +113,7 @@ def where_backward(grad: torch.Tensor, condition: torch.Tensor, self, other,
     for name, t, wanted in (("self", self, mask[0]), ("other", other, mask[1])):
         if wanted:  # a gradient needs a floating tensor (a Python scalar operand has none)
             check_tensor(_OP, name, t)
-    try:
-        shape = tuple(torch.broadcast_shapes(condition.shape, _shape(self), _shape(other)))
-    except RuntimeError:
-        given = f"condition{_shape(condition)}, self{_shape(self)}, other{_shape(other)}"
-        raise InvalidProblem(_OP, "condition/self/other", "shapes that broadcast together", given) from None
+    shape = broadcast_shape(_OP, ("condition", "self", "other"), (condition.shape, _shape(self), _shape(other)))
     if shape != tuple(grad.shape):
         raise InvalidProblem(_OP, "grad", f"shape {shape} (condition, self and other broadcast)", tuple(grad.shape))
     return _where_grads(grad, condition, (self.shape, self.dtype) if mask[0] else None,
