@@ -65,6 +65,10 @@ GROUPS = {  # name: (ops, dtypes, configs); each config overrides only what it n
              [DEFAULTS] + [(multi_pointwise, {"ROWS_TILE": t, "ROWS_MAX_BC": c, "ROWS_WARPS": w})
                            for t, c, w in ((2048, 2048, 4), (8192, 8192, 8), (4096, 4096, 4), (4096, 1024, 4),
                                            (8192, 4096, 16))]),
+    "cols": (["where_backward"], [F32, BF16],
+             [DEFAULTS] + [(multi_pointwise, {"COLS_TILE": t, "COLS_MAX_BC": c, "COLS_WARPS": w, "COLS_PROGRAMS": p})
+                           for t, c, w, p in ((4096, 1024, 4, 1024), (4096, 512, 4, 512), (4096, 1024, 4, 2048),
+                                              (2048, 1024, 4, 512), (2048, 2048, 4, 2048))]),
     "repeat": (["repeat_backward"], [F32, BF16],
                [DEFAULTS, (reduction, {"_STEP_SUM": False}), (reduction, {"_MIN_PROGRAMS": 1}),
                 (reduction, {"_STEP_SUM": False, "_MIN_PROGRAMS": 1})]),  # the last: before either

@@ -40,13 +40,14 @@ from .elementwise import (
     _broadcast_strides,
     _collapse,
     _dense_strides,
+    broadcast_shape,
     launch,
     scalar_bits,
     strided_i64,
     strided_offsets,
 )
 from .errors import InvalidProblem, Unsupported
-from .reduction import reduce_sum, sum_to_shape
+from .reduction import plan_view, run_plan, sum_to_shape
 from .tl_helpers import cast_out, scalar
 
 __all__ = ["MultiPointwise", "check_output_mask", "MAX_INPUTS", "MAX_OUTPUTS", "MAX_RANK"]
@@ -55,11 +56,13 @@ MAX_INPUTS, MAX_OUTPUTS, MAX_RANK = 4, 3, 8
 _I32_MAX = 2**31 - 1
 FLAT_BLOCK, FLAT_WARPS = 1024, 4
 STRIDED_BLOCK, STRIDED_WARPS = 1024, 4
-# the summing pass's tile, its widest column block, warps (H200, 8192x8192 with an (8192, 1) operand: against 4096
-# / 4096 / 8, lerp 1.03-1.17x, where 1.00-1.01x; 8192-element tiles and 1024-wide blocks no better for both ops);
-# summing over rows, the rows are split until about COLS_PROGRAMS programs run
+# the summing pass's tile, its widest column block, warps: summing over columns (H200, 8192x8192 with an (8192, 1)
+# operand: against 4096 / 4096 / 8, lerp 1.03-1.17x, where 1.00-1.01x; 8192-element tiles and 1024-wide blocks no
+# better for both ops) and over rows, where the rows are split until about COLS_PROGRAMS programs run (H200, where
+# with an (8192,) operand: against the row pass's 2048 / 2048 / 4 with 2048 programs, 1.27-1.53x; tune.py `cols`;
+# walking row blocks strided across programs, a step ahead, or adding each step's rows at once: no faster)
 ROWS_TILE, ROWS_MAX_BC, ROWS_WARPS = 2048, 2048, 4
-COLS_PROGRAMS = 2048
+COLS_TILE, COLS_MAX_BC, COLS_WARPS, COLS_PROGRAMS = 4096, 1024, 4, 512
 _TL_MATH = {torch.float32: tl.float32, torch.float64: tl.float64}
 
 
@@ -200,7 +203,20 @@ def _sum_pass_kernel(o0, o1, o2, x0, x1, x2, x3, p0, p1, p2, s0, s1, R, M, n_cb,
 
 
 # ----------------------------------------------------------------------------------------------- planning
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
+class _SumRun:
+    """What a call of the summing pass needs beyond its tensors, worked out once per plan."""
+
+    grid: int
+    ints: tuple  # the kernel's integer arguments after the scalars
+    consts: dict  # the kernel's constexprs (FN ... I64, num_warps, __values__)
+    pshape: tuple  # partials of one result: (R, n_cb) or (M, NP)
+    acc: torch.dtype  # ... in this dtype
+    at_b: tuple  # (j, dtype): results written at B
+    summed: tuple  # (j, plan of the sum over the partials, the result's shape): results summed back
+
+
+@dataclass(frozen=True, eq=False)  # hashed by identity: plans are cached, and key the relaunch cache
 class _Plan:
     shape: tuple[int, ...]  # B, the broadcast shape every result is computed at
     n: int
@@ -217,6 +233,7 @@ class _Plan:
     strides_c: tuple = ()  # output strides, then one tuple per input slot
     i64: bool = True  # strided: index math in int64
     summing: tuple = ()  # the summing pass: (axis, R, M, BR, BC, n_cb, RPP, NP, per-input (row, column) strides)
+    run: _SumRun | None = None  # the summing pass's launch
 
 
 class MultiPointwise:
@@ -231,7 +248,7 @@ class MultiPointwise:
         self.exact = exact
         self._plans: dict = {}
 
-    def _plan(self, ins: Sequence, outs: Sequence) -> _Plan:
+    def _plan(self, ins: Sequence, outs: Sequence, flag: int) -> _Plan:
         given = [(name, t) for name, t in zip(self.inputs, ins, strict=False) if t is not None]
         dev = ins[0].device
         for name, t in given:
@@ -239,12 +256,7 @@ class MultiPointwise:
                 raise Unsupported(self.op, name, "a torch.Tensor", type(t).__name__)
             if t.device != dev:
                 raise Unsupported(self.op, name, f"a tensor on {dev} (the device of '{self.inputs[0]}')", t.device)
-        try:
-            shape = tuple(torch.broadcast_shapes(*(t.shape for _, t in given)))
-        except RuntimeError:
-            desc = ", ".join(f"{name}{tuple(t.shape)}" for name, t in given)
-            raise InvalidProblem(self.op, "/".join(n for n, _ in given), "shapes that broadcast together",
-                                 desc) from None
+        shape = broadcast_shape(self.op, [n for n, _ in given], [t.shape for _, t in given])
         mdt = _TL_MATH[_runtime.math_dtype(ins[0].dtype)]
         compute = ins[0].dtype if self.exact else _runtime.math_dtype(ins[0].dtype)  # what results to sum are in
         out_dtypes, reduce_to, final = [], [], []
@@ -267,7 +279,9 @@ class MultiPointwise:
                       reduce_to=tuple(reduce_to), final_dtypes=tuple(final))
         summing = _summing_view(shape, ins, reduce_to)
         if summing is not None:
-            return _Plan(**common, flat=False, dense_like=-1, summing=summing, i64=_summing_i64(summing))
+            i64 = _summing_i64(summing)
+            return _Plan(**common, flat=False, dense_like=-1, summing=summing, i64=i64,
+                         run=self._sum_run(summing, common, flag, i64, _runtime.math_dtype(ins[0].dtype)))
         if same and (present[0].is_contiguous() or _dense_strides(present[0])):
             return _Plan(**common, flat=True, dense_like=-1 if present[0].is_contiguous() else 0)
         operands = [torch.empty(shape, device="meta").stride()]
@@ -297,14 +311,14 @@ class MultiPointwise:
         except (AttributeError, TypeError):  # a non-tensor argument: let validation name it
             plan, key = None, None
         if plan is None:
-            plan = self._plan(ins, outs)
+            plan = self._plan(ins, outs, flag)
             if key is not None:
                 if len(self._plans) > 4096:
                     self._plans.clear()
                 self._plans[key] = plan
         first = ins[0]
         if plan.summing:
-            return self._run_summing(plan, ins, scalars, flag)
+            return self._run_summing(plan, ins, scalars)
         results: list = []
         for odt in plan.out_dtypes:
             if odt is None:
@@ -320,45 +334,49 @@ class MultiPointwise:
             for r, shape, dt in zip(results[:len(self.outputs)], plan.reduce_to, plan.final_dtypes, strict=False)
         )
 
-    def _run_summing(self, plan: _Plan, ins: list, scalars: Sequence[float], flag: int) -> tuple:
-        """The summing pass: results at B written, results summed back as per-program partials, then summed."""
-        first = ins[0]
-        axis, R, M, BR, BC, n_cb, RPP, NP, istrides = plan.summing
+    def _sum_run(self, summing: tuple, common: dict, flag: int, i64: bool, acc: torch.dtype) -> _SumRun:
+        axis, R, M, BR, BC, n_cb, RPP, NP, istrides = summing
         pshape = (R, n_cb) if axis == 1 else (M, NP)
-        acc = _runtime.math_dtype(first.dtype)
-        outs, parts, sums = [], [], 0
-        for j, (odt, to) in enumerate(zip(plan.out_dtypes, plan.reduce_to, strict=True)):
-            if odt is None:
-                outs.append(None), parts.append(None)
-            elif to is None:
-                outs.append(torch.empty(plan.shape, dtype=odt, device=first.device)), parts.append(None)
-            else:
-                outs.append(None), parts.append(torch.empty(pshape, dtype=acc, device=first.device))
+        at_b, summed, sums = [], [], 0
+        for j, (odt, to, dt) in enumerate(zip(common["out_dtypes"], common["reduce_to"], common["final_dtypes"],
+                                              strict=True)):
+            if odt is not None and to is None:
+                at_b.append((j, odt))
+            elif odt is not None:
+                summed.append((j, plan_view(pshape, (pshape[1], 1), acc, (1,), op=self.op, out_dtype=dt), to))
                 sums |= 1 << j
-        if R * M > 0 and plan.outs:
-            bits = _scalar_args(scalars)
-            values = (self.math_fn, plan.ins, plan.outs, sums, flag, plan.math, BR, BC, axis, plan.i64)
-            names = ("FN", "INS", "OUTS", "SUMS", "FLAG", "MATH", "BR", "BC", "AXIS", "I64")
-            consts = dict(zip(names, values, strict=True))
-            consts["__values__"] = values
-            consts["num_warps"] = ROWS_WARPS
-            ptrs = (*_or_first(outs, first), *_or_first(ins, first), *_or_first(parts, first))
-            spec = self._relaunch_key(plan, ptrs, bits)
-            args = (*ptrs, *bits, R, M, n_cb, RPP, NP, *[v for st in istrides for v in st])
-            launch(_sum_pass_kernel, (NP * n_cb,), args, consts, first.get_device(), spec)
-        result = []
-        for out, part, to, dt in zip(outs, parts, plan.reduce_to, plan.final_dtypes, strict=True):
-            if part is not None:
-                out = reduce_sum(part, (1,), op=self.op, out_dtype=dt).view(to) if R * M else \
-                    torch.zeros(to, dtype=dt, device=first.device)
-            result.append(out)
-        return tuple(result[:len(self.outputs)])
+        values = (self.math_fn, common["ins"], common["outs"], sums, flag, common["math"], BR, BC, axis, i64)
+        names = ("FN", "INS", "OUTS", "SUMS", "FLAG", "MATH", "BR", "BC", "AXIS", "I64")
+        warps = COLS_WARPS if axis == 0 else ROWS_WARPS
+        consts = {**dict(zip(names, values, strict=True)), "num_warps": warps, "__values__": values}
+        ints = (R, M, n_cb, RPP, NP, *[v for st in istrides for v in st])
+        return _SumRun(NP * n_cb, ints, consts, pshape, acc, tuple(at_b), tuple(summed))
+
+    def _run_summing(self, plan: _Plan, ins: list, scalars: Sequence[float]) -> tuple:
+        """The summing pass: results at B written, results summed back as per-program partials, then summed."""
+        run, first = plan.run, ins[0]
+        dev = first.device
+        outs, parts = [None] * MAX_OUTPUTS, [None] * MAX_OUTPUTS
+        for j, odt in run.at_b:
+            outs[j] = torch.empty(plan.shape, dtype=odt, device=dev)
+        for j, _, _ in run.summed:
+            parts[j] = torch.empty(run.pshape, dtype=run.acc, device=dev)
+        if plan.n == 0:
+            for j, _, to in run.summed:
+                outs[j] = torch.zeros(to, dtype=plan.final_dtypes[j], device=dev)
+            return tuple(outs[:len(self.outputs)])
+        bits = _scalar_args(scalars)
+        ptrs = (*_or_first(outs, first), *_or_first(ins, first), *_or_first(parts, first))
+        launch(_sum_pass_kernel, (run.grid,), (*ptrs, *bits, *run.ints), run.consts, first.get_device(),
+               self._relaunch_key(plan, ptrs, bits))
+        for j, rplan, to in run.summed:
+            outs[j] = run_plan(rplan, parts[j], to)
+        return tuple(outs[:len(self.outputs)])
 
     def _relaunch_key(self, plan: _Plan, ptrs: Sequence[torch.Tensor], bits: Sequence[int]) -> tuple:
-        """What a compiled kernel of this plan is specialised on beyond the plan: the pointers' dtypes and 16-byte
-        alignment, and whether each scalar's bits fit an int32."""
-        return (self, plan, tuple(t.data_ptr() % 16 == 0 for t in ptrs), tuple(t.dtype for t in ptrs),
-                tuple(-(2**31) <= b <= _I32_MAX for b in bits))
+        """What a compiled kernel of this plan is specialised on beyond the plan (which fixes the pointers' dtypes):
+        the pointers' 16-byte alignment, and whether each scalar's bits fit an int32."""
+        return (plan, tuple(t.data_ptr() % 16 == 0 for t in ptrs), tuple(-(2**31) <= b <= _I32_MAX for b in bits))
 
     def _launch(self, plan: _Plan, ins: list, results: list, scalars: Sequence[float], flag: int) -> None:
         first = ins[0]
@@ -432,8 +450,9 @@ def _summing_view(shape: tuple[int, ...], ins: list, reduce_to: tuple):
                 return None
             pair.append(cst[0] if cshape else 0)
         istrides.append(tuple(pair))
-    bc = min(triton.next_power_of_2(M), ROWS_MAX_BC)
-    br = min(triton.next_power_of_2(R), max(1, ROWS_TILE // bc))
+    tile, max_bc = (COLS_TILE, COLS_MAX_BC) if axis == 0 else (ROWS_TILE, ROWS_MAX_BC)
+    bc = min(triton.next_power_of_2(M), max_bc)
+    br = min(triton.next_power_of_2(R), max(1, tile // bc))
     n_cb = triton.cdiv(M, bc)
     if axis == 1:
         rpp, n_p = br, triton.cdiv(R, br)
