@@ -318,6 +318,7 @@ def test_prelu_split_reduction_is_fixed_order(dtype, monkeypatch):
     """Force many tiles per program and a multi-partial second pass; results stay right and bitwise stable."""
     monkeypatch.setattr(prelu_mod, "_ROWS_TPP", 5)
     monkeypatch.setattr(prelu_mod, "_COLS_TARGET_PROGRAMS", 4)
+    monkeypatch.setattr(prelu_mod, "_COLS_MIN_ROWS", 1)
     monkeypatch.setattr(prelu_mod, "_COLS_TILE", 16)
     monkeypatch.setattr(prelu_mod, "_TILE_BYTES", 256)
     monkeypatch.setattr(prelu_mod, "_plans", {})

@@ -199,6 +199,7 @@ def test_prelu_backward_fuzz(data, shape, gen, mask, dtype, small_tiles):
             stack.enter_context(mock.patch.object(prelu_mod, "_ROWS_TPP", 3))
             stack.enter_context(mock.patch.object(prelu_mod, "_COLS_TILE", 16))
             stack.enter_context(mock.patch.object(prelu_mod, "_COLS_TARGET_PROGRAMS", 4))
+            stack.enter_context(mock.patch.object(prelu_mod, "_COLS_MIN_ROWS", 1))
             stack.enter_context(mock.patch.object(prelu_mod, "_plans", {}))
         gi, gw = check_case("prelu_backward", (g, x, w, mask),
                             what=f"prelu_backward {_desc(g=g, x=x, w=w, mask=mask, small_tiles=small_tiles)}")

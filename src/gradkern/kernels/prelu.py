@@ -159,6 +159,7 @@ _ROWS_TPP = 2  # tiles per program of the row kernel (one partial per program: n
 # run (H200, 64x64x128x128 channels_last and 262144x256: 4096 / 4096 against 2048 / 2048, 1.03-1.07x)
 _COLS_TILE = 4096
 _COLS_TARGET_PROGRAMS = 4096
+_COLS_MIN_ROWS = 256  # ... but gives each program at least this many rows (each writes BK partials, uncoalesced)
 _ROWS_MIN_L = 32  # (A, C, L) inputs with L >= this walk rows of L; smaller L (channels_last: L = 1) walk columns
 _COLS_BK = 256  # the column kernel's widest column block
 _WARPS = 4  # the row kernel's
@@ -202,7 +203,7 @@ def _cols_plan(A: int, C: int, L: int) -> _Fused:
     bk = min(_npow2(K), _COLS_BK)
     ba = min(_npow2(A), max(1, _COLS_TILE // bk))
     nkb = triton.cdiv(K, bk)
-    split = max(1, min(triton.cdiv(_COLS_TARGET_PROGRAMS, nkb), triton.cdiv(A, ba)))
+    split = max(1, min(triton.cdiv(_COLS_TARGET_PROGRAMS, nkb), triton.cdiv(A, max(ba, _COLS_MIN_ROWS))))
     rpp = triton.cdiv(triton.cdiv(A, split), ba) * ba
     split = triton.cdiv(A, rpp)
     tile = ba * bk
