@@ -4,7 +4,7 @@
 gw = x > 0 ? 0 : x*g (w broadcast to x), in one elementwise pass. Autograd would then sum gw to the weight's shape
 in a second kernel; `prelu_backward(g, x, weight)` instead reduces grad_weight in the same pass: each program sums
 its tile's x*g per channel in fp32 (fp64 for f64) and writes one partial per channel; a fixed-order second pass
-(`reduction.reduce_sum`) adds the partials. No atomics; the split depends on the shape only, so results are
+(the shared reduction) adds the partials. No atomics; the split depends on the shape only, so results are
 bitwise reproducible. The channel is dim 1 (a 1-D or 0-d input has one channel), as `torch.prelu` defines it -
 never guessed from where the weight's size happens to match (a C == W input would otherwise go wrong).
 
@@ -32,7 +32,7 @@ from ..autograd_routing import fused_autograd
 from ..elementwise import _dense_strides, broadcast_shape, check_tensor, launch
 from ..errors import InvalidProblem, Unsupported
 from ..multi_pointwise import MultiPointwise, check_output_mask
-from ..reduction import reduce_sum
+from ..reduction import plan_view, run_plan
 from ..registry import Case, register_op
 from ..tl_helpers import cast_out
 
@@ -257,23 +257,43 @@ def _prelu_grads(grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, need
                                              (w.shape, w.dtype) if need_weight else None))
         return gi, gw.view(weight.shape) if gw is not None else None
     w = weight.reshape(-1).contiguous()  # the kernels index the weight densely (w + c); a strided one is copied
-    mdt = math_dtype(x.dtype)
+    consts, rplan = _launch_consts(plan, x.dtype, need_input, need_weight)
     gi = torch.empty_like(x) if need_input else None
-    part = torch.empty(plan.part_shape, dtype=mdt, device=x.device) if need_weight else None
+    part = torch.empty(plan.part_shape, dtype=math_dtype(x.dtype), device=x.device) if need_weight else None
     kernel = _prelu_rows_kernel if plan.rows else _prelu_cols_kernel
-    consts = {"MATH": _TL_MATH[mdt], "HAS_GI": need_input, "HAS_GW": need_weight, "BA": plan.block[0],
-              ("BL" if plan.rows else "BK"): plan.block[1], "I64": plan.i64}
-    consts["__values__"] = tuple(consts.values())  # (in the kernel's parameter order)
-    consts["num_warps"] = _WARPS if plan.rows else _COLS_WARPS
     ptrs = (grad, x, w, gi if need_input else x, part if need_weight else x)
     # after a specialisation's first launch its compiled kernel is called directly: the plan fixes the integer
     # arguments (so their specialisation), the key adds the output mask and the pointers' 16-byte alignment
-    spec = (kernel, plan.uid, need_input, need_weight, x.get_device(), tuple(p.data_ptr() % 16 == 0 for p in ptrs))
-    launch(kernel, (plan.programs,), (*ptrs, *plan.args), consts, x.get_device(), spec)
+    device = x.get_device()
+    spec = (kernel, plan.uid, need_input, need_weight, device, tuple(p.data_ptr() % 16 == 0 for p in ptrs))
+    launch(kernel, (plan.programs,), (*ptrs, *plan.args), consts, device, spec)
     if not need_weight:
         return gi, None
     # the second, fixed-order pass over the per-program partials
-    return gi, reduce_sum(part, plan.part_dims, op=_OP, out_dtype=weight.dtype).view(weight.shape)
+    return gi, run_plan(rplan, part, weight.shape)
+
+
+_consts: dict = {}
+
+
+def _launch_consts(plan: _Fused, dtype: torch.dtype, need_input: bool, need_weight: bool) -> tuple:
+    """The fused kernel's constexprs and the plan of the sum over its partials (None without grad_weight), made
+    once per plan, dtype and output mask."""
+    key = (plan.uid, dtype, need_input, need_weight)
+    hit = _consts.get(key)
+    if hit is None:
+        mdt = math_dtype(dtype)
+        consts = {"MATH": _TL_MATH[mdt], "HAS_GI": need_input, "HAS_GW": need_weight, "BA": plan.block[0],
+                  ("BL" if plan.rows else "BK"): plan.block[1], "I64": plan.i64}
+        consts["__values__"] = tuple(consts.values())  # (in the kernel's parameter order)
+        consts["num_warps"] = _WARPS if plan.rows else _COLS_WARPS
+        strides = torch.empty(plan.part_shape, device="meta").stride()
+        rplan = plan_view(plan.part_shape, strides, mdt, plan.part_dims, op=_OP, out_dtype=dtype) \
+            if need_weight else None
+        if len(_consts) > 4096:
+            _consts.clear()
+        hit = _consts[key] = (consts, rplan)
+    return hit
 
 
 # ------------------------------------------------------------------------------------- the fused op
