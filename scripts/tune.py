@@ -56,9 +56,9 @@ GROUPS = {  # name: (ops, dtypes, configs); each config overrides only what it n
               [DEFAULTS, _sm((2048, 1024), (256, 256)), _sm((2048, 1024), (256, 128)), _sm((2048, 2048), (256, 1024)),
                _sm((2048, 2048), (256, 512))]),
     "prelu": (["prelu_backward"], [F32, BF16],
-              [DEFAULTS] + [(prelu, {"_COLS_TILE": t, "_COLS_TARGET_PROGRAMS": p, "_COLS_MIN_ROWS": r})
-                            for t, p, r in ((4096, 4096, 662), (4096, 4096, 1324), (2048, 4096, 256),
-                                            (2048, 4096, 512), (4096, 396, 0), (4096, 792, 0), (2048, 1320, 0))]),
+              [DEFAULTS] + [(prelu, {"_ROWS_MAX_PARTIALS": p}) for p in (1 << 30, 2048, 4096, 16384)]
+              + [(prelu, {"_COLS_TILE": t, "_COLS_TARGET_PROGRAMS": p, "_COLS_MIN_ROWS": r})
+                 for t, p, r in ((4096, 4096, 0), (4096, 4096, 1024), (2048, 4096, 256), (4096, 792, 0))]),
     "multi": (["lerp_backward", "where_backward"], [F32, BF16],
               [DEFAULTS] + [(multi_pointwise, {"FLAT_BLOCK": b, "FLAT_WARPS": w})
                             for b, w in ((2048, 4), (2048, 8), (4096, 8), (512, 4), (1024, 8), (4096, 4))]),

@@ -333,6 +333,24 @@ def test_prelu_split_reduction_is_fixed_order(dtype, monkeypatch):
         assert_bitwise_equal(ops.prelu_backward(g, x, w), first, "run twice")
 
 
+def test_prelu_row_kernel_caps_its_partials(monkeypatch):
+    """The row kernel makes at most _ROWS_MAX_PARTIALS partials a channel, giving programs more tiles instead;
+    every tile is still walked once (checked against stock with the cap forced low)."""
+    for A, C, L in ((1, 1, 1 << 26), (64, 64, 1 << 14), (3, 5, 77)):
+        plan = prelu_mod._rows_plan(A, C, L, 4096)
+        _a, _c, _l, _nb, tiles, tpp, split = plan.args
+        assert split <= prelu_mod._ROWS_MAX_PARTIALS and (split - 1) * tpp < tiles <= split * tpp
+    assert prelu_mod._rows_plan(1, 1, 1 << 26, 4096).part_shape == (1, prelu_mod._ROWS_MAX_PARTIALS)
+    monkeypatch.setattr(prelu_mod, "_ROWS_MAX_PARTIALS", 3)
+    monkeypatch.setattr(prelu_mod, "_TILE_BYTES", 64)
+    monkeypatch.setattr(prelu_mod, "_plans", {})
+    for shape, c in (((700,), 1), ((4, 3, 50), 3)):
+        x, g, w = _rand(shape, torch.float32, 2.0), _rand(shape, torch.float32), _rand((c,), torch.float32, 0.25)
+        assert prelu_mod._fused_plan(x, g, c).part_shape == (c, 3)
+        _compare(ops.prelu_backward(g, x, w), run_reference(REGISTRY["prelu_backward"].reference, (g, x, w)),
+                 torch.float32, f"capped partials {shape}")
+
+
 def test_prelu_relaunch_cache_respects_alignment():
     """The fused kernels are relaunched directly after their first launch, keyed by plan, output mask and the
     pointers' 16-byte alignment: views at an odd element offset (not aligned) must not reuse a kernel compiled for

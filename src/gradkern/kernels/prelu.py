@@ -154,7 +154,11 @@ def _cols_step(a0, a_end, k, kmask, K, BA: tl.constexpr, I64: tl.constexpr):
 
 # Launch parameters depend on the shape and dtype only (never on timing), so the summation order is fixed.
 _TILE_BYTES = 8192  # bytes of each operand a program loads per loop step (elements: this / element size)
-_ROWS_TPP = 2  # tiles per program of the row kernel (one partial per program: no limit from the partials)
+_ROWS_TPP = 2  # tiles per program of the row kernel (one partial per program) ...
+# ... but at most this many partials a channel, summed by one program (H200, 64M elements with one weight: 16384
+# partials took 7.2 us to sum; bf16 0.1079 -> 0.1058 ms a call with 8192; 4096 / 2048 / 1024: 0.1073 / 0.1139 /
+# 0.1287 ms, the kernel slower with fewer programs; tune.py group prelu)
+_ROWS_MAX_PARTIALS = 8192
 # the column kernel: elements per loop step (any dtype), and it splits the rows until about this many programs
 # run (H200, 64x64x128x128 channels_last and 262144x256: 4096 / 4096 against 2048 / 2048, 1.03-1.07x)
 _COLS_TILE = 4096
@@ -192,8 +196,9 @@ def _rows_plan(A: int, C: int, L: int, tile: int) -> _Fused:
     ba = min(_npow2(A), max(1, tile // bl))
     nb = triton.cdiv(L, bl)
     tiles = triton.cdiv(A, ba) * nb
-    split = triton.cdiv(tiles, _ROWS_TPP)
+    split = min(triton.cdiv(tiles, _ROWS_TPP), _ROWS_MAX_PARTIALS)
     tpp = triton.cdiv(tiles, split)
+    split = triton.cdiv(tiles, tpp)
     return _Fused(True, C * split, (A, C, L, nb, tiles, tpp, split), (ba, bl), (C, split), (1,),
                   A * C * L + tile > _I32_MAX, next(_uids))
 
