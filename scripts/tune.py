@@ -56,7 +56,7 @@ GROUPS = {  # name: (ops, dtypes, configs); each config overrides only what it n
               [DEFAULTS, _sm((2048, 1024), (256, 256)), _sm((2048, 1024), (256, 128)), _sm((2048, 2048), (256, 1024)),
                _sm((2048, 2048), (256, 512))]),
     "prelu": (["prelu_backward"], [F32, BF16],
-              [DEFAULTS] + [(prelu, {"_ROWS_MAX_PARTIALS": p}) for p in (1 << 30, 2048, 4096, 16384)]
+              [DEFAULTS] + [(prelu, {"_ROWS_MAX_PARTIALS": {2: p, 4: p}}) for p in (1 << 30, 4096, 8192, 16384)]
               + [(prelu, {"_COLS_TILE": t, "_COLS_TARGET_PROGRAMS": p, "_COLS_MIN_ROWS": r})
                  for t, p, r in ((4096, 4096, 0), (4096, 4096, 1024), (2048, 4096, 256), (4096, 792, 0))]),
     "multi": (["lerp_backward", "where_backward"], [F32, BF16],

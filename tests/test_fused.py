@@ -334,14 +334,15 @@ def test_prelu_split_reduction_is_fixed_order(dtype, monkeypatch):
 
 
 def test_prelu_row_kernel_caps_its_partials(monkeypatch):
-    """The row kernel makes at most _ROWS_MAX_PARTIALS partials a channel, giving programs more tiles instead;
-    every tile is still walked once (checked against stock with the cap forced low)."""
+    """The row kernel makes at most _ROWS_MAX_PARTIALS[element size] partials a channel, giving programs more tiles
+    instead; every tile is still walked once (checked against stock with the cap forced low)."""
+    cap = prelu_mod._ROWS_MAX_PARTIALS[2]
     for A, C, L in ((1, 1, 1 << 26), (64, 64, 1 << 14), (3, 5, 77)):
-        plan = prelu_mod._rows_plan(A, C, L, 4096)
+        plan = prelu_mod._rows_plan(A, C, L, 4096, 2)
         _a, _c, _l, _nb, tiles, tpp, split = plan.args
-        assert split <= prelu_mod._ROWS_MAX_PARTIALS and (split - 1) * tpp < tiles <= split * tpp
-    assert prelu_mod._rows_plan(1, 1, 1 << 26, 4096).part_shape == (1, prelu_mod._ROWS_MAX_PARTIALS)
-    monkeypatch.setattr(prelu_mod, "_ROWS_MAX_PARTIALS", 3)
+        assert split <= cap and (split - 1) * tpp < tiles <= split * tpp
+    assert prelu_mod._rows_plan(1, 1, 1 << 26, 4096, 2).part_shape == (1, cap)
+    monkeypatch.setattr(prelu_mod, "_ROWS_MAX_PARTIALS", {4: 3})
     monkeypatch.setattr(prelu_mod, "_TILE_BYTES", 64)
     monkeypatch.setattr(prelu_mod, "_plans", {})
     for shape, c in (((700,), 1), ((4, 3, 50), 3)):

@@ -155,10 +155,11 @@ def _cols_step(a0, a_end, k, kmask, K, BA: tl.constexpr, I64: tl.constexpr):
 # Launch parameters depend on the shape and dtype only (never on timing), so the summation order is fixed.
 _TILE_BYTES = 8192  # bytes of each operand a program loads per loop step (elements: this / element size)
 _ROWS_TPP = 2  # tiles per program of the row kernel (one partial per program) ...
-# ... but at most this many partials a channel, summed by one program (H200, 64M elements with one weight: 16384
-# partials took 7.2 us to sum; bf16 0.1079 -> 0.1058 ms a call with 8192; 4096 / 2048 / 1024: 0.1073 / 0.1139 /
-# 0.1287 ms, the kernel slower with fewer programs; tune.py group prelu)
-_ROWS_MAX_PARTIALS = 8192
+# ... but, for the element sizes named, at most this many partials a channel (H200, 64M elements with one weight:
+# bf16's 16384 partials took 7.2 us to sum in one program, 8192 take two steps: 0.1079 -> 0.1058 ms a call; 4096 /
+# 2048 / 1024: 0.1073 / 0.1139 / 0.1287 ms, the kernel slower with fewer programs. f32 is fastest uncapped, its
+# 32768 partials summed in two passes: 0.1991 ms, 8192: 0.2041; tune.py group prelu)
+_ROWS_MAX_PARTIALS = {2: 8192}
 # the column kernel: elements per loop step (any dtype), and it splits the rows until about this many programs
 # run (H200, 64x64x128x128 channels_last and 262144x256: 4096 / 4096 against 2048 / 2048, 1.03-1.07x)
 _COLS_TILE = 4096
@@ -191,12 +192,13 @@ _plans: dict = {}
 _uids = itertools.count(1)
 
 
-def _rows_plan(A: int, C: int, L: int, tile: int) -> _Fused:
+def _rows_plan(A: int, C: int, L: int, tile: int, esize: int) -> _Fused:
     bl = min(_npow2(L), tile // 2)
     ba = min(_npow2(A), max(1, tile // bl))
     nb = triton.cdiv(L, bl)
     tiles = triton.cdiv(A, ba) * nb
-    split = min(triton.cdiv(tiles, _ROWS_TPP), _ROWS_MAX_PARTIALS)
+    split = triton.cdiv(tiles, _ROWS_TPP)
+    split = min(split, _ROWS_MAX_PARTIALS.get(esize, split))
     tpp = triton.cdiv(tiles, split)
     split = triton.cdiv(tiles, tpp)
     return _Fused(True, C * split, (A, C, L, nb, tiles, tpp, split), (ba, bl), (C, split), (1,),
@@ -226,10 +228,10 @@ def _fused_plan(x: torch.Tensor, g: torch.Tensor, C: int) -> _Fused | None:
     tile = _TILE_BYTES // x.element_size()
     if C == 1:  # one weight: any dense layout, read flat
         if x.stride() == g.stride() and _dense_strides(x):
-            plan = _rows_plan(1, 1, n, tile)
+            plan = _rows_plan(1, 1, n, tile, x.element_size())
     elif x.is_contiguous() and g.is_contiguous():
         A, L = x.shape[0], math.prod(x.shape[2:])
-        plan = _rows_plan(A, C, L, tile) if L >= _ROWS_MIN_L else _cols_plan(A, C, L)
+        plan = _rows_plan(A, C, L, tile, x.element_size()) if L >= _ROWS_MIN_L else _cols_plan(A, C, L)
     else:
         fmt = {4: torch.channels_last, 5: torch.channels_last_3d}.get(x.dim())
         if fmt is not None and x.is_contiguous(memory_format=fmt) and g.is_contiguous(memory_format=fmt):
