@@ -270,3 +270,18 @@ def test_relaunch_cache_respects_alignment_scalars_and_shapes():
             x, g = buf[start:start + n], grad[start:start + n]
             check_case("hardshrink_backward", (g, x, lam), what=f"lambd={lam} offset={start} n={n}")
             check_case("hardshrink", (x, lam), what=f"hardshrink lambd={lam} offset={start} n={n}")
+
+
+def test_per_problem_caches_stay_bounded(monkeypatch):
+    """`_runtime.remember`, behind every plan and launcher cache: a None key (a problem that could not be keyed) is
+    not stored, and a cache that holds more than CACHE_LIMIT entries is emptied before the next one goes in."""
+    from gradkern import _runtime
+
+    monkeypatch.setattr(_runtime, "CACHE_LIMIT", 2)
+    cache: dict = {}
+    assert _runtime.remember(cache, None, "x") == "x" and cache == {}
+    for k in range(3):
+        assert _runtime.remember(cache, k, k * 10) == k * 10
+    assert cache == {0: 0, 1: 10, 2: 20}
+    _runtime.remember(cache, 3, 30)
+    assert cache == {3: 30}

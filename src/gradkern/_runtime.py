@@ -27,6 +27,19 @@ def math_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+CACHE_LIMIT = 4096  # a per-problem cache (plans, launchers) holding more entries than this is emptied
+
+
+def remember(cache: dict, key, value):
+    """`cache[key] = value` (nothing for a None key: a problem that could not be keyed), emptying the cache first
+    once it holds more than CACHE_LIMIT entries, so that caches keyed by problem stay bounded. Returns value."""
+    if key is not None:
+        if len(cache) > CACHE_LIMIT:
+            cache.clear()
+        cache[key] = value
+    return value
+
+
 def default_device() -> torch.device:
     """The device gradkern's kernels take tensors on in this process (`gradkern.device()`): the current CUDA
     device, or the CPU when Triton's interpreter is on. Raises if there is neither."""

@@ -108,10 +108,7 @@ def broadcast_shape(op: str, names: Sequence[str], shapes: Sequence) -> tuple[in
         except RuntimeError:
             given = ", ".join(f"{n}{tuple(s)}" for n, s in zip(names, shapes, strict=False))
             raise InvalidProblem(op, "/".join(names), "shapes that broadcast together", given) from None
-        if key is not None:
-            if len(_BROADCAST) > 4096:
-                _BROADCAST.clear()
-            _BROADCAST[key] = shape
+        _runtime.remember(_BROADCAST, key, shape)
     return shape
 
 
@@ -249,9 +246,7 @@ def launch(kernel, grid: tuple[int, ...], args: tuple, consts: dict, device: int
         return
     ck = kernel[grid](*args, **kw)
     if spec_key is not None and relaunchable(ck):
-        if len(_fast_cache) > 4096:
-            _fast_cache.clear()
-        _fast_cache[spec_key] = direct_launcher(ck)  # built once per specialisation, not per call
+        _runtime.remember(_fast_cache, spec_key, direct_launcher(ck))  # built once per specialisation, not per call
 
 
 # ----------------------------------------------------------------------------------------------- plans
@@ -418,10 +413,7 @@ class Pointwise:
         if plan is None:
             if len(ts) != len(self.inputs):
                 raise TypeError(f"{self.op}: expected {len(self.inputs)} tensors, got {len(ts)}")
-            plan = self._plan(ts, out)
-            if len(self._plans) > 4096:
-                self._plans.clear()
-            self._plans[key] = plan
+            plan = _runtime.remember(self._plans, key, self._plan(ts, out))
         fresh = out is None
         if not fresh:  # depends on the data pointers: checked on every call, not cached with the plan
             check_out_overlap(self.op, self.out_name, out, dict(zip(self.inputs, ts, strict=False)))
@@ -449,10 +441,8 @@ class Pointwise:
                                     BLOCK=FLAT_BLOCK, I64=i64, **kw)
             aligned = not any(t.data_ptr() & 15 for t in (out, *ts))
             if fresh and aligned and relaunchable(ck) and fkey is not None:
-                if len(self._fast) > 4096:
-                    self._fast.clear()
-                self._fast[fkey] = (direct_launcher(ck), grid[0], device, plan.out_dtype == ts[0].dtype,
-                                    plan.out_dtype, tail)
+                _runtime.remember(self._fast, fkey, (direct_launcher(ck), grid[0], device,
+                                                     plan.out_dtype == ts[0].dtype, plan.out_dtype, tail))
             return out
         grid = (triton.cdiv(plan.n, STRIDED_BLOCK),)
         st = list(plan.strides_c) + [plan.strides_c[1]] * (3 - nin)

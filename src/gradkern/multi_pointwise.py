@@ -19,7 +19,7 @@ channels_last or any dense permutation; outputs then take that layout). Results 
 (a per-row `(N, 1)` operand of an `(N, M)` problem: B seen as R rows x M columns, each result kept either at B or
 at (R, 1)) or over its leading dims (a per-column `(M,)` operand: kept at B or at (1, M)) take a summing pass
 instead: each program sums its part of a row (or of a column, over its chunk of rows) into an fp32/fp64 partial,
-and `reduction.reduce_sum` adds the partials in a fixed order - no result at B is written and read back just to
+and the shared reduction adds the partials in a fixed order - no result at B is written and read back just to
 be summed. Otherwise a strided pass with int64 offsets over up to 8 dims (after merging dims contiguous in every
 operand). Validation of dtypes is the calling op's job (it knows the rules); this checks devices and shapes, before
 any launch. Plans are cached per problem.
@@ -311,11 +311,7 @@ class MultiPointwise:
         except (AttributeError, TypeError):  # a non-tensor argument: let validation name it
             plan, key = None, None
         if plan is None:
-            plan = self._plan(ins, outs, flag)
-            if key is not None:
-                if len(self._plans) > 4096:
-                    self._plans.clear()
-                self._plans[key] = plan
+            plan = _runtime.remember(self._plans, key, self._plan(ins, outs, flag))
         first = ins[0]
         if plan.summing:
             return self._run_summing(plan, ins, scalars)

@@ -360,15 +360,7 @@ def _get_plan(op: str, x: torch.Tensor, dims, out_dtype) -> _Plan:
         raise Unsupported(op, "out_dtype", "one of float32, float16, bfloat16, float64", out_dtype)
     nd = _normalize_dims(op, dims, x.dim())
     plan = _plan_for(op, tuple(x.shape), tuple(x.stride()), x.dtype, nd, out_dtype)
-    _remember(key, plan)
-    return plan
-
-
-def _remember(key, plan: _Plan) -> None:
-    if key is not None:
-        if len(_plans) > 4096:
-            _plans.clear()
-        _plans[key] = plan
+    return _runtime.remember(_plans, key, plan)
 
 
 def plan_view(shape: tuple[int, ...], strides: tuple[int, ...], dtype: torch.dtype, dims: tuple[int, ...], *,
@@ -381,7 +373,7 @@ def plan_view(shape: tuple[int, ...], strides: tuple[int, ...], dtype: torch.dty
     plan = _plans.get(key)
     if plan is None:
         plan = _plan_for(op, shape, strides, dtype, dims, out_dtype)
-        _remember(key, plan)
+        _runtime.remember(_plans, key, plan)
     return plan
 
 
@@ -413,9 +405,7 @@ def _run_pass(p: _Pass, src: torch.Tensor, dst: torch.Tensor, device: int) -> No
         return
     ck = _sum_kernel[(grid0,)](src, dst, *p.ints, num_warps=p.num_warps, **kw)
     if _FAST and relaunchable(ck):
-        if len(_launchers) > 4096:
-            _launchers.clear()
-        _launchers[key] = direct_launcher(ck)
+        _runtime.remember(_launchers, key, direct_launcher(ck))
 
 
 def _execute(plan: _Plan, x: torch.Tensor, out_shape=None) -> torch.Tensor:

@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from .._cases import randn
-from .._runtime import FLOAT_DTYPES, math_dtype
+from .._runtime import FLOAT_DTYPES, math_dtype, remember
 from ..autograd_routing import fused_autograd
 from ..elementwise import _dense_strides, broadcast_shape, check_tensor, launch
 from ..errors import InvalidProblem, Unsupported
@@ -236,10 +236,7 @@ def _fused_plan(x: torch.Tensor, g: torch.Tensor, C: int) -> _Fused | None:
         fmt = {4: torch.channels_last, 5: torch.channels_last_3d}.get(x.dim())
         if fmt is not None and x.is_contiguous(memory_format=fmt) and g.is_contiguous(memory_format=fmt):
             plan = _cols_plan(n // C, C, 1)
-    if len(_plans) > 4096:
-        _plans.clear()
-    _plans[key] = plan
-    return plan
+    return remember(_plans, key, plan)
 
 
 def _channel_shape(x: torch.Tensor, C: int) -> list[int]:
@@ -297,9 +294,7 @@ def _launch_consts(plan: _Fused, dtype: torch.dtype, need_input: bool, need_weig
         strides = torch.empty(plan.part_shape, device="meta").stride()
         rplan = plan_view(plan.part_shape, strides, mdt, plan.part_dims, op=_OP, out_dtype=dtype) \
             if need_weight else None
-        if len(_consts) > 4096:
-            _consts.clear()
-        hit = _consts[key] = (consts, rplan)
+        hit = remember(_consts, key, (consts, rplan))
     return hit
 
 

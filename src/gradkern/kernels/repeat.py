@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 import torch
 
-from .._runtime import DEVICE_TYPE, FLOAT_DTYPES
+from .._runtime import DEVICE_TYPE, FLOAT_DTYPES, remember
 from ..autograd_routing import plain_tensors
 from ..dispatch import stock_call
 from ..elementwise import check_tensor
@@ -81,11 +81,7 @@ def repeat_backward(grad: torch.Tensor, repeats: Sequence[int], input_shape: Seq
     except (AttributeError, TypeError):
         key, plan = None, None
     if plan is None:
-        plan = _plan(grad, repeats, input_shape)
-        if key is not None:
-            if len(_views) > 4096:
-                _views.clear()
-            _views[key] = plan
+        plan = remember(_views, key, _plan(grad, repeats, input_shape))
     return run_plan(plan[0], grad, plan[1])
 
 
