@@ -355,12 +355,12 @@ class MultiPointwise:
         outs, parts = [None] * MAX_OUTPUTS, [None] * MAX_OUTPUTS
         for j, odt in run.at_b:
             outs[j] = torch.empty(plan.shape, dtype=odt, device=dev)
-        for j, _, _ in run.summed:
-            parts[j] = torch.empty(run.pshape, dtype=run.acc, device=dev)
-        if plan.n == 0:
+        if plan.n == 0:  # nothing to add up: zeros, and no partials
             for j, _, to in run.summed:
                 outs[j] = torch.zeros(to, dtype=plan.final_dtypes[j], device=dev)
             return tuple(outs[:len(self.outputs)])
+        for j, _, _ in run.summed:
+            parts[j] = torch.empty(run.pshape, dtype=run.acc, device=dev)
         bits = _scalar_args(scalars)
         ptrs = (*_or_first(outs, first), *_or_first(ins, first), *_or_first(parts, first))
         launch(_sum_pass_kernel, (run.grid,), (*ptrs, *bits, *run.ints), run.consts, first.get_device(),
