@@ -234,6 +234,7 @@ class _Plan:
     i64: bool = True  # strided: index math in int64
     summing: tuple = ()  # the summing pass: (axis, R, M, BR, BC, n_cb, RPP, NP, per-input (row, column) strides)
     run: _SumRun | None = None  # the summing pass's launch
+    consts: dict | None = None  # the flat or strided kernel's constexprs (with num_warps, and __values__ for flat)
 
 
 class MultiPointwise:
@@ -282,8 +283,11 @@ class MultiPointwise:
             i64 = _summing_i64(summing)
             return _Plan(**common, flat=False, dense_like=-1, summing=summing, i64=i64,
                          run=self._sum_run(summing, common, flag, i64, _runtime.math_dtype(ins[0].dtype)))
+        base = {"FN": self.math_fn, "INS": ins_mask, "OUTS": outs_mask, "FLAG": flag, "MATH": mdt}
         if same and (present[0].is_contiguous() or _dense_strides(present[0])):
-            return _Plan(**common, flat=True, dense_like=-1 if present[0].is_contiguous() else 0)
+            consts = {**base, "BLOCK": FLAT_BLOCK, "I64": n + FLAT_BLOCK > _I32_MAX}
+            consts = {**consts, "num_warps": FLAT_WARPS, "__values__": tuple(consts.values())}
+            return _Plan(**common, flat=True, dense_like=-1 if present[0].is_contiguous() else 0, consts=consts)
         operands = [torch.empty(shape, device="meta").stride()]
         operands += [_broadcast_strides(t, shape) if t is not None else None for t in ins]
         operands += [None] * (1 + MAX_INPUTS - len(operands))
@@ -296,8 +300,9 @@ class MultiPointwise:
         it = iter(cstr)
         strides = tuple(next(it) if s is not None else cstr[0] for s in operands)
         i64 = strided_i64(n, cshape, cstr, STRIDED_BLOCK)
+        consts = {**base, "RANK": len(cshape), "BLOCK": STRIDED_BLOCK, "I64": i64, "num_warps": STRIDED_WARPS}
         return _Plan(**common, flat=False, dense_like=-1, rank=len(cshape), shape_c=cshape, strides_c=strides,
-                     i64=i64)
+                     i64=i64, consts=consts)
 
     def __call__(self, inputs: Sequence[torch.Tensor | None], outputs: Sequence[tuple | None], *,
                  scalars: Sequence[float] = (), flag: int = 0) -> tuple[torch.Tensor | None, ...]:
@@ -324,7 +329,7 @@ class MultiPointwise:
             else:
                 results.append(torch.empty(plan.shape, dtype=odt, device=first.device))
         if plan.n > 0 and plan.outs:
-            self._launch(plan, ins, results, scalars, flag)
+            self._launch(plan, ins, results, scalars)
         return tuple(
             r if r is None or shape is None else sum_to_shape(r, shape, op=self.op, out_dtype=dt)
             for r, shape, dt in zip(results[:len(self.outputs)], plan.reduce_to, plan.final_dtypes, strict=False)
@@ -374,23 +379,18 @@ class MultiPointwise:
         the pointers' 16-byte alignment, and whether each scalar's bits fit an int32."""
         return (plan, tuple(t.data_ptr() % 16 == 0 for t in ptrs), tuple(-(2**31) <= b <= _I32_MAX for b in bits))
 
-    def _launch(self, plan: _Plan, ins: list, results: list, scalars: Sequence[float], flag: int) -> None:
+    def _launch(self, plan: _Plan, ins: list, results: list, scalars: Sequence[float]) -> None:
         first = ins[0]
         x, o = _or_first(ins, first), _or_first(results, first)
         bits = _scalar_args(scalars)
         device = first.get_device()
         if plan.flat:
-            i64 = plan.n + FLAT_BLOCK > _I32_MAX
-            values = (self.math_fn, plan.ins, plan.outs, flag, plan.math, FLAT_BLOCK, i64)
-            consts = {"FN": self.math_fn, "INS": plan.ins, "OUTS": plan.outs, "FLAG": flag, "MATH": plan.math,
-                      "BLOCK": FLAT_BLOCK, "I64": i64, "num_warps": FLAT_WARPS, "__values__": values}
             spec = (*self._relaunch_key(plan, (*o, *x), bits), plan.n % 16 == 0, plan.n == 1)
-            launch(_flat_kernel, (triton.cdiv(plan.n, FLAT_BLOCK),), (*o, *x, *bits, plan.n), consts, device, spec)
+            launch(_flat_kernel, (triton.cdiv(plan.n, FLAT_BLOCK),), (*o, *x, *bits, plan.n), plan.consts, device,
+                   spec)
             return
-        consts = {"FN": self.math_fn, "INS": plan.ins, "OUTS": plan.outs, "FLAG": flag, "MATH": plan.math,
-                  "RANK": plan.rank, "BLOCK": STRIDED_BLOCK, "I64": plan.i64, "num_warps": STRIDED_WARPS}
         args = (*o, *x, *bits, plan.n, plan.shape_c, *plan.strides_c)
-        launch(_strided_kernel, (triton.cdiv(plan.n, STRIDED_BLOCK),), args, consts, device)
+        launch(_strided_kernel, (triton.cdiv(plan.n, STRIDED_BLOCK),), args, plan.consts, device)
 
 
 def _or_first(tensors: Sequence, first: torch.Tensor) -> list:
