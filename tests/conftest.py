@@ -47,3 +47,16 @@ def small_pad_tiles(unroll: int = 1):
             yield
         finally:
             pad._plan.cache_clear()
+
+
+@contextlib.contextmanager
+def small_prelu_splits(tile_bytes: int, rows_tpp: int):
+    """prelu's fused plans with tiles of `tile_bytes` per operand, `rows_tpp` tiles a row-kernel program, and
+    column-kernel splits down to a row, so that small inputs get several partials per channel (the fixed-order
+    second pass)."""
+    from gradkern.kernels import prelu
+
+    with (mock.patch.object(prelu, "_TILE_BYTES", tile_bytes), mock.patch.object(prelu, "_ROWS_TPP", rows_tpp),
+          mock.patch.object(prelu, "_COLS_TILE", 16), mock.patch.object(prelu, "_COLS_TARGET_PROGRAMS", 4),
+          mock.patch.object(prelu, "_COLS_MIN_ROWS", 1), mock.patch.object(prelu, "_plans", {})):
+        yield

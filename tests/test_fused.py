@@ -14,7 +14,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import gradkern
-from conftest import DEVICE, DTYPES, dtype_id
+from conftest import DEVICE, DTYPES, dtype_id, small_prelu_splits
 from gradkern import _runtime, dispatch, multi_pointwise, ops
 from gradkern.kernels import prelu as prelu_mod
 from gradkern.registry import REGISTRY
@@ -314,14 +314,13 @@ def test_prelu_boundary_values():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
-def test_prelu_split_reduction_is_fixed_order(dtype, monkeypatch):
+def test_prelu_split_reduction_is_fixed_order(dtype):
     """Force many tiles per program and a multi-partial second pass; results stay right and bitwise stable."""
-    monkeypatch.setattr(prelu_mod, "_ROWS_TPP", 5)
-    monkeypatch.setattr(prelu_mod, "_COLS_TARGET_PROGRAMS", 4)
-    monkeypatch.setattr(prelu_mod, "_COLS_MIN_ROWS", 1)
-    monkeypatch.setattr(prelu_mod, "_COLS_TILE", 16)
-    monkeypatch.setattr(prelu_mod, "_TILE_BYTES", 256)
-    monkeypatch.setattr(prelu_mod, "_plans", {})
+    with small_prelu_splits(tile_bytes=256, rows_tpp=5):
+        _check_prelu_splits(dtype)
+
+
+def _check_prelu_splits(dtype):
     for shape, layout in (((5, 3, 9, 20), None), ((7, 6, 3, 5), torch.channels_last), ((700,), None)):
         c = shape[1] if len(shape) > 1 else 1
         x, g = _layout(_rand(shape, dtype, 2.0), layout), _layout(_rand(shape, dtype), layout)

@@ -27,10 +27,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import gradkern
-from conftest import DEVICE, DTYPES, small_pad_tiles
+from conftest import DEVICE, DTYPES, small_pad_tiles, small_prelu_splits
 from gradkern import dispatch, ops
 from gradkern.kernels import pad as pad_mod
-from gradkern.kernels import prelu as prelu_mod
 from gradkern.kernels import segment_max as segmax_mod
 from gradkern.kernels import sparsemax as sparsemax_mod
 from gradkern.reduction import reduce_sum, sum_to_shape
@@ -195,12 +194,7 @@ def test_prelu_backward_fuzz(data, shape, gen, mask, dtype, small_tiles):
     w = data.draw(placed(make_values(gen, w_shape, dtype, "grid")))
     with ExitStack() as stack:
         if small_tiles:  # several tiles and partials per channel: the fixed-order second pass
-            stack.enter_context(mock.patch.object(prelu_mod, "_TILE_BYTES", 128))
-            stack.enter_context(mock.patch.object(prelu_mod, "_ROWS_TPP", 3))
-            stack.enter_context(mock.patch.object(prelu_mod, "_COLS_TILE", 16))
-            stack.enter_context(mock.patch.object(prelu_mod, "_COLS_TARGET_PROGRAMS", 4))
-            stack.enter_context(mock.patch.object(prelu_mod, "_COLS_MIN_ROWS", 1))
-            stack.enter_context(mock.patch.object(prelu_mod, "_plans", {}))
+            stack.enter_context(small_prelu_splits(tile_bytes=128, rows_tpp=3))
         gi, gw = check_case("prelu_backward", (g, x, w, mask),
                             what=f"prelu_backward {_desc(g=g, x=x, w=w, mask=mask, small_tiles=small_tiles)}")
     assert (gi is None, gw is None) == (not mask[0], not mask[1])
