@@ -39,12 +39,15 @@ DEFAULTS = (None, {})  # the modules' own constants
 GROUPS = {  # name: (ops, dtypes, configs); each config overrides only what it names, config 0 is the defaults
     "pad3d": (["replication_pad3d_backward", "reflection_pad3d_backward"], [F32, BF16, F16],
               [DEFAULTS, (pad, {"_TILE": dict.fromkeys((1, 2, 3), 2048)}), (pad, {"_WARPS": 8}),
-               (pad, {"_MAXNREG": {(3, 2): 128, (3, 4): 128}}), (pad, {"_UNROLL": 0}),  # these three: fewer registers
-               (pad, {"_MAXNREG": {}}), (pad, {"_MAXNREG": {(3, 2): 80, (3, 4): 96}})]),
+               (pad, {"_UNROLL": 0}), (pad, {"_MAXNREG": {}}), (pad, {"_MAXNREG": {(3, 2): 96}}),
+               (pad, {"_MAXNREG": {(3, 2): 72, (3, 4): 88}}), (pad, {"_MAXNREG": {(3, 2): 64, (3, 4): 80}})]),
+    "pad3d_caps": (["replication_pad3d_backward", "reflection_pad3d_backward"], [F32, BF16],
+                   [DEFAULTS, (pad, {"_MAXNREG": {}}), (pad, {"_MAXNREG": {(3, 2): 96}}),
+                    (pad, {"_MAXNREG": {(3, 2): 72, (3, 4): 88}}), (pad, {"_MAXNREG": {(3, 2): 64, (3, 4): 80}})]),
     "pad12": (["replication_pad1d_backward", "replication_pad2d_backward", "reflection_pad1d_backward",
                "reflection_pad2d_backward"], [F32, BF16],
               [DEFAULTS, (pad, {"_TILE": dict.fromkeys((1, 2, 3), 4096)}),
-               (pad, {"_MAXNREG": {(1, 2): 96, (2, 2): 96}})]),
+               (pad, {"_MAXNREG": {(1, 2): 96, (2, 2): 96}}), (pad, {"_MAXNREG": {(1, 2): 80, (2, 2): 80}})]),
     "segment": (["_segment_reduce_backward", "segment_max_forward", "segment_max_backward"], [F32, F16],
                 [DEFAULTS, DEFAULTS]),  # the defaults twice: the spread
     "segred": (["_segment_reduce_backward"], [F32, F16],

@@ -93,6 +93,31 @@ def test_reflection_limits_and_single_elements(op):
     check_case(op, _problem(op, shape, pads), what=f"{op} {shape} pad {pads}")
 
 
+# (shape, pads, k): grad_output's contiguous strides and the left W pad share the power-of-two factor k
+ALIGNED = {
+    1: [((2, 3, 9), (8, 7), 8), ((2, 3, 9), (2, 5), 2), ((2, 3, 9), (2, 6), 1)],
+    2: [((2, 3, 5, 9), (8, 7, 1, 2), 8), ((2, 5, 9), (4, 3, 2, 1), 4)],
+    3: [((1, 2, 3, 5, 9), (4, 3, 2, 1, 2, 0), 4), ((1, 2, 3, 5, 9), (8, 7, 2, 1, 2, 0), 8),
+        ((1, 2, 3, 5, 9), (3, 2, 2, 1, 2, 0), 1)],
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("op", OPS)
+def test_aligned_rows_load_several_direct_sources_at_once(op, dtype, monkeypatch):
+    """Where grad_output's plane and row strides and the left W pad are multiples of k, the kernel gets them
+    divided by its VEC (k, at most 16 bytes' worth) and multiplies them back: results as stock at every width."""
+    widths = []
+    real_launch = padmod.launch
+    monkeypatch.setattr(padmod, "launch", lambda kernel, grid, args, consts, *a: (
+        widths.append(consts["VEC"]), real_launch(kernel, grid, args, consts, *a)))
+    for shape, pads, k in ALIGNED[_dims(op)]:
+        widths.clear()
+        check_case(op, _problem(op, shape, pads, dtype), what=f"{op} {shape} pad {pads}")
+        assert widths == [min(k, 16 // dtype.itemsize)], (shape, pads, widths)
+    assert padmod._vec((64, 32, 16, 8, 2), 4, 2) == 1  # W not contiguous: one element a load
+
+
 def _layouts(g: torch.Tensor):
     """grad_output views that are not contiguous: every other element of a wider buffer, a transposed copy,
     channels-last, a broadcast (stride 0) batch."""

@@ -20,7 +20,8 @@ for all but the border planes). Along H and W, the indices with extra sources fo
 (replicate: 0 and n - 1; reflect: 1..lo and n-1-hi..n-2). A tile is done in two steps:
 
 * the bulk: every element with its direct H, W sources only (one load per source plane, one vector store), so an
-  interior element costs one read and one write, in a few instructions;
+  interior element costs one read and one write, in a few instructions; the loads are VEC elements wide where
+  grad_output's strides and the left W pad allow (`_vec`);
 * if the tile holds part of a strip, after a barrier, its strip elements are rewritten in three disjoint parts:
   strip rows x other columns with all their H sources ([SH, BW] chunks), other rows x strip columns with all
   their W sources ([BH, SW]), and the corners with all sources ([SH, SW]). The loads of a part are unrolled
@@ -297,7 +298,16 @@ def _pad_backward_kernel(
     REFLECT: tl.constexpr, CROP: tl.constexpr, BH: tl.constexpr, BW: tl.constexpr, SH: tl.constexpr,
     SW: tl.constexpr, ND: tl.constexpr, NXH: tl.constexpr, NXW: tl.constexpr, SIDES_H: tl.constexpr,
     SIDES_W: tl.constexpr, LOOPS: tl.constexpr, PLANES_LOOP: tl.constexpr, ACC: tl.constexpr, I64: tl.constexpr,
+    VEC: tl.constexpr,
 ):
+    # grad_output's plane and row strides and the left W pad come divided by VEC, a power of two that divides them
+    # all: multiplied back here, the compiler knows every direct source row starts VEC-aligned and loads VEC
+    # elements at once (pad 2: 2; with odd pads or strides, VEC is 1)
+    gs0 = gs0 * VEC
+    gs1 = gs1 * VEC
+    gsD = gsD * VEC
+    gsH = gsH * VEC
+    pw_lo = pw_lo * VEC
     pid = tl.program_id(0)
     wb = pid % n_wb
     t = pid // n_wb
@@ -362,7 +372,10 @@ _UNROLL = 4  # replicate pads up to this many unrolled, wider ones in loops
 # the 3d kernel at 64x64 planes 136 (reflect) to 168 (replicate) at 4096-element tiles, 80 to 96 at 2048 (cuobjdump
 # of sm_90 cubins): three or five 4-warp programs an SM. On the H200, 16-bit 3d at pad 2 with a cap of 96:
 # replicate 1.03-1.05x, reflect 1.02-1.04x no cap, pad 1 0.99-1.01x; but 16-bit 1d/2d 0.90-1.00x and f32 3d reflect
-# pad 2 0.98x, so those are uncapped; caps of 128 (0.92-1.02x), 80 and 64 (down to 0.62x: spills) were no better
+# pad 2 0.98x, so those are uncapped; caps of 128 (0.92-1.02x), 80 and 64 (down to 0.62x: spills) were no better.
+# Since direct sources load VEC at a time (`_vec`), pad 2 takes fewer (16-bit 3d about 80 uncapped, Triton 3.9); the
+# cap of 96 still gives 16-bit replicate 1.06x against none; 80/88 (16-bit/f32), 72/88 and 64/80: 16-bit replicate
+# pad 2 1.00-1.05x more, but reflect pad 1 0.94-0.81x and f32 3d pad 2 0.91-1.00x (H200, tune.py group pad3d_caps)
 _MAXNREG = {(3, 2): 96}
 _WAYS = ("left", "right", "top", "bottom", "front", "back")
 
@@ -447,6 +460,20 @@ def _strips(n: int, lo: int, hi: int, reflect: bool) -> tuple[int, int, int, int
     return a, b, c, e
 
 
+def _vec(gstr, pw_lo: int, esize: int) -> int:
+    """The widest load of direct sources the alignment allows: a power of two (at most 16 bytes) dividing
+    grad_output's (Q0, Q1, D, H) strides and the left W pad, where W is contiguous; else 1. (H200, pad 2, so VEC 2:
+    3d 8x32x32x64x64 bf16 replicate 60.4 -> 52.6 us, reflect 65.6 -> 59.9 us, f32 reflect 91.0 -> 89.0 us, replicate
+    88.3 -> 85.9 us; 1d/2d bf16 1.08-1.15x, f32 within 1%. Without it every load was one element: the row strides,
+    and so the rows' alignment, were unknown to the compiler.)"""
+    if gstr[4] != 1:
+        return 1
+    vec = 16 // esize
+    while vec > 1 and any(v % vec for v in (*gstr[:4], pw_lo)):
+        vec //= 2
+    return vec
+
+
 @functools.lru_cache(maxsize=4096)
 def _plan(spec: _Spec, g_shape, g_strides, self_shape, pads, out_strides, dtype: torch.dtype) -> _Plan:
     """The launch for one layout (shapes already checked)."""
@@ -482,16 +509,18 @@ def _plan(spec: _Spec, g_shape, g_strides, self_shape, pads, out_strides, dtype:
         loops = planes_max > nd or max(pads) > _UNROLL  # (compiled only where needed: they double the code)
     # replicate's extra sources of both ends along a dim share one load per source, but in a dim of size 1
     sides_h, sides_w = 2 if h_in == 1 else 1, 2 if w_in == 1 else 1
-    values = (spec.reflect, crop, bh, bw, sh, sw, nd, nxh, nxw, sides_h, sides_w, loops, per_program > 1, acc, i64)
+    vec = _vec(gstr, pw_lo, dtype.itemsize)
+    values = (spec.reflect, crop, bh, bw, sh, sw, nd, nxh, nxw, sides_h, sides_w, loops, per_program > 1, acc, i64,
+              vec)
     consts = dict(zip(("REFLECT", "CROP", "BH", "BW", "SH", "SW", "ND", "NXH", "NXW", "SIDES_H", "SIDES_W", "LOOPS",
-                       "PLANES_LOOP", "ACC", "I64"), values, strict=True))
+                       "PLANES_LOOP", "ACC", "I64", "VEC"), values, strict=True))
     consts["num_warps"] = _WARPS
     cap = _MAXNREG.get((spec.dims, dtype.itemsize))
     if cap:
         consts["maxnreg"] = cap
     consts["__values__"] = values
-    args = (planes, per_program, n_hb, n_wb, q1, d_in, h_in, w_in, *gsize[2:], *gstr, *istr,
-            pd_lo, ph_lo, ph_hi, pw_lo, pw_hi, *hs, *ws)
+    args = (planes, per_program, n_hb, n_wb, q1, d_in, h_in, w_in, *gsize[2:], *(s // vec for s in gstr[:4]),
+            gstr[4], *istr, pd_lo, ph_lo, ph_hi, pw_lo // vec, pw_hi, *hs, *ws)
     return _Plan(grid, args, consts)
 
 
