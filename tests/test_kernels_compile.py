@@ -109,7 +109,23 @@ def _record_launches(monkeypatch) -> list[dict]:
                 except (ValueError, RuntimeError, TypeError):
                     pass
     _record_pad_loops()
-    return specs
+    return specs + _pad_prefetch_variants(specs)
+
+
+def _pad_prefetch_variants(specs: list[dict]) -> list[dict]:
+    """pad's kernel with its L2 prefetch (inline PTX, on a GPU only: the interpreter never runs it), for one
+    recorded specialisation of each kind (mode, crop, loops, planes loop, int64)."""
+    kinds, out = set(), []
+    for spec in specs:
+        c = spec["constexprs"]
+        if spec["name"] != "_pad_backward_kernel" or c.get("PREFETCH") is not False:
+            continue
+        kind = tuple(c[k] for k in ("REFLECT", "CROP", "LOOPS", "PLANES_LOOP", "I64"))
+        if kind not in kinds:
+            kinds.add(kind)
+            out.append({**spec, "constexprs": {**c, "PREFETCH": True}})
+    assert out, "no pad specialisation recorded"
+    return out
 
 
 def _record_pad_loops() -> None:

@@ -26,6 +26,7 @@ for all but the border planes). Along H and W, the indices with extra sources fo
   strip rows x other columns with all their H sources ([SH, BW] chunks), other rows x strip columns with all
   their W sources ([BH, SW]), and the corners with all sources ([SH, SW]). The loads of a part are unrolled
   (replicate's extra rows and columns up to _UNROLL per side, wider pads loop), so they are in flight together.
+  The pad rows they read (which no bulk load touched) were asked of L2 before the bulk (a prefetch, on a GPU).
 
 Border work is thus proportional to the border data, and never widens the bulk's per-element work (the kernel is
 instruction-bound where every element carries border masks: measured on an H200). The grid is 1-D (planes x row
@@ -251,11 +252,27 @@ def _strip_chunk(src, dst, gsD, o0, o1, o2, v0, v01, count, t0, c0, n_ra, n_rb, 
 
 
 @triton.jit
-def _plane_tile(gi, g, p, h, rm, w, cm, n_ra, n_rb, ra, rb, n_ca, n_cb, ca, cb, Q1, D_in, H_in, W_in, D_out, H_out,
-                W_out, gs0, gs1, gsD, gsH, gsW, is0, is1, isD, isH, isW, pd_lo, ph_lo, ph_hi, pw_lo, pw_hi,
-                hs0, hs1, hs2, hs3, ws0, ws1, ws2, ws3, REFLECT: tl.constexpr, CROP: tl.constexpr, SH: tl.constexpr,
-                SW: tl.constexpr, ND: tl.constexpr, NXH: tl.constexpr, NXW: tl.constexpr, SIDES_H: tl.constexpr,
-                SIDES_W: tl.constexpr, LOOPS: tl.constexpr, ACC: tl.constexpr):
+def _prefetch_pad_rows(plane, ok, gsH, h0, h1, w0, H_in, H_out, W_out, ph_lo, BW: tl.constexpr):
+    """Ask L2 for the pad rows of a source plane that only the strip part reads (the outputs above input row 0 and
+    below row H_in - 1, at most 4 a side), over the tile's columns and pads, one prefetch every 8 elements: they
+    arrive while the bulk's own loads are in flight (where the strip part would wait for them after the barrier).
+    A hint only: PTX prefetch, compiled for the GPU, never run by the interpreter."""
+    j = tl.arange(0, 8)[:, None]
+    row = tl.where(j < 4, j, H_in + ph_lo + (j - 4))
+    want = tl.where(j < 4, (h0 == 0) & (j < ph_lo), h1 == H_in) & (row >= 0) & (row < H_out)
+    c = w0 + tl.arange(0, 2 * BW // 8)[None, :] * 8
+    m = (want & ok & (c < W_out)).to(tl.int32)
+    tl.inline_asm_elementwise("{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
+                              "=r,l,r", [plane + row * gsH + c, m], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _plane_tile(gi, g, p, h, rm, w, cm, h0, h1, w0, n_ra, n_rb, ra, rb, n_ca, n_cb, ca, cb, Q1, D_in, H_in, W_in,
+                D_out, H_out, W_out, gs0, gs1, gsD, gsH, gsW, is0, is1, isD, isH, isW, pd_lo, ph_lo, ph_hi, pw_lo,
+                pw_hi, hs0, hs1, hs2, hs3, ws0, ws1, ws2, ws3, REFLECT: tl.constexpr, CROP: tl.constexpr,
+                SH: tl.constexpr, SW: tl.constexpr, ND: tl.constexpr, NXH: tl.constexpr, NXW: tl.constexpr,
+                SIDES_H: tl.constexpr, SIDES_W: tl.constexpr, LOOPS: tl.constexpr, ACC: tl.constexpr, BW: tl.constexpr,
+                PREFETCH: tl.constexpr):
     """The tile (rows h, columns w) of plane p of grad_input: the bulk, then the strip parts."""
     d = p % D_in
     q = p // D_in
@@ -264,6 +281,10 @@ def _plane_tile(gi, g, p, h, rm, w, cm, n_ra, n_rb, ra, rb, n_ca, n_cb, ca, cb, 
     src = g + q0 * gs0 + q1 * gs1
     dst = gi + q0 * is0 + q1 * is1 + d * isD
     o0, o1, o2, v0, v01, count = _source_planes(d, D_in, D_out, pd_lo, REFLECT)
+    if PREFETCH:  # (the first source plane's; H200 3d pad 2: 1.00-1.05x, pad 1 1.01-1.025x, 1d/2d within 2%)
+        od = _plane_k(0, o0, o1, o2, v0, v01, REFLECT).to(tl.int64)
+        _prefetch_pad_rows(src + od * gsD, (count > 0) & (od >= 0) & (od < D_out), gsH, h0, h1, w0, H_in, H_out,
+                           W_out, ph_lo, BW)
     # the bulk: every element with its direct H, W sources only (one load a source plane, a vector store)
     acc = _sources(src, gsD, o0, o1, o2, v0, v01, count, h, rm, w, cm, H_in, H_out, W_in, W_out, gsH, gsW,
                    ph_lo, ph_hi, pw_lo, pw_hi, False, False, ND, NXH, NXW, SIDES_H, SIDES_W, LOOPS, REFLECT, CROP, ACC)
@@ -299,7 +320,7 @@ def _pad_backward_kernel(
     REFLECT: tl.constexpr, CROP: tl.constexpr, BH: tl.constexpr, BW: tl.constexpr, SH: tl.constexpr,
     SW: tl.constexpr, ND: tl.constexpr, NXH: tl.constexpr, NXW: tl.constexpr, SIDES_H: tl.constexpr,
     SIDES_W: tl.constexpr, LOOPS: tl.constexpr, PLANES_LOOP: tl.constexpr, ACC: tl.constexpr, I64: tl.constexpr,
-    VEC: tl.constexpr,
+    VEC: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     # grad_output's plane and row strides and the left W pad come divided by VEC, a power of two that divides them
     # all: multiplied back here, the compiler knows every direct source row starts VEC-aligned and loads VEC
@@ -333,15 +354,15 @@ def _pad_backward_kernel(
     first = pg.to(tl.int64) * per_program
     if PLANES_LOOP:  # past 2^30 tiles, several planes a program (a loop: its invariants then hold registers)
         for i in range(tl.minimum(planes - first, per_program)):
-            _plane_tile(gi, g, first + i, h, rm, w, cm, n_ra, n_rb, ra, rb, n_ca, n_cb, ca, cb, Q1, D_in, H_in,
-                        W_in, D_out, H_out, W_out, gs0, gs1, gsD, gsH, gsW, is0, is1, isD, isH, isW, pd_lo, ph_lo,
-                        ph_hi, pw_lo, pw_hi, hs0, hs1, hs2, hs3, ws0, ws1, ws2, ws3, REFLECT, CROP, SH, SW, ND, NXH,
-                        NXW, SIDES_H, SIDES_W, LOOPS, ACC)
+            _plane_tile(gi, g, first + i, h, rm, w, cm, h0, h1, w0, n_ra, n_rb, ra, rb, n_ca, n_cb, ca, cb, Q1, D_in,
+                        H_in, W_in, D_out, H_out, W_out, gs0, gs1, gsD, gsH, gsW, is0, is1, isD, isH, isW, pd_lo,
+                        ph_lo, ph_hi, pw_lo, pw_hi, hs0, hs1, hs2, hs3, ws0, ws1, ws2, ws3, REFLECT, CROP, SH, SW, ND,
+                        NXH, NXW, SIDES_H, SIDES_W, LOOPS, ACC, BW, PREFETCH)
     else:
-        _plane_tile(gi, g, first, h, rm, w, cm, n_ra, n_rb, ra, rb, n_ca, n_cb, ca, cb, Q1, D_in, H_in, W_in, D_out,
-                    H_out, W_out, gs0, gs1, gsD, gsH, gsW, is0, is1, isD, isH, isW, pd_lo, ph_lo, ph_hi, pw_lo,
-                    pw_hi, hs0, hs1, hs2, hs3, ws0, ws1, ws2, ws3, REFLECT, CROP, SH, SW, ND, NXH, NXW, SIDES_H,
-                    SIDES_W, LOOPS, ACC)
+        _plane_tile(gi, g, first, h, rm, w, cm, h0, h1, w0, n_ra, n_rb, ra, rb, n_ca, n_cb, ca, cb, Q1, D_in, H_in,
+                    W_in, D_out, H_out, W_out, gs0, gs1, gsD, gsH, gsW, is0, is1, isD, isH, isW, pd_lo, ph_lo, ph_hi,
+                    pw_lo, pw_hi, hs0, hs1, hs2, hs3, ws0, ws1, ws2, ws3, REFLECT, CROP, SH, SW, ND, NXH, NXW,
+                    SIDES_H, SIDES_W, LOOPS, ACC, BW, PREFETCH)
 
 
 # ----------------------------------------------------------------------------------------------- host
@@ -378,6 +399,7 @@ _UNROLL = 4  # replicate pads up to this many unrolled, wider ones in loops
 # cap of 96 still gives 16-bit replicate 1.06x against none; 80/88 (16-bit/f32), 72/88 and 64/80: 16-bit replicate
 # pad 2 1.00-1.05x more, but reflect pad 1 0.94-0.81x and f32 3d pad 2 0.91-1.00x (H200, tune.py group pad3d_caps)
 _MAXNREG = {(3, 2): 96}
+_PREFETCH = True  # where H is padded, a program first asks L2 for its pad rows (`_prefetch_pad_rows`), on a GPU
 _WAYS = ("left", "right", "top", "bottom", "front", "back")
 
 
@@ -512,9 +534,9 @@ def _plan(spec: _Spec, g_shape, g_strides, self_shape, pads, out_strides, dtype:
     sides_h, sides_w = 2 if h_in == 1 else 1, 2 if w_in == 1 else 1
     vec = _vec(gstr, pw_lo, dtype.itemsize)
     values = (spec.reflect, crop, bh, bw, sh, sw, nd, nxh, nxw, sides_h, sides_w, loops, per_program > 1, acc, i64,
-              vec)
+              vec, _PREFETCH and not _runtime.INTERPRET and (ph_lo > 0 or ph_hi > 0))
     consts = dict(zip(("REFLECT", "CROP", "BH", "BW", "SH", "SW", "ND", "NXH", "NXW", "SIDES_H", "SIDES_W", "LOOPS",
-                       "PLANES_LOOP", "ACC", "I64", "VEC"), values, strict=True))
+                       "PLANES_LOOP", "ACC", "I64", "VEC", "PREFETCH"), values, strict=True))
     consts["num_warps"] = _WARPS
     cap = _MAXNREG.get((spec.dims, dtype.itemsize))
     if cap:
