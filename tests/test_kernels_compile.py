@@ -114,13 +114,13 @@ def _record_launches(monkeypatch) -> list[dict]:
 
 def _pad_prefetch_variants(specs: list[dict]) -> list[dict]:
     """pad's kernel with its L2 prefetch (inline PTX, on a GPU only: the interpreter never runs it), for one
-    recorded specialisation of each kind (mode, crop, loops, planes loop, int64)."""
+    recorded specialisation of each kind (mode, crop, loops, planes loop, int64, column tile 1, 2, 4 or >= 8)."""
     kinds, out = set(), []
     for spec in specs:
         c = spec["constexprs"]
         if spec["name"] != "_pad_backward_kernel" or c.get("PREFETCH") is not False:
             continue
-        kind = tuple(c[k] for k in ("REFLECT", "CROP", "LOOPS", "PLANES_LOOP", "I64"))
+        kind = (*(c[k] for k in ("REFLECT", "CROP", "LOOPS", "PLANES_LOOP", "I64")), min(c["BW"], 8))
         if kind not in kinds:
             kinds.add(kind)
             out.append({**spec, "constexprs": {**c, "PREFETCH": True}})
@@ -130,13 +130,20 @@ def _pad_prefetch_variants(specs: list[dict]) -> list[dict]:
 
 def _record_pad_loops() -> None:
     """Replicate pad's loop paths (pads wider than _UNROLL, here 0 or 1) over many-tile planes, as test_pad's
-    small_tiles fixture runs them: the registry's examples never reach them (their pads are unrolled)."""
+    small_tiles fixture runs them: the registry's examples never reach them (their pads are unrolled); and planes
+    1 and 2 columns wide (column tiles that narrow)."""
     for unroll in (0, 1):
         with small_pad_tiles(unroll):
             for d in (1, 2, 3):
                 info = REGISTRY[f"replication_pad{d}d_backward"]
                 for case in info.cases(DEVICE, torch.float32, "small"):
                     info.fn(*case.args, **case.kwargs)
+    from gradkern.kernels.pad import padded_shape
+
+    for w in (1, 2):  # planes 1 and 2 columns wide: column tiles that narrow (test_pad's shapes have them)
+        for op, shape, pads in (("replication_pad3d_backward", (1, 2, 3, 4, w), (0, 0, 1, 2, 1, 1)),
+                                ("reflection_pad2d_backward", (1, 2, 4, w), (0, 0, 1, 2))):
+            REGISTRY[op].fn(torch.zeros(padded_shape(shape, pads)), torch.zeros(shape), list(pads))
 
 
 _COMPILER = textwrap.dedent("""

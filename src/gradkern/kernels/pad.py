@@ -260,7 +260,7 @@ def _prefetch_pad_rows(plane, ok, gsH, h0, h1, w0, H_in, H_out, W_out, ph_lo, BW
     j = tl.arange(0, 8)[:, None]
     row = tl.where(j < 4, j, H_in + ph_lo + (j - 4))
     want = tl.where(j < 4, (h0 == 0) & (j < ph_lo), h1 == H_in) & (row >= 0) & (row < H_out)
-    c = w0 + tl.arange(0, 2 * BW // 8)[None, :] * 8
+    c = w0 + tl.arange(0, (2 * BW + 7) // 8)[None, :] * 8  # (one column group at least: BW may be 1, 2 or 4)
     m = (want & ok & (c < W_out)).to(tl.int32)
     tl.inline_asm_elementwise("{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
                               "=r,l,r", [plane + row * gsH + c, m], dtype=tl.int32, is_pure=False, pack=1)
