@@ -116,6 +116,9 @@ def test_aligned_rows_load_several_direct_sources_at_once(op, dtype, monkeypatch
         check_case(op, _problem(op, shape, pads, dtype), what=f"{op} {shape} pad {pads}")
         assert widths == [min(k, 16 // dtype.itemsize)], (shape, pads, widths)
     assert padmod._vec((64, 32, 16, 8, 2), 4, 2) == 1  # W not contiguous: one element a load
+    # a stride past 2^31: divided by 2 it would be passed as a 32-bit int, and multiplied back there it would wrap
+    assert padmod._vec((0, 0, 0, 2**31 + 6, 1), 2, 2) == 1
+    assert padmod._vec((0, 0, 0, 2**30 + 6, 1), 2, 2) == 2
 
 
 def _layouts(g: torch.Tensor):
@@ -405,16 +408,18 @@ def test_bitwise_identical_repeats_on_gpu(dtype):
 
 @gpu_only
 def test_more_than_2_31_elements():
-    """int64 offsets: a 1d problem whose rows exceed 2^31 elements and a 3d one whose planes do (bf16, ~20 GB)."""
+    """int64 offsets: a 1d problem whose two rows exceed 2^31 elements each and a 3d one whose planes do (bf16, ~20 GB
+    at a time)."""
     if torch.cuda.mem_get_info()[0] < 24 * 2**30:
         pytest.skip("not enough free GPU memory")
     n = 2**31 + 3
-    x = torch.zeros((), device=DEVICE, dtype=torch.bfloat16).expand(1, 1, n)
-    g = torch.randn(1, 1, n + 3, device=DEVICE, dtype=torch.bfloat16)
+    x = torch.zeros((), device=DEVICE, dtype=torch.bfloat16).expand(1, 2, n)
+    g = torch.randn(1, 2, n + 3, device=DEVICE, dtype=torch.bfloat16)  # two rows: the second starts past 2^31
     out = ops.replication_pad1d_backward(g, x, [2, 1])
-    assert torch.equal(out[0, 0, 1:-1], g[0, 0, 3:-2])
-    assert out[0, 0, 0].item() == g[0, 0, :3].float().sum().bfloat16().item()
-    assert out[0, 0, -1].item() == g[0, 0, -2:].float().sum().bfloat16().item()
+    for r in (0, 1):
+        assert torch.equal(out[0, r, 1:-1], g[0, r, 3:-2])
+        assert out[0, r, 0].item() == g[0, r, :3].float().sum().bfloat16().item()
+        assert out[0, r, -1].item() == g[0, r, -2:].float().sum().bfloat16().item()
     del x, g, out
     shape = (1, 2**19 + 1, 4, 32, 32)  # 2^31 + 4096 elements
     assert math.prod(shape) > 2**31

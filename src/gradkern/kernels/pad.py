@@ -489,8 +489,8 @@ def _vec(gstr, pw_lo: int, esize: int) -> int:
     3d 8x32x32x64x64 bf16 replicate 60.4 -> 52.6 us, reflect 65.6 -> 59.9 us, f32 reflect 91.0 -> 89.0 us, replicate
     88.3 -> 85.9 us; 1d/2d bf16 1.08-1.15x, f32 within 1%. Without it every load was one element: the row strides,
     and so the rows' alignment, were unknown to the compiler.)"""
-    if gstr[4] != 1:
-        return 1
+    if gstr[4] != 1 or max(gstr[:4]) > _I32_MAX:  # (the kernel multiplies back in the argument's width: a stride
+        return 1  # past 2^31 divided to fit 32 bits would wrap there)
     vec = 16 // esize
     while vec > 1 and any(v % vec for v in (*gstr[:4], pw_lo)):
         vec //= 2
