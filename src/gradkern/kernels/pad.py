@@ -258,7 +258,7 @@ def _prefetch_pad_rows(plane, ok, gsH, h0, h1, w0, H_in, H_out, W_out, ph_lo, BW
     arrive while the bulk's own loads are in flight (where the strip part would wait for them after the barrier).
     A hint only: PTX prefetch, compiled for the GPU, never run by the interpreter."""
     j = tl.arange(0, 8)[:, None]
-    row = tl.where(j < 4, j, H_in + ph_lo + (j - 4))
+    row = tl.where(j < 4, j, H_in + ph_lo + (j - 4)).to(tl.int64)  # (row * gsH may pass 2^31 in a huge plane)
     want = tl.where(j < 4, (h0 == 0) & (j < ph_lo), h1 == H_in) & (row >= 0) & (row < H_out)
     c = w0 + tl.arange(0, (2 * BW + 7) // 8)[None, :] * 8  # (one column group at least: BW may be 1, 2 or 4)
     m = (want & ok & (c < W_out)).to(tl.int32)
