@@ -36,14 +36,15 @@ def _sr(r2, r4, w2, w4):  # segment_reduce's small tiles: register caps and warp
 
 DEFAULTS = (None, {})  # the modules' own constants
 
+# pad 3d's register caps against the default (16-bit 96): none, and lower ones for 16-bit and f32
+_PAD3D_CAPS = [(pad, {"_MAXNREG": caps}) for caps in ({}, {(3, 2): 72, (3, 4): 88}, {(3, 2): 64, (3, 4): 80})]
+_PAD3D_OPS = ["replication_pad3d_backward", "reflection_pad3d_backward"]
+
 GROUPS = {  # name: (ops, dtypes, configs); each config overrides only what it names, config 0 is the defaults
-    "pad3d": (["replication_pad3d_backward", "reflection_pad3d_backward"], [F32, BF16, F16],
+    "pad3d": (_PAD3D_OPS, [F32, BF16, F16],
               [DEFAULTS, (pad, {"_TILE": dict.fromkeys((1, 2, 3), 2048)}), (pad, {"_WARPS": 8}),
-               (pad, {"_UNROLL": 0}), (pad, {"_MAXNREG": {}}), (pad, {"_MAXNREG": {(3, 2): 96}}),
-               (pad, {"_MAXNREG": {(3, 2): 72, (3, 4): 88}}), (pad, {"_MAXNREG": {(3, 2): 64, (3, 4): 80}})]),
-    "pad3d_caps": (["replication_pad3d_backward", "reflection_pad3d_backward"], [F32, BF16],
-                   [DEFAULTS, (pad, {"_MAXNREG": {}}), (pad, {"_MAXNREG": {(3, 2): 96}}),
-                    (pad, {"_MAXNREG": {(3, 2): 72, (3, 4): 88}}), (pad, {"_MAXNREG": {(3, 2): 64, (3, 4): 80}})]),
+               (pad, {"_UNROLL": 0}), *_PAD3D_CAPS]),
+    "pad3d_caps": (_PAD3D_OPS, [F32, BF16], [DEFAULTS, *_PAD3D_CAPS]),  # the caps alone, faster to run
     "pad12": (["replication_pad1d_backward", "replication_pad2d_backward", "reflection_pad1d_backward",
                "reflection_pad2d_backward"], [F32, BF16],
               [DEFAULTS, (pad, {"_TILE": dict.fromkeys((1, 2, 3), 4096)}),

@@ -20,6 +20,7 @@ import torch
 
 from conftest import DEVICE, DTYPES, small_pad_tiles
 from gradkern import _runtime
+from gradkern.kernels.pad import padded_shape
 from gradkern.registry import REGISTRY
 
 pytestmark = pytest.mark.skipif(not _runtime.INTERPRET, reason="on a GPU every test compiles its kernels for real")
@@ -109,6 +110,7 @@ def _record_launches(monkeypatch) -> list[dict]:
                 except (ValueError, RuntimeError, TypeError):
                     pass
     _record_pad_loops()
+    _record_pad_narrow_planes()
     return specs + _pad_prefetch_variants(specs)
 
 
@@ -130,20 +132,23 @@ def _pad_prefetch_variants(specs: list[dict]) -> list[dict]:
 
 def _record_pad_loops() -> None:
     """Replicate pad's loop paths (pads wider than _UNROLL, here 0 or 1) over many-tile planes, as test_pad's
-    small_tiles fixture runs them: the registry's examples never reach them (their pads are unrolled); and planes
-    1 and 2 columns wide (column tiles that narrow)."""
+    small_tiles fixture runs them: the registry's examples never reach them (their pads are unrolled)."""
     for unroll in (0, 1):
         with small_pad_tiles(unroll):
             for d in (1, 2, 3):
                 info = REGISTRY[f"replication_pad{d}d_backward"]
                 for case in info.cases(DEVICE, torch.float32, "small"):
                     info.fn(*case.args, **case.kwargs)
-    from gradkern.kernels.pad import padded_shape
 
-    for w in (1, 2):  # planes 1 and 2 columns wide: column tiles that narrow (test_pad's shapes have them)
+
+def _record_pad_narrow_planes() -> None:
+    """pad on planes 1 and 2 columns wide, so column tiles that narrow (test_pad's shapes have them; the registry's
+    examples do not)."""
+    for w in (1, 2):
         for op, shape, pads in (("replication_pad3d_backward", (1, 2, 3, 4, w), (0, 0, 1, 2, 1, 1)),
                                 ("reflection_pad2d_backward", (1, 2, 4, w), (0, 0, 1, 2))):
-            REGISTRY[op].fn(torch.zeros(padded_shape(shape, pads)), torch.zeros(shape), list(pads))
+            REGISTRY[op].fn(torch.zeros(padded_shape(shape, pads), device=DEVICE), torch.zeros(shape, device=DEVICE),
+                            list(pads))
 
 
 _COMPILER = textwrap.dedent("""

@@ -93,6 +93,15 @@ def test_reflection_limits_and_single_elements(op):
     check_case(op, _problem(op, shape, pads), what=f"{op} {shape} pad {pads}")
 
 
+def _pad_launches(monkeypatch) -> list[tuple]:
+    """Every pad kernel launch from here on, as (args, consts); the launches still run."""
+    seen = []
+    real_launch = padmod.launch
+    monkeypatch.setattr(padmod, "launch", lambda kernel, grid, args, consts, *a: (
+        seen.append((args, consts)), real_launch(kernel, grid, args, consts, *a)))
+    return seen
+
+
 # (shape, pads, k): grad_output's contiguous strides and the left W pad share the power-of-two factor k
 ALIGNED = {
     1: [((2, 3, 9), (8, 7), 8), ((2, 3, 9), (2, 5), 2), ((2, 3, 9), (2, 6), 1)],
@@ -107,13 +116,11 @@ ALIGNED = {
 def test_aligned_rows_load_several_direct_sources_at_once(op, dtype, monkeypatch):
     """Where grad_output's plane and row strides and the left W pad are multiples of k, the kernel gets them
     divided by its VEC (k, at most 16 bytes' worth) and multiplies them back: results as stock at every width."""
-    widths = []
-    real_launch = padmod.launch
-    monkeypatch.setattr(padmod, "launch", lambda kernel, grid, args, consts, *a: (
-        widths.append(consts["VEC"]), real_launch(kernel, grid, args, consts, *a)))
+    launches = _pad_launches(monkeypatch)
     for shape, pads, k in ALIGNED[_dims(op)]:
-        widths.clear()
+        launches.clear()
         check_case(op, _problem(op, shape, pads, dtype), what=f"{op} {shape} pad {pads}")
+        widths = [consts["VEC"] for _, consts in launches]
         assert widths == [min(k, 16 // dtype.itemsize)], (shape, pads, widths)
     assert padmod._vec((64, 32, 16, 8, 2), 4, 2) == 1  # W not contiguous: one element a load
     # a stride past 2^31: divided by 2 it would be passed as a 32-bit int, and multiplied back there it would wrap
@@ -140,14 +147,12 @@ def test_strided_grad_output_is_read_in_place(op, dtype, monkeypatch):
     d = _dims(op)
     shape, pads = SEMANTICS[d][0]
     g0, x, p = _problem(op, shape, pads, dtype)
-    seen = []
-    real_launch = padmod.launch
-    monkeypatch.setattr(padmod, "launch",
-                        lambda kernel, grid, args, *a: (seen.append(args[1]), real_launch(kernel, grid, args, *a)))
+    launches = _pad_launches(monkeypatch)
     for name, g in _layouts(g0):
-        seen.clear()
+        launches.clear()
         check_case(op, (g, x, p), what=f"{op} grad_output {name}")
-        assert seen[0].data_ptr() == g.data_ptr() and seen[0].stride() == g.stride(), f"{name}: grad_output was copied"
+        read = launches[0][0][1]  # the kernel's grad_output argument
+        assert read.data_ptr() == g.data_ptr() and read.stride() == g.stride(), f"{name}: grad_output was copied"
 
 
 @pytest.mark.parametrize("op", OPS)
