@@ -353,6 +353,54 @@ def test_segment_reduce_other_reductions_and_double_backward_stay_stock(monkeypa
     assert not calls
 
 
+# ------------------------------------------------------------------------------------------------ relaunch
+def test_relaunch_key_follows_tritons_specialisation(monkeypatch):
+    """The segment kernels are relaunched directly after a specialisation's first launch (`launch_keyed`): the key
+    must change with everything Triton compiles differently for (a pointer's dtype or 16-byte alignment, an int's
+    width, divisibility by 16 or == 1, any constexpr or option), and only with that."""
+    from gradkern import elementwise
+
+    if elementwise._specialize is None:
+        pytest.skip("this Triton has no native specialisation (such launches take the JIT path every time)")
+    keys = []
+    monkeypatch.setattr(elementwise, "_FAST_OK", True)
+    monkeypatch.setattr(elementwise, "_constexpr_names", lambda kernel: ("B",))
+    monkeypatch.setattr(elementwise, "launch", lambda kernel, grid, args, consts, device, key=None: keys.append(key))
+    buf = torch.zeros(64)
+    base = (buf[:8], buf[8:16], 32)  # 16-byte aligned, 8 more elements (32 bytes) in: aligned too
+    same = [base, (buf[8:16], buf[:8], 48)]
+    other = [(buf[1:9], buf[8:16], 32), (buf[:8].double(), buf[8:16], 32), (buf[:8], buf[8:16], 33),
+             (buf[:8], buf[8:16], 1), (buf[:8], buf[8:16], 2**31 + 32), (buf[:8], buf[8:16].int(), 32)]
+    for args in same + other:
+        elementwise.launch_keyed(sm._segment_max_bwd_kernel, 4, args, {"B": 16, "num_warps": 2}, 0)
+    elementwise.launch_keyed(sm._segment_max_bwd_kernel, 4, base, {"B": 32, "num_warps": 2}, 0)
+    elementwise.launch_keyed(sm._segment_max_bwd_kernel, 4, base, {"B": 16, "num_warps": 4}, 0)
+    elementwise.launch_keyed(sm._segment_max_bwd_kernel, 4, base, {"B": 16, "num_warps": 2}, 1)
+    assert keys[0] == keys[1], "two launches Triton compiles alike"
+    assert len(set(keys[1:])) == len(keys) - 1, "a launch Triton compiles differently shares a key"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
+def test_relaunches_at_other_offsets_and_sizes_stay_exact(dtype):
+    """Repeated calls (the second and later take the direct relaunch on a GPU) over views at an odd element offset
+    (not 16-byte aligned), int32 and int64 offsets, and sizes that are and are not multiples of 16."""
+    buf = _data((4 * 161 + 1,), dtype, ties=True)
+    gbuf = _data((4 * 161 + 1,), dtype, seed=2)
+    for start, rows, index_dtype in ((0, 160, torch.int64), (1, 160, torch.int64), (0, 160, torch.int64),
+                                     (0, 161, torch.int32), (1, 161, torch.int64), (0, 160, torch.int32)):
+        data = buf[start:start + 4 * rows].view(rows, 4)
+        lengths = [rows - 40, 0, 24, 16]
+        offs = _offsets(lengths).to(index_dtype)
+        vals, idxs = ops.segment_max_forward(data, offs, 0)
+        rv, ri = _expected(data, offs)
+        assert_bitwise_equal(vals, rv, f"forward at {start}, {rows} rows, {index_dtype}")
+        assert_bitwise_equal(idxs, ri, f"indices at {start}, {rows} rows, {index_dtype}")
+        g = gbuf[start:start + 16].view(4, 4)
+        assert_bitwise_equal(ops.segment_max_backward(g, idxs, offs, rows, 0), sm._backward_composite(g, idxs, rows, 0))
+        (_, gx), (_, gxs) = _both(data, g, lengths=torch.tensor(lengths, device=DEVICE, dtype=index_dtype))
+        assert_bitwise_equal(gx, gxs, f"segment_reduce at {start}, {rows} rows, {index_dtype}")
+
+
 # ------------------------------------------------------------------------------------------------ GPU sizes
 @gpu_only
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)

@@ -32,7 +32,7 @@ import triton.language as tl
 from .. import _runtime, dispatch
 from .._runtime import DEVICE_TYPE, FLOAT_DTYPES
 from ..autograd_routing import plain_tensors
-from ..elementwise import check_tensor
+from ..elementwise import check_tensor, launch_keyed
 from ..errors import InvalidProblem, Unsupported
 from ..registry import Case, register_op
 from ..tl_helpers import cast_out
@@ -303,14 +303,6 @@ def _check_offsets_tensor(op: str, name: str, t, device, *, ndim: int | None = 1
         raise InvalidProblem(op, name, f"a tensor on {device} (data's device)", t.device)
 
 
-def _launch(kernel, grid0: int, args: tuple, consts: dict, device: int) -> None:
-    if device >= 0 and torch.cuda.current_device() != device:
-        with torch.cuda.device(device):
-            kernel[(grid0,)](*args, **consts)
-        return
-    kernel[(grid0,)](*args, **consts)
-
-
 def _offsets_2d(offsets: torch.Tensor) -> tuple[torch.Tensor, int]:
     """offsets made contiguous, and the stride between outer slices (0 when shared)."""
     offsets = offsets.contiguous()
@@ -332,10 +324,10 @@ def _fwd(data: torch.Tensor, offsets: torch.Tensor, axis: int, op: str):
     offsets, soff_o = _offsets_2d(offsets)
     bl, bd, warps = _blocks(inner, n, s, "forward", data.element_size())
     n_dblk = triton.cdiv(inner, bd)
-    _launch(_segment_max_fwd_kernel, outer * s * n_dblk,
-            (data, offsets, vals, idxs, s, n, inner, n_dblk, sx_o, sx_n, sx_i, soff_o),
-            {"BLOCK_L": bl, "BLOCK_D": bd, "BITS": _BITS[data.element_size()], "W": 8 * data.element_size(),
-             "INF": _INF_BITS[data.dtype], "num_warps": warps}, data.get_device())
+    launch_keyed(_segment_max_fwd_kernel, outer * s * n_dblk,
+                 (data, offsets, vals, idxs, s, n, inner, n_dblk, sx_o, sx_n, sx_i, soff_o),
+                 {"BLOCK_L": bl, "BLOCK_D": bd, "BITS": _BITS[data.element_size()], "W": 8 * data.element_size(),
+                  "INF": _INF_BITS[data.dtype], "num_warps": warps}, data.get_device())
     return vals, idxs
 
 
@@ -352,9 +344,9 @@ def _bwd(grad: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor, num_r
     offsets, soff_o = _offsets_2d(offsets)
     bl, bd, warps = _blocks(inner, num_rows, s, "backward", grad.element_size())
     n_dblk = triton.cdiv(inner, bd)
-    _launch(_segment_max_bwd_kernel, outer * s * n_dblk,
-            (grad, indices, offsets, gx, s, num_rows, inner, n_dblk, sg_o, sg_s, sg_i, soff_o),
-            {"BLOCK_L": bl, "BLOCK_D": bd, "num_warps": warps}, grad.get_device())
+    launch_keyed(_segment_max_bwd_kernel, outer * s * n_dblk,
+                 (grad, indices, offsets, gx, s, num_rows, inner, n_dblk, sg_o, sg_s, sg_i, soff_o),
+                 {"BLOCK_L": bl, "BLOCK_D": bd, "num_warps": warps}, grad.get_device())
     return gx
 
 
@@ -438,12 +430,12 @@ def _segment_reduce_backward(grad: torch.Tensor, output: torch.Tensor, data: tor
     offsets, soff_o = _offsets_2d(offsets)
     bl, bd, warps = _blocks(inner, n, s, "segment_reduce", data.element_size())
     n_dblk = triton.cdiv(inner, bd)
-    _launch(_segment_reduce_max_bwd_kernel, outer * s * n_dblk,
-            (grad, output, data, offsets, gx, s, n, inner, n_dblk, sg_o, sg_s, sg_i, so_o, so_s, so_i,
-             sx_o, sx_n, sx_i, soff_o),
-            {"BLOCK_L": bl, "BLOCK_D": bd, "MATH": _TL[_runtime.math_dtype(data.dtype)], "ENDS": ends,
-             "num_warps": warps, **_segred_regs(bl * bd, data.element_size())},
-            data.get_device())
+    launch_keyed(_segment_reduce_max_bwd_kernel, outer * s * n_dblk,
+                 (grad, output, data, offsets, gx, s, n, inner, n_dblk, sg_o, sg_s, sg_i, so_o, so_s, so_i,
+                  sx_o, sx_n, sx_i, soff_o),
+                 {"BLOCK_L": bl, "BLOCK_D": bd, "MATH": _TL[_runtime.math_dtype(data.dtype)], "ENDS": ends,
+                  "num_warps": warps, **_segred_regs(bl * bd, data.element_size())},
+                 data.get_device())
     return gx
 
 
