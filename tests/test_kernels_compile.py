@@ -111,22 +111,29 @@ def _record_launches(monkeypatch) -> list[dict]:
                     pass
     _record_pad_loops()
     _record_pad_narrow_planes()
-    return specs + _pad_prefetch_variants(specs)
+    return specs + _gpu_only_variants(specs)
 
 
-def _pad_prefetch_variants(specs: list[dict]) -> list[dict]:
-    """pad's kernel with its L2 prefetch (inline PTX, on a GPU only: the interpreter never runs it), for one
-    recorded specialisation of each kind (mode, crop, loops, planes loop, int64, column tile 1, 2, 4 or >= 8)."""
+def _gpu_only_variants(specs: list[dict]) -> list[dict]:
+    """Specialisations that only a GPU launches (the interpreter never runs them), for one recorded specialisation
+    of each kind: pad's kernel with its L2 prefetch (inline PTX; kinds: mode, crop, loops, planes loop, int64,
+    column tile 1, 2, 4 or >= 8) and the summing pass as a programmatic dependent (its wait; kinds: int64, step
+    sums, ranks)."""
     kinds, out = set(), []
     for spec in specs:
         c = spec["constexprs"]
-        if spec["name"] != "_pad_backward_kernel" or c.get("PREFETCH") is not False:
+        if spec["name"] == "_pad_backward_kernel" and c.get("PREFETCH") is False:
+            flag = "PREFETCH"
+            kind = (flag, *(c[k] for k in ("REFLECT", "CROP", "LOOPS", "PLANES_LOOP", "I64")), min(c["BW"], 8))
+        elif spec["name"] == "_sum_kernel" and c.get("PDL") is False:
+            flag = "PDL"
+            kind = (flag, c["I64"], c["STEP_SUM"], c["KR"], c["RR"])
+        else:
             continue
-        kind = (*(c[k] for k in ("REFLECT", "CROP", "LOOPS", "PLANES_LOOP", "I64")), min(c["BW"], 8))
         if kind not in kinds:
             kinds.add(kind)
-            out.append({**spec, "constexprs": {**c, "PREFETCH": True}})
-    assert out, "no pad specialisation recorded"
+            out.append({**spec, "constexprs": {**c, flag: True}})
+    assert {k[0] for k in kinds} == {"PREFETCH", "PDL"}, "no pad or summing specialisation recorded"
     return out
 
 

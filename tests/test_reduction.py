@@ -328,6 +328,28 @@ def test_large_shapes_on_gpu(dtype):
         assert_bitwise_equal(reduce_sum(x, dims, op="test"), out, "again")
 
 
+@gpu_only
+def test_passes_launched_as_dependents_see_the_kernel_before():
+    """On compute capability 9+ each pass launches as a programmatic dependent (PDL) of the kernel before it in the
+    stream, and waits for it before reading: a sum right after the kernel that writes its input, and a split sum's
+    second pass right after the first, must see every write. The values are small integers, so every sum is exact:
+    x alternates between base and base + 1, and each result must be the exact sum of what was written last."""
+    device = torch.cuda.current_device()
+    assert reduction._pdl(device) == (reduction.PDL and torch.cuda.get_device_capability(device)[0] >= 9)
+    n = 1 << 22
+    base = torch.randint(0, 2, (n,), device=DEVICE).float()  # sums < 2^24: exact in float32
+    x = torch.empty_like(base)
+    rows = x.view(1 << 16, 64)
+    want = base.sum().item()
+    want_rows = base.view(1 << 16, 64).double().sum(0)
+    for i in range(40):
+        torch.add(base, i % 2, out=x)  # the kernel right before writes the sum's input
+        total = reduce_sum(x, (0,), op="test")  # split: a first pass of partials, then a pass over them
+        cols = reduce_sum(rows, (0,), op="test")
+        assert total.item() == want + (i % 2) * n, f"call {i}: full sum"
+        assert torch.equal(cols.double().cpu(), want_rows.cpu() + (i % 2) * (1 << 16)), f"call {i}: column sums"
+
+
 def test_cached_plan_does_not_skip_the_device_check():
     """The plan cache is keyed by device too: a meta tensor shaped like an earlier call is still rejected."""
     x = torch.randn(8, 8, device=DEVICE)

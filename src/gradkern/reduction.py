@@ -24,10 +24,15 @@ Two regimes, one kernel:
 Every launch parameter (block sizes, split count, warps) is a function of the problem's shape, strides and dtype
 only, so the summation order - and the result, bit for bit - is fixed for a given (shape, strides, dtype, device).
 Accumulation is in fp32 for f16/bf16/f32 and in fp64 when x or the result is f64.
+
+On Hopper and later GPUs every pass launches as a programmatic dependent of the kernel before it in the stream
+(PDL): it may start while that kernel finishes, and its first instruction waits (griddepcontrol.wait) until that
+kernel has completed and its writes are visible, so only the launch latency overlaps, never the data.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Sequence
@@ -41,6 +46,16 @@ from . import _runtime
 from .elementwise import check_tensor, direct_launcher, hooks_idle, relaunchable
 from .errors import InvalidProblem, Unsupported
 from .tl_helpers import cast_out
+
+try:
+    from triton.language.extra.cuda import gdc_wait
+    _HAS_GDC = True
+except ImportError:  # pragma: no cover - a Triton without programmatic dependent launch: PDL stays off
+    _HAS_GDC = False
+
+    @triton.jit
+    def gdc_wait():  # never called (PDL is off)
+        pass
 
 __all__ = ["reduce_sum", "sum_to_shape", "plan_view", "run_plan", "MAX_RANK"]
 
@@ -59,6 +74,9 @@ _O_WARPS = 4
 # a pass that is not split runs at least this many programs where narrower output rows allow (down to 128 bytes)
 _MIN_PROGRAMS = 256
 _STEP_SUM = True  # sum each step's terms at once where a thread holds whole columns (fewer registers)
+# passes launch as programmatic dependents where the GPU can (H200, prelu backward with its partials' pass, 64M
+# elements: 1.5 us a call off, f32 and bf16; 0.1061 -> 0.1046 ms bf16)
+PDL = True
 
 
 # ----------------------------------------------------------------------------------------------- kernel
@@ -83,9 +101,11 @@ def _sum_kernel(x, out, n_out, n_red, red_per_split, n_oblk,
                 KR: tl.constexpr, RR: tl.constexpr, ACC: tl.constexpr,
                 BLOCK_O: tl.constexpr, BLOCK_R: tl.constexpr,
                 O_CONTIG: tl.constexpr, O_DIV: tl.constexpr, R_CONTIG: tl.constexpr, R_DIV: tl.constexpr,
-                I64: tl.constexpr, STEP_SUM: tl.constexpr):
+                I64: tl.constexpr, STEP_SUM: tl.constexpr, PDL: tl.constexpr):
     # shapes and strides come as scalars (unused ranks are padding), so the compiled kernel can be relaunched
     # directly with plain ints
+    if PDL:  # launched as a programmatic dependent: nothing is read or written before the kernel before is done
+        gdc_wait()
     pid = tl.program_id(0)
     if I64:
         pid = pid.to(tl.int64)
@@ -385,25 +405,35 @@ def run_plan(plan: _Plan, x: torch.Tensor, out_shape: Sequence[int] | None = Non
 
 _launchers: dict = {}  # (pass uid, alignment of both pointers, device) -> direct launcher of the compiled kernel
 _FAST = not _runtime.INTERPRET
+_CONST_NAMES = ("KR", "RR", "ACC", "BLOCK_O", "BLOCK_R", "O_CONTIG", "O_DIV", "R_CONTIG", "R_DIV", "I64", "STEP_SUM")
+
+
+@functools.cache
+def _pdl(device: int) -> bool:
+    """Whether passes on CUDA device `device` launch as programmatic dependents: compiled Triton with the wait,
+    and a GPU of compute capability 9 or later (griddepcontrol)."""
+    return (PDL and _FAST and _HAS_GDC and device >= 0
+            and torch.cuda.get_device_capability(device)[0] >= 9)
 
 
 def _run_pass(p: _Pass, src: torch.Tensor, dst: torch.Tensor, device: int) -> None:
     grid0 = p.n_oblk * p.n_split
+    pdl = _pdl(device)
     if _FAST:
         sp, dp = src.data_ptr(), dst.data_ptr()
-        key = (p.uid, (sp & 15) == 0, (dp & 15) == 0, device)
+        key = (p.uid, (sp & 15) == 0, (dp & 15) == 0, device, pdl)
         fn = _launchers.get(key)
         if fn is not None and torch._C._cuda_getDevice() == device and hooks_idle():
-            fn(grid0, torch._C._cuda_getCurrentRawStream(device), sp, dp, *p.ints, *p.consts)
+            fn(grid0, torch._C._cuda_getCurrentRawStream(device), sp, dp, *p.ints, *p.consts, pdl)
             return
-    kw = dict(zip(("KR", "RR", "ACC", "BLOCK_O", "BLOCK_R", "O_CONTIG", "O_DIV", "R_CONTIG", "R_DIV", "I64",
-                   "STEP_SUM"),
-                  p.consts, strict=True))
+    kw = dict(zip(_CONST_NAMES, p.consts, strict=True), PDL=pdl, num_warps=p.num_warps)
+    if pdl:
+        kw["launch_pdl"] = True
     if device >= 0 and torch.cuda.current_device() != device:
         with torch.cuda.device(device):
-            _sum_kernel[(grid0,)](src, dst, *p.ints, num_warps=p.num_warps, **kw)
+            _sum_kernel[(grid0,)](src, dst, *p.ints, **kw)
         return
-    ck = _sum_kernel[(grid0,)](src, dst, *p.ints, num_warps=p.num_warps, **kw)
+    ck = _sum_kernel[(grid0,)](src, dst, *p.ints, **kw)
     if _FAST and relaunchable(ck):
         _runtime.remember(_launchers, key, direct_launcher(ck))
 
