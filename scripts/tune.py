@@ -63,8 +63,9 @@ GROUPS = {  # name: (ops, dtypes, configs); each config overrides only what it n
               [DEFAULTS] + [(prelu, {"_ROWS_MAX_PARTIALS": {2: p, 4: p}}) for p in (1 << 30, 4096, 8192, 16384)]
               + [(prelu, {"_COLS_TILE": t, "_COLS_TARGET_PROGRAMS": p, "_COLS_MIN_ROWS": r})
                  for t, p, r in ((4096, 4096, 0), (4096, 4096, 1024), (2048, 4096, 256), (4096, 792, 0))]),
-    "pdl": (["prelu_backward", "where_backward", "lerp_backward", "repeat_backward"], [F32, BF16],
-            [DEFAULTS, (reduction, {"PDL": False}), DEFAULTS]),  # summing passes with and without PDL
+    "pdl": (["prelu_backward", "where_backward", "lerp_backward", "repeat_backward", "_segment_reduce_backward",
+             "segment_max_forward", "segment_max_backward"], [F32, BF16],
+            [DEFAULTS, (elementwise, {"PDL": False}), DEFAULTS]),  # kernels with and without PDL
     "multi": (["lerp_backward", "where_backward"], [F32, BF16],
               [DEFAULTS] + [(multi_pointwise, {"FLAT_BLOCK": b, "FLAT_WARPS": w})
                             for b, w in ((2048, 4), (2048, 8), (4096, 8), (512, 4), (1024, 8), (4096, 4))]),
@@ -90,7 +91,7 @@ def _clear() -> None:
     prelu._plans.clear()
     repeat._views.clear()
     reduction._plans.clear()
-    reduction._pdl.cache_clear()
+    elementwise.pdl_ok.cache_clear()
     reduction._launchers.clear()
     elementwise._fast_cache.clear()
     for fused in (where._WHERE_BACKWARD, lerp._LERP_BACKWARD, prelu._PRELU_FULL):  # (the summing pass's tiles)

@@ -117,17 +117,16 @@ def _record_launches(monkeypatch) -> list[dict]:
 def _gpu_only_variants(specs: list[dict]) -> list[dict]:
     """Specialisations that only a GPU launches (the interpreter never runs them), for one recorded specialisation
     of each kind: pad's kernel with its L2 prefetch (inline PTX; kinds: mode, crop, loops, planes loop, int64,
-    column tile 1, 2, 4 or >= 8) and the summing pass as a programmatic dependent (its wait; kinds: int64, step
-    sums, ranks)."""
+    column tile 1, 2, 4 or >= 8) and every kernel with a PDL constexpr as a programmatic dependent (its wait)."""
     kinds, out = set(), []
     for spec in specs:
         c = spec["constexprs"]
         if spec["name"] == "_pad_backward_kernel" and c.get("PREFETCH") is False:
             flag = "PREFETCH"
             kind = (flag, *(c[k] for k in ("REFLECT", "CROP", "LOOPS", "PLANES_LOOP", "I64")), min(c["BW"], 8))
-        elif spec["name"] == "_sum_kernel" and c.get("PDL") is False:
+        elif c.get("PDL") is False:
             flag = "PDL"
-            kind = (flag, c["I64"], c["STEP_SUM"], c["KR"], c["RR"])
+            kind = (flag, spec["name"], *(repr(c.get(k)) for k in ("I64", "STEP_SUM", "KR", "RR", "ENDS", "BITS")))
         else:
             continue
         if kind not in kinds:

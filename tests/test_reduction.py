@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import DEVICE, DTYPES, dtype_id, gpu_only
-from gradkern import InvalidProblem, Unsupported, reduction
+from gradkern import InvalidProblem, Unsupported, elementwise, reduction
 from gradkern.reduction import reduce_sum, sum_to_shape
 from gradkern.testing import assert_bitwise_equal
 
@@ -335,7 +335,7 @@ def test_passes_launched_as_dependents_see_the_kernel_before():
     second pass right after the first, must see every write. The values are small integers, so every sum is exact:
     x alternates between base and base + 1, and each result must be the exact sum of what was written last."""
     device = torch.cuda.current_device()
-    assert reduction._pdl(device) == (reduction.PDL and torch.cuda.get_device_capability(device)[0] >= 9)
+    assert elementwise.pdl_ok(device) == (elementwise.PDL and torch.cuda.get_device_capability(device)[0] >= 9)
     n = 1 << 22
     base = torch.randint(0, 2, (n,), device=DEVICE).float()  # sums < 2^24: exact in float32
     x = torch.empty_like(base)

@@ -28,7 +28,7 @@ import triton.language as tl
 
 from . import _runtime
 from .errors import InvalidProblem, Unsupported
-from .tl_helpers import cast_out, scalar
+from .tl_helpers import HAS_GDC, cast_out, scalar
 
 __all__ = ["Pointwise", "scalar_bits", "round_to_dtype", "MAX_RANK", "check_tensor", "launch"]
 
@@ -233,11 +233,28 @@ def direct_launcher(ck) -> Callable:
     return lambda grid0, stream, *args: run(grid0, 1, 1, stream, function, meta, None, None, None, *args)
 
 
+# kernels with a PDL constexpr launch as programmatic dependents where the GPU can (pdl_ok)
+PDL = True
+
+
+@functools.cache
+def pdl_ok(device: int) -> bool:
+    """Whether kernels on CUDA device `device` may launch as programmatic dependents of the kernel before them in
+    the stream (compiled Triton with gdc_wait, compute capability 9+). Such a kernel (its PDL constexpr set) may
+    start while that kernel finishes; its first instruction, gdc_wait, waits until that kernel is done and its
+    writes are visible, so only the launch latency overlaps."""
+    return (PDL and _FAST_OK and HAS_GDC and device >= 0
+            and torch.cuda.get_device_capability(device)[0] >= 9)
+
+
 def launch_keyed(kernel, grid0: int, args: tuple, consts: dict, device: int) -> None:
     """`launch` for a kernel without a plan that fixes its specialisation: the relaunch key is Triton's own
     specialisation of every argument (pointer dtype and 16-byte alignment; integer width, divisibility by 16 and
     == 1) with the constexprs and options in `consts`, so a relaunch always calls the kernel compiled for these
-    arguments. A few us of host time a call, against the JIT's tens."""
+    arguments. A few us of host time a call, against the JIT's tens. A true PDL constexpr launches the kernel as
+    a programmatic dependent (`pdl_ok`)."""
+    if consts.get("PDL"):
+        consts = {**consts, "launch_pdl": True}
     if _specialize is None or not _FAST_OK:
         launch(kernel, (grid0,), args, consts, device)
         return

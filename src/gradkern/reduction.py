@@ -32,7 +32,6 @@ kernel has completed and its writes are visible, so only the launch latency over
 
 from __future__ import annotations
 
-import functools
 import itertools
 import math
 from collections.abc import Sequence
@@ -43,19 +42,9 @@ import triton
 import triton.language as tl
 
 from . import _runtime
-from .elementwise import check_tensor, direct_launcher, hooks_idle, relaunchable
+from .elementwise import check_tensor, direct_launcher, hooks_idle, pdl_ok, relaunchable
 from .errors import InvalidProblem, Unsupported
-from .tl_helpers import cast_out
-
-try:
-    from triton.language.extra.cuda import gdc_wait
-    _HAS_GDC = True
-except ImportError:  # pragma: no cover - a Triton without programmatic dependent launch: PDL stays off
-    _HAS_GDC = False
-
-    @triton.jit
-    def gdc_wait():  # never called (PDL is off)
-        pass
+from .tl_helpers import cast_out, gdc_wait
 
 __all__ = ["reduce_sum", "sum_to_shape", "plan_view", "run_plan", "MAX_RANK"]
 
@@ -74,9 +63,6 @@ _O_WARPS = 4
 # a pass that is not split runs at least this many programs where narrower output rows allow (down to 128 bytes)
 _MIN_PROGRAMS = 256
 _STEP_SUM = True  # sum each step's terms at once where a thread holds whole columns (fewer registers)
-# passes launch as programmatic dependents where the GPU can (H200, prelu backward with its partials' pass, 64M
-# elements: 1.5 us a call off, f32 and bf16; 0.1061 -> 0.1046 ms bf16)
-PDL = True
 
 
 # ----------------------------------------------------------------------------------------------- kernel
@@ -408,17 +394,9 @@ _FAST = not _runtime.INTERPRET
 _CONST_NAMES = ("KR", "RR", "ACC", "BLOCK_O", "BLOCK_R", "O_CONTIG", "O_DIV", "R_CONTIG", "R_DIV", "I64", "STEP_SUM")
 
 
-@functools.cache
-def _pdl(device: int) -> bool:
-    """Whether passes on CUDA device `device` launch as programmatic dependents: compiled Triton with the wait,
-    and a GPU of compute capability 9 or later (griddepcontrol)."""
-    return (PDL and _FAST and _HAS_GDC and device >= 0
-            and torch.cuda.get_device_capability(device)[0] >= 9)
-
-
 def _run_pass(p: _Pass, src: torch.Tensor, dst: torch.Tensor, device: int) -> None:
     grid0 = p.n_oblk * p.n_split
-    pdl = _pdl(device)
+    pdl = pdl_ok(device)  # (H200, prelu backward, 64M elements: its partials' pass 1.5 us sooner, f32 and bf16)
     if _FAST:
         sp, dp = src.data_ptr(), dst.data_ptr()
         key = (p.uid, (sp & 15) == 0, (dp & 15) == 0, device, pdl)

@@ -9,6 +9,16 @@ from ._runtime import INTERPRET
 
 _INTERPRETED = tl.constexpr(INTERPRET)
 
+try:  # programmatic dependent launch's wait (griddepcontrol.wait): see `elementwise.pdl_ok`
+    from triton.language.extra.cuda import gdc_wait
+    HAS_GDC = True
+except ImportError:  # pragma: no cover - a Triton without it: PDL stays off and this is never called
+    HAS_GDC = False
+
+    @triton.jit
+    def gdc_wait():
+        pass
+
 
 @triton.jit
 def scalar(bits, MATH: tl.constexpr):

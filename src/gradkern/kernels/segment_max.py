@@ -32,10 +32,10 @@ import triton.language as tl
 from .. import _runtime, dispatch
 from .._runtime import DEVICE_TYPE, FLOAT_DTYPES
 from ..autograd_routing import plain_tensors
-from ..elementwise import check_tensor, launch_keyed
+from ..elementwise import check_tensor, launch_keyed, pdl_ok
 from ..errors import InvalidProblem, Unsupported
 from ..registry import Case, register_op
-from ..tl_helpers import cast_out
+from ..tl_helpers import cast_out, gdc_wait
 
 _INDEX_DTYPES = (torch.int32, torch.int64)
 _TL = {torch.float32: tl.float32, torch.float64: tl.float64}
@@ -60,7 +60,11 @@ def _segment(offs, soff_o, outer, seg, N, ENDS: tl.constexpr):
 
 
 @triton.jit
-def _ids(n_dblk, S):
+def _ids(n_dblk, S, PDL: tl.constexpr):
+    """The program's (inner block, segment, outer index); launched as a programmatic dependent (PDL), it first
+    waits until the kernel before it (the lengths' cumsum, say) is done."""
+    if PDL:
+        gdc_wait()
     pid = tl.program_id(0).to(tl.int64)
     dblk = pid % n_dblk
     t = pid // n_dblk
@@ -91,12 +95,12 @@ def _order_key(bits, W: tl.constexpr, INF: tl.constexpr, KEY: tl.constexpr):
 def _segment_max_fwd_kernel(x, offs, vals, idxs, S, N, INNER, n_dblk,
                             sx_o, sx_n, sx_i, soff_o,
                             BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, BITS: tl.constexpr, W: tl.constexpr,
-                            INF: tl.constexpr):
+                            INF: tl.constexpr, PDL: tl.constexpr):
     # Per tile, the largest order key (_order_key: NaN on top) and the first row holding it: for 16-bit types one
     # int32 max of the key shifted up with BLOCK_L - 1 - row in the low bits (of equal keys the first row wins),
     # for wider ones a max, then a min of the rows holding it (packing 32-bit keys in int64 instead was 1.1-1.4x
     # slower on an H200).
-    dblk, seg, outer = _ids(n_dblk, S)
+    dblk, seg, outer = _ids(n_dblk, S, PDL)
     start, end = _segment(offs, soff_o, outer, seg, N, False)
     d = dblk * BLOCK_D + tl.arange(0, BLOCK_D)
     dmask = d < INNER
@@ -140,8 +144,8 @@ def _segment_max_fwd_kernel(x, offs, vals, idxs, S, N, INNER, n_dblk,
 @triton.jit
 def _segment_max_bwd_kernel(g, idxs, offs, gx, S, N, INNER, n_dblk,
                             sg_o, sg_s, sg_i, soff_o,
-                            BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr):
-    dblk, seg, outer = _ids(n_dblk, S)
+                            BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
+    dblk, seg, outer = _ids(n_dblk, S, PDL)
     start, end = _segment(offs, soff_o, outer, seg, N, False)
     d = dblk * BLOCK_D + tl.arange(0, BLOCK_D)
     dmask = d < INNER
@@ -164,8 +168,8 @@ def _segment_max_bwd_kernel(g, idxs, offs, gx, S, N, INNER, n_dblk,
 def _segment_reduce_max_bwd_kernel(g, o, x, offs, gx, S, N, INNER, n_dblk,
                                    sg_o, sg_s, sg_i, so_o, so_s, so_i, sx_o, sx_n, sx_i, soff_o,
                                    BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, MATH: tl.constexpr,
-                                   ENDS: tl.constexpr):
-    dblk, seg, outer = _ids(n_dblk, S)
+                                   ENDS: tl.constexpr, PDL: tl.constexpr):
+    dblk, seg, outer = _ids(n_dblk, S, PDL)
     start, end = _segment(offs, soff_o, outer, seg, N, ENDS)
     d = dblk * BLOCK_D + tl.arange(0, BLOCK_D)
     dmask = d < INNER
@@ -327,7 +331,8 @@ def _fwd(data: torch.Tensor, offsets: torch.Tensor, axis: int, op: str):
     launch_keyed(_segment_max_fwd_kernel, outer * s * n_dblk,
                  (data, offsets, vals, idxs, s, n, inner, n_dblk, sx_o, sx_n, sx_i, soff_o),
                  {"BLOCK_L": bl, "BLOCK_D": bd, "BITS": _BITS[data.element_size()], "W": 8 * data.element_size(),
-                  "INF": _INF_BITS[data.dtype], "num_warps": warps}, data.get_device())
+                  "INF": _INF_BITS[data.dtype], "PDL": pdl_ok(data.get_device()), "num_warps": warps},
+                 data.get_device())
     return vals, idxs
 
 
@@ -346,7 +351,8 @@ def _bwd(grad: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor, num_r
     n_dblk = triton.cdiv(inner, bd)
     launch_keyed(_segment_max_bwd_kernel, outer * s * n_dblk,
                  (grad, indices, offsets, gx, s, num_rows, inner, n_dblk, sg_o, sg_s, sg_i, soff_o),
-                 {"BLOCK_L": bl, "BLOCK_D": bd, "num_warps": warps}, grad.get_device())
+                 {"BLOCK_L": bl, "BLOCK_D": bd, "PDL": pdl_ok(grad.get_device()), "num_warps": warps},
+                 grad.get_device())
     return gx
 
 
@@ -434,7 +440,7 @@ def _segment_reduce_backward(grad: torch.Tensor, output: torch.Tensor, data: tor
                  (grad, output, data, offsets, gx, s, n, inner, n_dblk, sg_o, sg_s, sg_i, so_o, so_s, so_i,
                   sx_o, sx_n, sx_i, soff_o),
                  {"BLOCK_L": bl, "BLOCK_D": bd, "MATH": _TL[_runtime.math_dtype(data.dtype)], "ENDS": ends,
-                  "num_warps": warps, **_segred_regs(bl * bd, data.element_size())},
+                  "PDL": pdl_ok(data.get_device()), "num_warps": warps, **_segred_regs(bl * bd, data.element_size())},
                  data.get_device())
     return gx
 
