@@ -91,7 +91,6 @@ def _clear() -> None:
     prelu._plans.clear()
     repeat._views.clear()
     reduction._plans.clear()
-    elementwise.pdl_ok.cache_clear()
     reduction._launchers.clear()
     elementwise._fast_cache.clear()
     for fused in (where._WHERE_BACKWARD, lerp._LERP_BACKWARD, prelu._PRELU_FULL):  # (the summing pass's tiles)

@@ -328,6 +328,16 @@ def test_large_shapes_on_gpu(dtype):
         assert_bitwise_equal(reduce_sum(x, dims, op="test"), out, "again")
 
 
+def test_pdl_switch_is_read_on_every_call(monkeypatch):
+    """`gradkern.elementwise.PDL = False` (the README's switch) turns programmatic dependent launch off at once,
+    also after launches have asked whether the device can do it."""
+    assert not elementwise.pdl_ok(-1), "never on the CPU"
+    monkeypatch.setattr(elementwise, "_pdl_capable", lambda device: True)
+    assert elementwise.pdl_ok(0)
+    monkeypatch.setattr(elementwise, "PDL", False)
+    assert not elementwise.pdl_ok(0)
+
+
 @gpu_only
 def test_passes_launched_as_dependents_see_the_kernel_before():
     """On compute capability 9+ each pass launches as a programmatic dependent (PDL) of the kernel before it in the

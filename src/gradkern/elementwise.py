@@ -237,14 +237,17 @@ def direct_launcher(ck) -> Callable:
 PDL = True
 
 
-@functools.cache
 def pdl_ok(device: int) -> bool:
-    """Whether kernels on CUDA device `device` may launch as programmatic dependents of the kernel before them in
-    the stream (compiled Triton with gdc_wait, compute capability 9+). Such a kernel (its PDL constexpr set) may
-    start while that kernel finishes; its first instruction, gdc_wait, waits until that kernel is done and its
-    writes are visible, so only the launch latency overlaps."""
-    return (PDL and _FAST_OK and HAS_GDC and device >= 0
-            and torch.cuda.get_device_capability(device)[0] >= 9)
+    """Whether kernels on CUDA device `device` launch as programmatic dependents of the kernel before them in the
+    stream: PDL on (read on every call), compiled Triton with gdc_wait, compute capability 9+. Such a kernel (its
+    PDL constexpr set) may start while that kernel finishes; its first instruction, gdc_wait, waits until that
+    kernel is done and its writes are visible, so only the launch latency overlaps."""
+    return PDL and _pdl_capable(device)
+
+
+@functools.cache
+def _pdl_capable(device: int) -> bool:
+    return _FAST_OK and HAS_GDC and device >= 0 and torch.cuda.get_device_capability(device)[0] >= 9
 
 
 def launch_keyed(kernel, grid0: int, args: tuple, consts: dict, device: int) -> None:
