@@ -389,7 +389,7 @@ def run_plan(plan: _Plan, x: torch.Tensor, out_shape: Sequence[int] | None = Non
     return _execute(plan, x, out_shape)
 
 
-_launchers: dict = {}  # (pass uid, alignment of both pointers, device) -> direct launcher of the compiled kernel
+_launchers: dict = {}  # (pass uid, both pointers' alignment, device, PDL) -> direct launcher of the compiled kernel
 _FAST = not _runtime.INTERPRET
 _CONST_NAMES = ("KR", "RR", "ACC", "BLOCK_O", "BLOCK_R", "O_CONTIG", "O_DIV", "R_CONTIG", "R_DIV", "I64", "STEP_SUM")
 
