@@ -401,6 +401,23 @@ def test_relaunches_at_other_offsets_and_sizes_stay_exact(dtype):
         assert_bitwise_equal(gx, gxs, f"segment_reduce at {start}, {rows} rows, {index_dtype}")
 
 
+def test_segment_reduce_plans_follow_the_layout():
+    """`_segment_reduce_backward` caches its launch per problem (shapes, strides, dtypes): the same shapes in a
+    layout the kernel walks in place, one it must copy first (inner dims that do not collapse), and back, twice
+    each, all equal stock."""
+    lengths = [5, 0, 11, 4]
+    n = sum(lengths)
+    base = _data((n, 3, 4), torch.float32, ties=True)
+    odd = _data((n, 4, 3), torch.float32, ties=True).transpose(1, 2)  # (n, 3, 4), inner strides (1, 3): no collapse
+    g = _data((len(lengths), 3, 4), torch.float32, seed=1)
+    L = torch.tensor(lengths, device=DEVICE)
+    for data in (base, odd, base, odd):
+        (_, gx), (_, gxs) = _both(data, g, lengths=L)
+        assert_bitwise_equal(gx, gxs, f"strides {data.stride()}")
+        (_, gx), (_, gxs) = _both(data, g.transpose(1, 2).contiguous().transpose(1, 2), offsets=_offsets(lengths))
+        assert_bitwise_equal(gx, gxs, f"strides {data.stride()}, grad transposed")
+
+
 # ------------------------------------------------------------------------------------------------ GPU sizes
 @gpu_only
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)

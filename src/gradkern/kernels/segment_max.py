@@ -23,7 +23,9 @@ segments give no gradient. gradkern's kernel reproduces this bit for bit.
 
 from __future__ import annotations
 
+import itertools
 import math
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -32,7 +34,7 @@ import triton.language as tl
 from .. import _runtime, dispatch
 from .._runtime import DEVICE_TYPE, FLOAT_DTYPES
 from ..autograd_routing import plain_tensors
-from ..elementwise import check_tensor, launch_keyed, pdl_ok
+from ..elementwise import check_tensor, launch, launch_keyed, pdl_ok
 from ..errors import InvalidProblem, Unsupported
 from ..registry import Case, register_op
 from ..tl_helpers import cast_out, gdc_wait
@@ -423,26 +425,61 @@ def _segment_reduce_backward(grad: torch.Tensor, output: torch.Tensor, data: tor
         if tuple(t.shape) != expected or t.dtype != data.dtype or t.device != data.device:
             raise InvalidProblem(op, name, f"shape {expected}, dtype {data.dtype} on {data.device}",
                                  f"{tuple(t.shape)}, {t.dtype} on {t.device}")
-    n = data.shape[axis]
-    outer = math.prod(data.shape[:axis])
-    inner = math.prod(data.shape[axis + 1:])
     if s == 0 or data.numel() == 0:
         return torch.zeros(data.shape, dtype=data.dtype, device=data.device)
     gx = torch.empty(data.shape, dtype=data.dtype, device=data.device)
-    data, (sx_o, sx_n, sx_i) = _layout(data, axis)
-    grad, (sg_o, sg_s, sg_i) = _layout(grad, axis)
-    output, (so_o, so_s, so_i) = _layout(output, axis)
-    offsets = offsets.reshape(outer, offsets.shape[-1]) if axis else offsets
-    offsets, soff_o = _offsets_2d(offsets)
+    device = data.get_device()
+    pdl = pdl_ok(device)
+    key = (data.shape, data.stride(), grad.stride(), output.stride(), data.dtype, offsets.shape, offsets.stride(),
+           offsets.dtype, ends, device, pdl)
+    plan = _segred_plans.get(key)
+    if plan is None:
+        plan = _runtime.remember(_segred_plans, key, _segred_plan(grad, output, data, offsets, axis, ends, pdl))
+    grad, output, data = (t.contiguous() if copy else t for t, copy in zip((grad, output, data), plan.copies,
+                                                                            strict=True))
+    offsets = offsets.reshape(plan.offsets_shape).contiguous()
+    ptrs = (grad, output, data, offsets, gx)
+    # the plan fixes every int argument (so its specialisation) and the pointers' dtypes; the key adds alignment
+    spec = (plan.uid, device, tuple(p.data_ptr() % 16 == 0 for p in ptrs))
+    launch(_segment_reduce_max_bwd_kernel, (plan.grid,), (*ptrs, *plan.ints), plan.consts, device, spec)
+    return gx
+
+
+@dataclass(frozen=True)
+class _SegredPlan:
+    """`_segment_reduce_backward`'s launch for one problem (shapes, strides, dtypes, device)."""
+
+    grid: int
+    ints: tuple  # the kernel's int arguments
+    copies: tuple[bool, bool, bool]  # grad, output, data made contiguous first (layouts the kernel cannot walk)
+    offsets_shape: tuple[int, ...]  # offsets (S + 1 of them, or the S segment ends) as the kernel reads them
+    consts: dict
+    uid: int
+
+
+_segred_plans: dict = {}
+_segred_uids = itertools.count(1)
+
+
+def _segred_plan(grad, output, data, offsets, axis: int, ends: bool, pdl: bool) -> _SegredPlan:
+    n = data.shape[axis]
+    outer = math.prod(data.shape[:axis])
+    inner = math.prod(data.shape[axis + 1:])
+    s = offsets.shape[-1] - (0 if ends else 1)
+    walked = [_layout(t, axis) for t in (grad, output, data)]
+    copies = tuple(w is not t for (w, _), t in zip(walked, (grad, output, data), strict=True))
+    (_, sg), (_, so), (_, sx) = walked
+    offsets_shape = (outer, offsets.shape[-1]) if axis else tuple(offsets.shape)
+    soff_o = offsets_shape[-1] if len(offsets_shape) > 1 else 0
     bl, bd, warps = _blocks(inner, n, s, "segment_reduce", data.element_size())
     n_dblk = triton.cdiv(inner, bd)
-    launch_keyed(_segment_reduce_max_bwd_kernel, outer * s * n_dblk,
-                 (grad, output, data, offsets, gx, s, n, inner, n_dblk, sg_o, sg_s, sg_i, so_o, so_s, so_i,
-                  sx_o, sx_n, sx_i, soff_o),
-                 {"BLOCK_L": bl, "BLOCK_D": bd, "MATH": _TL[_runtime.math_dtype(data.dtype)], "ENDS": ends,
-                  "PDL": pdl_ok(data.get_device()), "num_warps": warps, **_segred_regs(bl * bd, data.element_size())},
-                 data.get_device())
-    return gx
+    consts = {"BLOCK_L": bl, "BLOCK_D": bd, "MATH": _TL[_runtime.math_dtype(data.dtype)], "ENDS": ends, "PDL": pdl}
+    consts["__values__"] = tuple(consts.values())  # (in the kernel's parameter order)
+    consts.update(num_warps=warps, **_segred_regs(bl * bd, data.element_size()))
+    if pdl:
+        consts["launch_pdl"] = True
+    return _SegredPlan(outer * s * n_dblk, (s, n, inner, n_dblk, *sg, *so, *sx, soff_o), copies, offsets_shape,
+                       consts, next(_segred_uids))
 
 
 # ----------------------------------------------------------------------------------------------- user API
