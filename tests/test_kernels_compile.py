@@ -111,6 +111,7 @@ def _record_launches(monkeypatch) -> list[dict]:
                     pass
     _record_pad_loops()
     _record_pad_narrow_planes()
+    _record_segment_reduce_cumsum()
     return specs + _gpu_only_variants(specs)
 
 
@@ -134,6 +135,20 @@ def _gpu_only_variants(specs: list[dict]) -> list[dict]:
             out.append({**spec, "constexprs": {**c, flag: True}})
     assert {k[0] for k in kinds} == {"PREFETCH", "PDL"}, "no pad or summing specialisation recorded"
     return out
+
+
+def _record_segment_reduce_cumsum() -> None:
+    """_segment_reduce_backward reading the lengths' cumsum: the registry's small cases sum starts from the lengths
+    in the kernel instead (few segments)."""
+    from gradkern.kernels import segment_max
+
+    saved, segment_max._LENS_MAX_S = segment_max._LENS_MAX_S, 0
+    try:
+        info = REGISTRY["_segment_reduce_backward"]
+        for case in info.cases(DEVICE, torch.float32, "tiny"):
+            info.fn(*case.args, **case.kwargs)
+    finally:
+        segment_max._LENS_MAX_S = saved
 
 
 def _record_pad_loops() -> None:

@@ -284,8 +284,13 @@ def _both(data, g, **kw):
     return out
 
 
+@pytest.mark.parametrize("lengths_read", [True, False], ids=["lengths-read", "lengths-cumsum"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
-def test_segment_reduce_backward_equals_stock(dtype, monkeypatch):
+def test_segment_reduce_backward_equals_stock(dtype, lengths_read, monkeypatch):
+    """Both ways the kernel takes lengths: summing each start from the lengths itself (small S) or reading their
+    cumsum."""
+    if not lengths_read:
+        monkeypatch.setattr(sm, "_LENS_MAX_S", 0)
     calls = _spy(monkeypatch)
     lengths = [3, 0, 6, 1, 40, 2]
     n = sum(lengths)
@@ -399,6 +404,17 @@ def test_relaunches_at_other_offsets_and_sizes_stay_exact(dtype):
         assert_bitwise_equal(ops.segment_max_backward(g, idxs, offs, rows, 0), sm._backward_composite(g, idxs, rows, 0))
         (_, gx), (_, gxs) = _both(data, g, lengths=torch.tensor(lengths, device=DEVICE, dtype=index_dtype))
         assert_bitwise_equal(gx, gxs, f"segment_reduce at {start}, {rows} rows, {index_dtype}")
+
+
+def test_segment_reduce_reads_lengths_only_where_cheap():
+    """The kernel sums starts from the lengths itself only for at most _LENS_MAX_S segments and while all programs
+    together re-read at most _LENS_MAX_READS lengths; otherwise it reads their cumsum."""
+    meta = torch.empty((4096, 64), device="meta")
+    assert sm._reads_lengths(meta, 0, 1) and sm._reads_lengths(meta, 0, sm._LENS_MAX_S)
+    assert not sm._reads_lengths(meta, 0, sm._LENS_MAX_S + 1) and not sm._reads_lengths(meta, 0, 0)
+    wide = torch.empty((4096, 64 * 64), device="meta")  # 64 column blocks: 64x the programs, each re-reading
+    assert sm._reads_lengths(wide, 0, 128) and not sm._reads_lengths(wide, 0, 256)
+    assert not sm._reads_lengths(torch.empty((8, 4096, 64), device="meta"), 1, 1024)  # 8 outer slices
 
 
 def test_segment_reduce_plans_follow_the_layout():

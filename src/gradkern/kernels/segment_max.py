@@ -46,11 +46,16 @@ _BITS = {2: tl.int16, 4: tl.int32, 8: tl.int64}  # an element's bits, by its siz
 
 # ----------------------------------------------------------------------------------------------- kernels
 @triton.jit
-def _segment(offs, soff_o, outer, seg, N, ENDS: tl.constexpr):
-    """The clamped row range [start, end) of segment `seg` of outer slice `outer`: `offs` holds S + 1 offsets,
-    or with ENDS the S segment ends (the cumulative lengths; a segment starts where the one before ends)."""
+def _segment(offs, soff_o, outer, seg, N, ENDS: tl.constexpr, LENS: tl.constexpr = 0):
+    """The clamped row range [start, end) of segment `seg` of outer slice `outer`: `offs` holds S + 1 offsets;
+    or with ENDS the S segment ends (the cumulative lengths; a segment starts where the one before ends); or with
+    LENS (a power of two >= S) the S lengths themselves, the start summed here from the lengths before."""
     base = offs + outer * soff_o + seg
-    if ENDS:
+    if LENS > 0:
+        r = tl.arange(0, LENS)
+        start = tl.sum(tl.load(offs + outer * soff_o + r, mask=r < seg, other=0).to(tl.int64), axis=0)
+        end = start + tl.load(base).to(tl.int64)
+    elif ENDS:
         start = tl.load(base - 1, mask=seg > 0, other=0).to(tl.int64)
         end = tl.load(base).to(tl.int64)
     else:
@@ -170,9 +175,9 @@ def _segment_max_bwd_kernel(g, idxs, offs, gx, S, N, INNER, n_dblk,
 def _segment_reduce_max_bwd_kernel(g, o, x, offs, gx, S, N, INNER, n_dblk,
                                    sg_o, sg_s, sg_i, so_o, so_s, so_i, sx_o, sx_n, sx_i, soff_o,
                                    BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, MATH: tl.constexpr,
-                                   ENDS: tl.constexpr, PDL: tl.constexpr):
+                                   ENDS: tl.constexpr, LENS: tl.constexpr, PDL: tl.constexpr):
     dblk, seg, outer = _ids(n_dblk, S, PDL)
-    start, end = _segment(offs, soff_o, outer, seg, N, ENDS)
+    start, end = _segment(offs, soff_o, outer, seg, N, ENDS, LENS)
     d = dblk * BLOCK_D + tl.arange(0, BLOCK_D)
     dmask = d < INNER
     ob = gx + outer * N * INNER
@@ -275,6 +280,10 @@ _WARPS_LARGE = 4
 # registers, 14 two-warp programs an SM). Segments of 16: f32 2.70x -> 2.95x stock with 40 (32 spills: 2.29x),
 # f16 3.29x -> 3.91x with 56. Larger tiles (the loop path) stay uncapped: capped, they spill (1-256: 3.1x -> 1.3x)
 _SEGRED_MAXNREG = {2: 56, 4: 40}
+# _segment_reduce_backward with lengths: up to this many segments (and lengths re-read by all programs together),
+# each program sums its start from the lengths instead of a cumsum kernel reading them first
+_LENS_MAX_S = 1024
+_LENS_MAX_READS = 1 << 20
 
 
 def _segred_regs(tile: int, esize: int) -> dict:
@@ -417,9 +426,10 @@ def _segment_reduce_backward(grad: torch.Tensor, output: torch.Tensor, data: tor
     if seg.dim() < 1 or data.dim() <= axis or tuple(seg.shape[:-1]) != tuple(data.shape[:axis]):
         raise InvalidProblem(op, "lengths/offsets", f"leading dims equal to data's {tuple(data.shape[:axis])}",
                              tuple(seg.shape))
-    ends = offsets is None  # lengths: the kernel reads their cumulative sums (one scan, no concatenation)
-    offsets = lengths.cumsum(-1) if ends else offsets
-    s = offsets.shape[-1] - (0 if ends else 1)
+    ends = offsets is None  # lengths: the kernel reads them or their cumulative sums (one scan, no concatenation)
+    s = seg.shape[-1] - (0 if ends else 1)
+    lens = ends and _reads_lengths(data, axis, s)
+    offsets = (lengths if lens else lengths.cumsum(-1)) if ends else offsets
     expected = (*data.shape[:axis], s, *data.shape[axis + 1:])
     for name, t in (("grad", grad), ("output", output)):
         if tuple(t.shape) != expected or t.dtype != data.dtype or t.device != data.device:
@@ -431,10 +441,10 @@ def _segment_reduce_backward(grad: torch.Tensor, output: torch.Tensor, data: tor
     device = data.get_device()
     pdl = pdl_ok(device)
     key = (data.shape, data.stride(), grad.stride(), output.stride(), data.dtype, offsets.shape, offsets.stride(),
-           offsets.dtype, ends, device, pdl)
+           offsets.dtype, ends, lens, device, pdl)
     plan = _segred_plans.get(key)
     if plan is None:
-        plan = _runtime.remember(_segred_plans, key, _segred_plan(grad, output, data, offsets, axis, ends, pdl))
+        plan = _runtime.remember(_segred_plans, key, _segred_plan(grad, output, data, offsets, axis, ends, lens, pdl))
     grad, output, data = (t.contiguous() if copy else t for t, copy in zip((grad, output, data), plan.copies,
                                                                             strict=True))
     offsets = offsets.reshape(plan.offsets_shape).contiguous()
@@ -461,7 +471,17 @@ _segred_plans: dict = {}
 _segred_uids = itertools.count(1)
 
 
-def _segred_plan(grad, output, data, offsets, axis: int, ends: bool, pdl: bool) -> _SegredPlan:
+def _reads_lengths(data: torch.Tensor, axis: int, s: int) -> bool:
+    """Whether the kernel sums each segment's start from the lengths itself (no cumsum: one launch and its host
+    time less) rather than reading the lengths' cumsum: where S is small and all programs together re-read at
+    most _LENS_MAX_READS lengths."""
+    if not 0 < s <= _LENS_MAX_S:
+        return False
+    programs = math.prod(data.shape[:axis]) * s * triton.cdiv(math.prod(data.shape[axis + 1:]), _BD_MAX)
+    return programs * _npow2(s) <= _LENS_MAX_READS
+
+
+def _segred_plan(grad, output, data, offsets, axis: int, ends: bool, lens: bool, pdl: bool) -> _SegredPlan:
     n = data.shape[axis]
     outer = math.prod(data.shape[:axis])
     inner = math.prod(data.shape[axis + 1:])
@@ -473,7 +493,8 @@ def _segred_plan(grad, output, data, offsets, axis: int, ends: bool, pdl: bool) 
     soff_o = offsets_shape[-1] if len(offsets_shape) > 1 else 0
     bl, bd, warps = _blocks(inner, n, s, "segment_reduce", data.element_size())
     n_dblk = triton.cdiv(inner, bd)
-    consts = {"BLOCK_L": bl, "BLOCK_D": bd, "MATH": _TL[_runtime.math_dtype(data.dtype)], "ENDS": ends, "PDL": pdl}
+    consts = {"BLOCK_L": bl, "BLOCK_D": bd, "MATH": _TL[_runtime.math_dtype(data.dtype)], "ENDS": ends,
+              "LENS": _npow2(s) if lens else 0, "PDL": pdl}
     consts["__values__"] = tuple(consts.values())  # (in the kernel's parameter order)
     consts.update(num_warps=warps, **_segred_regs(bl * bd, data.element_size()))
     if pdl:
