@@ -359,30 +359,26 @@ def test_segment_reduce_other_reductions_and_double_backward_stay_stock(monkeypa
 
 
 # ------------------------------------------------------------------------------------------------ relaunch
-def test_relaunch_key_follows_tritons_specialisation(monkeypatch):
-    """The segment kernels are relaunched directly after a specialisation's first launch (`launch_keyed`): the key
-    must change with everything Triton compiles differently for (a pointer's dtype or 16-byte alignment, an int's
-    width, divisibility by 16 or == 1, any constexpr or option), and only with that."""
-    from gradkern import elementwise
-
-    if elementwise._specialize is None:
-        pytest.skip("this Triton has no native specialisation (such launches take the JIT path every time)")
+def test_launch_plans_and_relaunch_keys(monkeypatch):
+    """Each segment kernel's launch is planned once per problem and relaunched by (plan, device, the pointers'
+    16-byte alignment): a repeated problem reuses its plan and key; a view at an odd offset changes only the key's
+    alignment; other shapes, strides or dtypes get another plan."""
     keys = []
-    monkeypatch.setattr(elementwise, "_FAST_OK", True)
-    monkeypatch.setattr(elementwise, "_constexpr_names", lambda kernel: ("B",))
-    monkeypatch.setattr(elementwise, "launch", lambda kernel, grid, args, consts, device, key=None: keys.append(key))
-    buf = torch.zeros(64)
-    base = (buf[:8], buf[8:16], 32)  # 16-byte aligned, 8 more elements (32 bytes) in: aligned too
-    same = [base, (buf[8:16], buf[:8], 48)]
-    other = [(buf[1:9], buf[8:16], 32), (buf[:8].double(), buf[8:16], 32), (buf[:8], buf[8:16], 33),
-             (buf[:8], buf[8:16], 1), (buf[:8], buf[8:16], 2**31 + 32), (buf[:8], buf[8:16].int(), 32)]
-    for args in same + other:
-        elementwise.launch_keyed(sm._segment_max_bwd_kernel, 4, args, {"B": 16, "num_warps": 2}, 0)
-    elementwise.launch_keyed(sm._segment_max_bwd_kernel, 4, base, {"B": 32, "num_warps": 2}, 0)
-    elementwise.launch_keyed(sm._segment_max_bwd_kernel, 4, base, {"B": 16, "num_warps": 4}, 0)
-    elementwise.launch_keyed(sm._segment_max_bwd_kernel, 4, base, {"B": 16, "num_warps": 2}, 1)
-    assert keys[0] == keys[1], "two launches Triton compiles alike"
-    assert len(set(keys[1:])) == len(keys) - 1, "a launch Triton compiles differently shares a key"
+    monkeypatch.setattr(sm, "launch", lambda kernel, grid, args, consts, device, key: keys.append(key))
+    buf = _data((4 * 161 + 1,), torch.float32)
+    offs = _offsets([100, 0, 60])
+
+    def plan_of(data, offsets=offs):
+        ops.segment_max_forward(data, offsets, 0)
+        return keys[-1]
+
+    a = plan_of(buf[:640].view(160, 4))
+    assert plan_of(buf[4:644].view(160, 4)) == a, "the same problem, aligned: same plan and key"
+    odd = plan_of(buf[1:641].view(160, 4))
+    assert odd[0] == a[0] and odd[2] != a[2], "an odd offset: same plan, other alignment"
+    others = [plan_of(buf[:640].view(4, 160).t()), plan_of(buf[:640].view(160, 4).double()),
+              plan_of(buf[:644].view(161, 4), _offsets([100, 1, 60])), plan_of(buf[:640].view(160, 4), offs.int())]
+    assert len({k[0] for k in [a, *others]}) == 5, "another layout, dtype, size or offsets dtype: another plan"
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)

@@ -194,11 +194,6 @@ STRIDED_BLOCK, STRIDED_WARPS = 1024, 4
 _fast_cache: dict = {}
 _FAST_OK = not _runtime.INTERPRET
 _KNOBS = getattr(getattr(triton, "knobs", None), "runtime", None)
-try:  # what Triton's JIT itself keys a compiled kernel's arguments by (Triton >= 3.4)
-    from triton._C.libtriton import native_specialize_impl as _specialize
-    from triton.backends.compiler import BaseBackend as _Backend
-except ImportError:  # pragma: no cover - older Triton: such launches take the JIT path every time
-    _specialize = None
 
 
 def hooks_idle() -> bool:
@@ -248,28 +243,6 @@ def pdl_ok(device: int) -> bool:
 @functools.cache
 def _pdl_capable(device: int) -> bool:
     return _FAST_OK and HAS_GDC and device >= 0 and torch.cuda.get_device_capability(device)[0] >= 9
-
-
-def launch_keyed(kernel, grid0: int, args: tuple, consts: dict, device: int) -> None:
-    """`launch` for a kernel without a plan that fixes its specialisation: the relaunch key is Triton's own
-    specialisation of every argument (pointer dtype and 16-byte alignment; integer width, divisibility by 16 and
-    == 1) with the constexprs and options in `consts`, so a relaunch always calls the kernel compiled for these
-    arguments. A few us of host time a call, against the JIT's tens. A true PDL constexpr launches the kernel as
-    a programmatic dependent (`pdl_ok`)."""
-    if consts.get("PDL"):
-        consts = {**consts, "launch_pdl": True}
-    if _specialize is None or not _FAST_OK:
-        launch(kernel, (grid0,), args, consts, device)
-        return
-    key = (kernel, device, tuple(sorted(consts.items())), *(_specialize(_Backend, a, False, True, True) for a in args))
-    consts = {**consts, "__values__": tuple(consts[n] for n in _constexpr_names(kernel))}
-    launch(kernel, (grid0,), args, consts, device, key)
-
-
-@functools.cache
-def _constexpr_names(kernel) -> tuple[str, ...]:
-    """The names of `kernel`'s constexpr parameters, in order."""
-    return tuple(p.name for p in kernel.params if p.is_constexpr)
 
 
 def launch(kernel, grid: tuple[int, ...], args: tuple, consts: dict, device: int, spec_key: tuple | None = None):

@@ -34,7 +34,7 @@ import triton.language as tl
 from .. import _runtime, dispatch
 from .._runtime import DEVICE_TYPE, FLOAT_DTYPES
 from ..autograd_routing import plain_tensors
-from ..elementwise import check_tensor, launch, launch_keyed, pdl_ok
+from ..elementwise import check_tensor, launch, pdl_ok
 from ..errors import InvalidProblem, Unsupported
 from ..registry import Case, register_op
 from ..tl_helpers import cast_out, gdc_wait
@@ -324,26 +324,78 @@ def _offsets_2d(offsets: torch.Tensor) -> tuple[torch.Tensor, int]:
     return offsets, (offsets.shape[-1] if offsets.dim() > 1 else 0)
 
 
+# ----------------------------------------------------------------------------------------------- launch plans
+@dataclass(frozen=True)
+class _Plan:
+    """A segment kernel's launch for one problem (shapes, strides, dtypes, device, PDL), made once: after the first
+    launch the compiled kernel is called directly, keyed by the plan (which fixes every int argument, so its
+    specialisation, and the pointers' dtypes) and the pointers' 16-byte alignment."""
+
+    grid: int
+    ints: tuple  # the kernel's int arguments
+    copies: tuple[bool, ...]  # the strided operands made contiguous first (layouts the kernel cannot walk)
+    consts: dict
+    uid: int
+
+
+_plans: dict = {}
+_plan_uids = itertools.count(1)
+
+
+def _planned(key, make) -> _Plan:
+    plan = _plans.get(key)
+    return plan if plan is not None else _runtime.remember(_plans, key, make())
+
+
+def _new_plan(grid: int, ints: tuple, copies: tuple, consts: dict, warps: int, pdl: bool, **options) -> _Plan:
+    """`consts` are the kernel's constexprs before PDL (its last), in parameter order; `options` compile options."""
+    consts = {**consts, "PDL": pdl}
+    consts["__values__"] = tuple(consts.values())
+    consts.update(num_warps=warps, **options)
+    if pdl:
+        consts["launch_pdl"] = True
+    return _Plan(grid, ints, copies, consts, next(_plan_uids))
+
+
+def _copies(tensors, axis: int) -> tuple[bool, ...]:
+    """Which of `tensors` `_layout` must make contiguous (the kernels walk (outer, axis, inner) strides only)."""
+    return tuple(_layout(t, axis)[0] is not t for t in tensors)
+
+
+def _walk(tensors, plan: _Plan) -> list[torch.Tensor]:
+    return [t.contiguous() if copy else t for t, copy in zip(tensors, plan.copies, strict=True)]
+
+
+def _run(kernel, plan: _Plan, ptrs: tuple, device: int) -> None:
+    launch(kernel, (plan.grid,), (*ptrs, *plan.ints), plan.consts, device,
+           (plan.uid, device, tuple(p.data_ptr() % 16 == 0 for p in ptrs)))
+
+
 # ----------------------------------------------------------------------------------------------- the ops
 def _fwd(data: torch.Tensor, offsets: torch.Tensor, axis: int, op: str):
-    data, (sx_o, sx_n, sx_i) = _layout(data, axis)
     n = data.shape[axis]
     s = offsets.shape[-1] - 1
-    outer = math.prod(data.shape[:axis])
-    inner = math.prod(data.shape[axis + 1:])
     out_shape = (*data.shape[:axis], s, *data.shape[axis + 1:])
     vals = torch.empty(out_shape, dtype=data.dtype, device=data.device)
     idxs = torch.empty(out_shape, dtype=torch.int64, device=data.device)
     if vals.numel() == 0:
         return vals, idxs
-    offsets, soff_o = _offsets_2d(offsets)
-    bl, bd, warps = _blocks(inner, n, s, "forward", data.element_size())
-    n_dblk = triton.cdiv(inner, bd)
-    launch_keyed(_segment_max_fwd_kernel, outer * s * n_dblk,
-                 (data, offsets, vals, idxs, s, n, inner, n_dblk, sx_o, sx_n, sx_i, soff_o),
-                 {"BLOCK_L": bl, "BLOCK_D": bd, "BITS": _BITS[data.element_size()], "W": 8 * data.element_size(),
-                  "INF": _INF_BITS[data.dtype], "PDL": pdl_ok(data.get_device()), "num_warps": warps},
-                 data.get_device())
+    device = data.get_device()
+    pdl = pdl_ok(device)
+
+    def make():
+        (_, sx), soff_o = _layout(data, axis), _offsets_2d(offsets)[1]
+        outer, inner = math.prod(data.shape[:axis]), math.prod(data.shape[axis + 1:])
+        bl, bd, warps = _blocks(inner, n, s, "forward", data.element_size())
+        n_dblk = triton.cdiv(inner, bd)
+        return _new_plan(outer * s * n_dblk, (s, n, inner, n_dblk, *sx, soff_o), _copies((data,), axis),
+                         {"BLOCK_L": bl, "BLOCK_D": bd, "BITS": _BITS[data.element_size()],
+                          "W": 8 * data.element_size(), "INF": _INF_BITS[data.dtype]}, warps, pdl)
+
+    plan = _planned(("forward", data.shape, data.stride(), data.dtype, offsets.shape, offsets.dtype, axis, device,
+                     pdl), make)
+    (data,) = _walk((data,), plan)
+    _run(_segment_max_fwd_kernel, plan, (data, offsets.contiguous(), vals, idxs), device)
     return vals, idxs
 
 
@@ -355,15 +407,20 @@ def _bwd(grad: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor, num_r
     if s == 0 or outer * inner == 0 or num_rows == 0:
         return torch.zeros(out_shape, dtype=grad.dtype, device=grad.device)
     gx = torch.empty(out_shape, dtype=grad.dtype, device=grad.device)
-    grad, (sg_o, sg_s, sg_i) = _layout(grad, axis)
-    indices = indices.contiguous()
-    offsets, soff_o = _offsets_2d(offsets)
-    bl, bd, warps = _blocks(inner, num_rows, s, "backward", grad.element_size())
-    n_dblk = triton.cdiv(inner, bd)
-    launch_keyed(_segment_max_bwd_kernel, outer * s * n_dblk,
-                 (grad, indices, offsets, gx, s, num_rows, inner, n_dblk, sg_o, sg_s, sg_i, soff_o),
-                 {"BLOCK_L": bl, "BLOCK_D": bd, "PDL": pdl_ok(grad.get_device()), "num_warps": warps},
-                 grad.get_device())
+    device = grad.get_device()
+    pdl = pdl_ok(device)
+
+    def make():
+        (_, sg), soff_o = _layout(grad, axis), _offsets_2d(offsets)[1]
+        bl, bd, warps = _blocks(inner, num_rows, s, "backward", grad.element_size())
+        n_dblk = triton.cdiv(inner, bd)
+        return _new_plan(outer * s * n_dblk, (s, num_rows, inner, n_dblk, *sg, soff_o), _copies((grad,), axis),
+                         {"BLOCK_L": bl, "BLOCK_D": bd}, warps, pdl)
+
+    plan = _planned(("backward", grad.shape, grad.stride(), grad.dtype, offsets.shape, offsets.dtype, num_rows,
+                     axis, device, pdl), make)
+    (grad,) = _walk((grad,), plan)
+    _run(_segment_max_bwd_kernel, plan, (grad, indices.contiguous(), offsets.contiguous(), gx), device)
     return gx
 
 
@@ -440,35 +497,26 @@ def _segment_reduce_backward(grad: torch.Tensor, output: torch.Tensor, data: tor
     gx = torch.empty(data.shape, dtype=data.dtype, device=data.device)
     device = data.get_device()
     pdl = pdl_ok(device)
-    key = (data.shape, data.stride(), grad.stride(), output.stride(), data.dtype, offsets.shape, offsets.stride(),
-           offsets.dtype, ends, lens, device, pdl)
-    plan = _segred_plans.get(key)
-    if plan is None:
-        plan = _runtime.remember(_segred_plans, key, _segred_plan(grad, output, data, offsets, axis, ends, lens, pdl))
-    grad, output, data = (t.contiguous() if copy else t for t, copy in zip((grad, output, data), plan.copies,
-                                                                            strict=True))
-    offsets = offsets.reshape(plan.offsets_shape).contiguous()
-    ptrs = (grad, output, data, offsets, gx)
-    # the plan fixes every int argument (so its specialisation) and the pointers' dtypes; the key adds alignment
-    spec = (plan.uid, device, tuple(p.data_ptr() % 16 == 0 for p in ptrs))
-    launch(_segment_reduce_max_bwd_kernel, (plan.grid,), (*ptrs, *plan.ints), plan.consts, device, spec)
+
+    def make():
+        n = data.shape[axis]
+        outer, inner = math.prod(data.shape[:axis]), math.prod(data.shape[axis + 1:])
+        (_, sg), (_, so), (_, sx) = (_layout(t, axis) for t in (grad, output, data))
+        soff_o = offsets.shape[-1] if axis else 0
+        bl, bd, warps = _blocks(inner, n, s, "segment_reduce", data.element_size())
+        n_dblk = triton.cdiv(inner, bd)
+        consts = {"BLOCK_L": bl, "BLOCK_D": bd, "MATH": _TL[_runtime.math_dtype(data.dtype)], "ENDS": ends,
+                  "LENS": _npow2(s) if lens else 0}
+        return _new_plan(outer * s * n_dblk, (s, n, inner, n_dblk, *sg, *so, *sx, soff_o),
+                         _copies((grad, output, data), axis), consts, warps, pdl,
+                         **_segred_regs(bl * bd, data.element_size()))
+
+    plan = _planned(("segment_reduce", data.shape, data.stride(), grad.stride(), output.stride(), data.dtype,
+                     offsets.shape, offsets.dtype, ends, lens, device, pdl), make)
+    grad, output, data = _walk((grad, output, data), plan)
+    offsets = (offsets.reshape(-1, offsets.shape[-1]) if axis else offsets).contiguous()
+    _run(_segment_reduce_max_bwd_kernel, plan, (grad, output, data, offsets, gx), device)
     return gx
-
-
-@dataclass(frozen=True)
-class _SegredPlan:
-    """`_segment_reduce_backward`'s launch for one problem (shapes, strides, dtypes, device)."""
-
-    grid: int
-    ints: tuple  # the kernel's int arguments
-    copies: tuple[bool, bool, bool]  # grad, output, data made contiguous first (layouts the kernel cannot walk)
-    offsets_shape: tuple[int, ...]  # offsets (S + 1 of them, or the S segment ends) as the kernel reads them
-    consts: dict
-    uid: int
-
-
-_segred_plans: dict = {}
-_segred_uids = itertools.count(1)
 
 
 def _reads_lengths(data: torch.Tensor, axis: int, s: int) -> bool:
@@ -479,28 +527,6 @@ def _reads_lengths(data: torch.Tensor, axis: int, s: int) -> bool:
         return False
     programs = math.prod(data.shape[:axis]) * s * triton.cdiv(math.prod(data.shape[axis + 1:]), _BD_MAX)
     return programs * _npow2(s) <= _LENS_MAX_READS
-
-
-def _segred_plan(grad, output, data, offsets, axis: int, ends: bool, lens: bool, pdl: bool) -> _SegredPlan:
-    n = data.shape[axis]
-    outer = math.prod(data.shape[:axis])
-    inner = math.prod(data.shape[axis + 1:])
-    s = offsets.shape[-1] - (0 if ends else 1)
-    walked = [_layout(t, axis) for t in (grad, output, data)]
-    copies = tuple(w is not t for (w, _), t in zip(walked, (grad, output, data), strict=True))
-    (_, sg), (_, so), (_, sx) = walked
-    offsets_shape = (outer, offsets.shape[-1]) if axis else tuple(offsets.shape)
-    soff_o = offsets_shape[-1] if len(offsets_shape) > 1 else 0
-    bl, bd, warps = _blocks(inner, n, s, "segment_reduce", data.element_size())
-    n_dblk = triton.cdiv(inner, bd)
-    consts = {"BLOCK_L": bl, "BLOCK_D": bd, "MATH": _TL[_runtime.math_dtype(data.dtype)], "ENDS": ends,
-              "LENS": _npow2(s) if lens else 0, "PDL": pdl}
-    consts["__values__"] = tuple(consts.values())  # (in the kernel's parameter order)
-    consts.update(num_warps=warps, **_segred_regs(bl * bd, data.element_size()))
-    if pdl:
-        consts["launch_pdl"] = True
-    return _SegredPlan(outer * s * n_dblk, (s, n, inner, n_dblk, *sg, *so, *sx, soff_o), copies, offsets_shape,
-                       consts, next(_segred_uids))
 
 
 # ----------------------------------------------------------------------------------------------- user API
