@@ -357,9 +357,12 @@ def _new_plan(grid: int, ints: tuple, copies: tuple, consts: dict, warps: int, p
     return _Plan(grid, ints, copies, consts, next(_plan_uids))
 
 
-def _copies(tensors, axis: int) -> tuple[bool, ...]:
-    """Which of `tensors` `_layout` must make contiguous (the kernels walk (outer, axis, inner) strides only)."""
-    return tuple(_layout(t, axis)[0] is not t for t in tensors)
+def _layouts(tensors, axis: int) -> tuple[tuple[int, ...], tuple[bool, ...]]:
+    """The (outer, axis, inner) strides of each of `tensors` as the kernels walk them, one after the other, and
+    which of them `_layout` must make contiguous first."""
+    walked = [_layout(t, axis) for t in tensors]
+    return (tuple(st for _, sts in walked for st in sts),
+            tuple(w is not t for (w, _), t in zip(walked, tensors, strict=True)))
 
 
 def _walk(tensors, plan: _Plan) -> list[torch.Tensor]:
@@ -384,11 +387,11 @@ def _fwd(data: torch.Tensor, offsets: torch.Tensor, axis: int, op: str):
     pdl = pdl_ok(device)
 
     def make():
-        (_, sx), soff_o = _layout(data, axis), _offsets_2d(offsets)[1]
+        strides, copies = _layouts((data,), axis)
         outer, inner = math.prod(data.shape[:axis]), math.prod(data.shape[axis + 1:])
         bl, bd, warps = _blocks(inner, n, s, "forward", data.element_size())
         n_dblk = triton.cdiv(inner, bd)
-        return _new_plan(outer * s * n_dblk, (s, n, inner, n_dblk, *sx, soff_o), _copies((data,), axis),
+        return _new_plan(outer * s * n_dblk, (s, n, inner, n_dblk, *strides, _offsets_2d(offsets)[1]), copies,
                          {"BLOCK_L": bl, "BLOCK_D": bd, "BITS": _BITS[data.element_size()],
                           "W": 8 * data.element_size(), "INF": _INF_BITS[data.dtype]}, warps, pdl)
 
@@ -411,10 +414,10 @@ def _bwd(grad: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor, num_r
     pdl = pdl_ok(device)
 
     def make():
-        (_, sg), soff_o = _layout(grad, axis), _offsets_2d(offsets)[1]
+        strides, copies = _layouts((grad,), axis)
         bl, bd, warps = _blocks(inner, num_rows, s, "backward", grad.element_size())
         n_dblk = triton.cdiv(inner, bd)
-        return _new_plan(outer * s * n_dblk, (s, num_rows, inner, n_dblk, *sg, soff_o), _copies((grad,), axis),
+        return _new_plan(outer * s * n_dblk, (s, num_rows, inner, n_dblk, *strides, _offsets_2d(offsets)[1]), copies,
                          {"BLOCK_L": bl, "BLOCK_D": bd}, warps, pdl)
 
     plan = _planned(("backward", grad.shape, grad.stride(), grad.dtype, offsets.shape, offsets.dtype, num_rows,
@@ -501,14 +504,13 @@ def _segment_reduce_backward(grad: torch.Tensor, output: torch.Tensor, data: tor
     def make():
         n = data.shape[axis]
         outer, inner = math.prod(data.shape[:axis]), math.prod(data.shape[axis + 1:])
-        (_, sg), (_, so), (_, sx) = (_layout(t, axis) for t in (grad, output, data))
+        strides, copies = _layouts((grad, output, data), axis)
         soff_o = offsets.shape[-1] if axis else 0
         bl, bd, warps = _blocks(inner, n, s, "segment_reduce", data.element_size())
         n_dblk = triton.cdiv(inner, bd)
         consts = {"BLOCK_L": bl, "BLOCK_D": bd, "MATH": _TL[_runtime.math_dtype(data.dtype)], "ENDS": ends,
                   "LENS": _npow2(s) if lens else 0}
-        return _new_plan(outer * s * n_dblk, (s, n, inner, n_dblk, *sg, *so, *sx, soff_o),
-                         _copies((grad, output, data), axis), consts, warps, pdl,
+        return _new_plan(outer * s * n_dblk, (s, n, inner, n_dblk, *strides, soff_o), copies, consts, warps, pdl,
                          **_segred_regs(bl * bd, data.element_size()))
 
     plan = _planned(("segment_reduce", data.shape, data.stride(), grad.stride(), output.stride(), data.dtype,
