@@ -89,6 +89,7 @@ def _clear() -> None:
     pad._plan.cache_clear()
     sparsemax._plan.cache_clear()
     prelu._plans.clear()
+    segment_max._plans.clear()
     repeat._views.clear()
     reduction._plans.clear()
     reduction._launchers.clear()
