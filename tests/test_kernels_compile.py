@@ -142,13 +142,14 @@ def _record_segment_reduce_cumsum() -> None:
     in the kernel instead (few segments)."""
     from gradkern.kernels import segment_max
 
-    saved, segment_max._LENS_MAX_S = segment_max._LENS_MAX_S, 0
+    saved = segment_max._LENS_MAX_S, segment_max._plans
+    segment_max._LENS_MAX_S, segment_max._plans = 0, {}  # (a plan holds the choice: none made before may serve)
     try:
         info = REGISTRY["_segment_reduce_backward"]
         for case in info.cases(DEVICE, torch.float32, "tiny"):
             info.fn(*case.args, **case.kwargs)
     finally:
-        segment_max._LENS_MAX_S = saved
+        segment_max._LENS_MAX_S, segment_max._plans = saved
 
 
 def _record_pad_loops() -> None:

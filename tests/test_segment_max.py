@@ -289,6 +289,7 @@ def _both(data, g, **kw):
 def test_segment_reduce_backward_equals_stock(dtype, lengths_read, monkeypatch):
     """Both ways the kernel takes lengths: summing each start from the lengths itself (small S) or reading their
     cumsum."""
+    monkeypatch.setattr(sm, "_plans", {})  # (a plan holds the choice: none made before may serve)
     if not lengths_read:
         monkeypatch.setattr(sm, "_LENS_MAX_S", 0)
     calls = _spy(monkeypatch)
@@ -308,6 +309,7 @@ def test_segment_reduce_backward_equals_stock(dtype, lengths_read, monkeypatch):
             assert_bitwise_equal(y, ys, f"forward {kw.keys()}")
             assert_bitwise_equal(gx, gxs, f"backward {list(kw)}")
     assert calls, "gradkern's kernel did not run"
+    assert {p.consts["LENS"] > 0 for p in sm._plans.values() if p.consts.get("ENDS")} == {lengths_read}
 
 
 def test_segment_reduce_tie_count_rounding_in_bf16_and_f16():

@@ -318,10 +318,9 @@ def _check_offsets_tensor(op: str, name: str, t, device, *, ndim: int | None = 1
         raise InvalidProblem(op, name, f"a tensor on {device} (data's device)", t.device)
 
 
-def _offsets_2d(offsets: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """offsets made contiguous, and the stride between outer slices (0 when shared)."""
-    offsets = offsets.contiguous()
-    return offsets, (offsets.shape[-1] if offsets.dim() > 1 else 0)
+def _offsets_stride(offsets: torch.Tensor) -> int:
+    """The stride between outer slices of offsets (or lengths) once made contiguous: 0 when one row is shared."""
+    return offsets.shape[-1] if offsets.dim() > 1 else 0
 
 
 # ----------------------------------------------------------------------------------------------- launch plans
@@ -391,7 +390,7 @@ def _fwd(data: torch.Tensor, offsets: torch.Tensor, axis: int, op: str):
         outer, inner = math.prod(data.shape[:axis]), math.prod(data.shape[axis + 1:])
         bl, bd, warps = _blocks(inner, n, s, "forward", data.element_size())
         n_dblk = triton.cdiv(inner, bd)
-        return _new_plan(outer * s * n_dblk, (s, n, inner, n_dblk, *strides, _offsets_2d(offsets)[1]), copies,
+        return _new_plan(outer * s * n_dblk, (s, n, inner, n_dblk, *strides, _offsets_stride(offsets)), copies,
                          {"BLOCK_L": bl, "BLOCK_D": bd, "BITS": _BITS[data.element_size()],
                           "W": 8 * data.element_size(), "INF": _INF_BITS[data.dtype]}, warps, pdl)
 
@@ -417,8 +416,8 @@ def _bwd(grad: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor, num_r
         strides, copies = _layouts((grad,), axis)
         bl, bd, warps = _blocks(inner, num_rows, s, "backward", grad.element_size())
         n_dblk = triton.cdiv(inner, bd)
-        return _new_plan(outer * s * n_dblk, (s, num_rows, inner, n_dblk, *strides, _offsets_2d(offsets)[1]), copies,
-                         {"BLOCK_L": bl, "BLOCK_D": bd}, warps, pdl)
+        return _new_plan(outer * s * n_dblk, (s, num_rows, inner, n_dblk, *strides, _offsets_stride(offsets)),
+                         copies, {"BLOCK_L": bl, "BLOCK_D": bd}, warps, pdl)
 
     plan = _planned(("backward", grad.shape, grad.stride(), grad.dtype, offsets.shape, offsets.dtype, num_rows,
                      axis, device, pdl), make)
@@ -488,8 +487,6 @@ def _segment_reduce_backward(grad: torch.Tensor, output: torch.Tensor, data: tor
                              tuple(seg.shape))
     ends = offsets is None  # lengths: the kernel reads them or their cumulative sums (one scan, no concatenation)
     s = seg.shape[-1] - (0 if ends else 1)
-    lens = ends and _reads_lengths(data, axis, s)
-    offsets = (lengths if lens else lengths.cumsum(-1)) if ends else offsets
     expected = (*data.shape[:axis], s, *data.shape[axis + 1:])
     for name, t in (("grad", grad), ("output", output)):
         if tuple(t.shape) != expected or t.dtype != data.dtype or t.device != data.device:
@@ -505,19 +502,21 @@ def _segment_reduce_backward(grad: torch.Tensor, output: torch.Tensor, data: tor
         n = data.shape[axis]
         outer, inner = math.prod(data.shape[:axis]), math.prod(data.shape[axis + 1:])
         strides, copies = _layouts((grad, output, data), axis)
-        soff_o = offsets.shape[-1] if axis else 0
         bl, bd, warps = _blocks(inner, n, s, "segment_reduce", data.element_size())
         n_dblk = triton.cdiv(inner, bd)
+        lens = ends and _reads_lengths(data, axis, s)
         consts = {"BLOCK_L": bl, "BLOCK_D": bd, "MATH": _TL[_runtime.math_dtype(data.dtype)], "ENDS": ends,
                   "LENS": _npow2(s) if lens else 0}
-        return _new_plan(outer * s * n_dblk, (s, n, inner, n_dblk, *strides, soff_o), copies, consts, warps, pdl,
-                         **_segred_regs(bl * bd, data.element_size()))
+        return _new_plan(outer * s * n_dblk, (s, n, inner, n_dblk, *strides, _offsets_stride(seg)), copies, consts,
+                         warps, pdl, **_segred_regs(bl * bd, data.element_size()))
 
     plan = _planned(("segment_reduce", data.shape, data.stride(), grad.stride(), output.stride(), data.dtype,
-                     offsets.shape, offsets.dtype, ends, lens, device, pdl), make)
+                     seg.shape, seg.dtype, ends, device, pdl), make)
     grad, output, data = _walk((grad, output, data), plan)
-    offsets = (offsets.reshape(-1, offsets.shape[-1]) if axis else offsets).contiguous()
-    _run(_segment_reduce_max_bwd_kernel, plan, (grad, output, data, offsets, gx), device)
+    if ends and not plan.consts["LENS"]:  # lengths the kernel does not read itself: it reads their cumsum
+        seg = lengths.cumsum(-1)
+    seg = (seg.reshape(-1, seg.shape[-1]) if axis else seg).contiguous()
+    _run(_segment_reduce_max_bwd_kernel, plan, (grad, output, data, seg, gx), device)
     return gx
 
 
