@@ -243,6 +243,8 @@ PRELU_INPUTS = {  # input shape, weight elements, layout
     "channels_last_3d": ((2, 3, 4, 5, 3), 3, torch.channels_last_3d),
     "NCDHW": ((2, 3, 4, 5, 3), 3, None),
     "(N, C)": ((9, 6), 6, None),
+    "(N, C) several column blocks": ((5, 150), 150, None),
+    "channels_last several column blocks": ((2, 80, 2, 3), 80, torch.channels_last),
     "(N, C, L)": ((4, 3, 40), 3, None),
     "1-D": ((37,), 1, None),
     "0-d": ((), 1, None),
@@ -330,6 +332,15 @@ def _check_prelu_splits(dtype):
         first = ops.prelu_backward(g, x, w)
         _compare(first, run_reference(REGISTRY["prelu_backward"].reference, (g, x, w)), dtype, f"split {shape}")
         assert_bitwise_equal(ops.prelu_backward(g, x, w), first, "run twice")
+
+
+def test_prelu_column_kernel_splits_wide_rows_into_blocks():
+    """Rows wider than _COLS_BK columns are walked by several programs a range of rows (the last block masked)."""
+    for case in ("(N, C) several column blocks", "channels_last several column blocks"):
+        shape, c, layout = PRELU_INPUTS[case]
+        x = _layout(_rand(shape, torch.float32), layout)
+        plan = prelu_mod._fused_plan(x, x, c)
+        assert not plan.rows and plan.args[4] == -(-c // prelu_mod._COLS_BK) > 1, case  # NKB
 
 
 def test_prelu_row_kernel_caps_its_partials(monkeypatch):
@@ -564,6 +575,8 @@ PRELU_AUTOGRAD = {
     "channels_last": ((2, 5, 3, 5), 5, torch.channels_last),
     "NCDHW channels_last_3d": ((2, 3, 2, 4, 3), 3, torch.channels_last_3d),
     "(N, C)": ((9, 6), 6, None),
+    "(N, C) several column blocks": ((5, 150), 150, None),
+    "channels_last several column blocks": ((2, 80, 2, 3), 80, torch.channels_last),
     "1-D": ((11,), 1, None),
     "0-d": ((), 1, None),
     "one weight": ((3, 4, 5, 6), 1, None),
