@@ -362,6 +362,24 @@ def test_prelu_row_kernel_caps_its_partials(monkeypatch):
                  torch.float32, f"capped partials {shape}")
 
 
+def test_fused_relaunch_keys_follow_scalar_specialisation():
+    """Fused kernels are relaunched directly, keyed by what Triton specialises their integer arguments on. lerp's
+    Python-number weight w enters as the float64 bits of 1 - w and w: for w = 5e-324 the second is 1, which
+    Triton compiles in as a constant; for w = 0.0 it is 0. A kernel compiled for one must not serve the other
+    (grad_end = g * 5e-324 is not 0 in f64). The flat path (contiguous grad) and the strided one (a non-dense
+    view), at two offsets each."""
+    buf = _rand((64 * 131,), torch.float64)
+    for w in (5e-324, 0.0, 5e-324, 0.1, 0.0, 5e-324):
+        for start in (0, 1):
+            for grad in (buf[start:start + 64 * 128].view(64, 128), buf.view(64, 131)[:, start:start + 128:2]):
+                x = torch.zeros_like(grad)
+                gs, ge, gw = ops.lerp_backward(grad, x, x, w)
+                assert gw is None
+                what = f"w={w} offset {start} strides {grad.stride()}"
+                assert_bitwise_equal(gs, grad * (1.0 - w), f"grad_self {what}")
+                assert_bitwise_equal(ge, grad * w, f"grad_end {what}")
+
+
 def test_prelu_relaunch_cache_respects_alignment():
     """The fused kernels are relaunched directly after their first launch, keyed by plan, output mask and the
     pointers' 16-byte alignment: views at an odd element offset (not aligned) must not reuse a kernel compiled for

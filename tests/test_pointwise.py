@@ -272,6 +272,22 @@ def test_relaunch_cache_respects_alignment_scalars_and_shapes():
             check_case("hardshrink", (x, lam), what=f"hardshrink lambd={lam} offset={start} n={n}")
 
 
+def test_strided_relaunch_keys_follow_scalar_specialisation():
+    """The strided path is relaunched directly too, keyed by what Triton specialises the scalars' float64 bits on:
+    5e-324's bits are 1, which Triton compiles in as a constant, and 0.0's are 0. A kernel compiled for one must
+    not serve the other: |x| = 5e-324 passes lambd = 0 and not lambd = 5e-324. Non-contiguous views (the strided
+    path), at two offsets."""
+    tiny = 5e-324
+    buf = torch.randn(2, 33, 65, device=DEVICE, dtype=torch.float64)
+    buf[:, :, ::3] = tiny
+    grad = torch.randn(2, 33, 65, device=DEVICE, dtype=torch.float64)
+    for lam in (tiny, 0.0, tiny, 0.5, 0.1, 0.0, tiny):
+        for start in (0, 1, 0):
+            x, g = buf[:, start:start + 32, ::2], grad[:, start:start + 32, ::2]
+            check_case("hardshrink_backward", (g, x, lam), what=f"lambd={lam} offset={start}")
+            check_case("hardshrink", (x, lam), what=f"hardshrink lambd={lam} offset={start}")
+
+
 def test_per_problem_caches_stay_bounded(monkeypatch):
     """`_runtime.remember`, behind every plan and launcher cache: a None key (a problem that could not be keyed) is
     not stored, and a cache that holds more than CACHE_LIMIT entries is emptied before the next one goes in."""

@@ -44,6 +44,19 @@ def scalar_bits(value: float) -> int:
     return struct.unpack("<q", struct.pack("<d", float(value)))[0]
 
 
+def bits_spec(bits) -> tuple:
+    """What Triton specialises scalar arguments `bits` on, part of the key under which a compiled kernel is
+    relaunched directly: their type (int32 or int64). The kernels exempt them from value specialisation (see
+    SCALAR_PARAMS), so a scalar's bits are never compiled in."""
+    return tuple(-(2**31) <= b <= _I32_MAX for b in bits)
+
+
+# the kernels' scalar parameters, exempt from Triton's value specialisation (do_not_specialize): it would compile
+# bits equal to 1 (the float 5e-324) in as a constant, which the scalar helper cannot bitcast, and key others on
+# their divisibility by 16
+SCALAR_PARAMS = ("s0", "s1", "s2")
+
+
 @functools.lru_cache(maxsize=4096)
 def round_to_dtype(value: float, dtype: torch.dtype) -> float:
     """`value` rounded to `dtype` (round to nearest even, overflow to ±inf), as ATen's Scalar.to<scalar_t>()."""
@@ -129,7 +142,7 @@ def _apply(out, x0, x1, x2, oo, o0, o1, o2, mask, s0, s1, s2, FN: tl.constexpr, 
     tl.store(out + oo, cast_out(r, out.dtype.element_ty), mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=SCALAR_PARAMS)
 def _flat_kernel(out, x0, x1, x2, s0, s1, s2, n,
                  FN: tl.constexpr, NIN: tl.constexpr, FLAG: tl.constexpr, MATH: tl.constexpr,
                  BLOCK: tl.constexpr, I64: tl.constexpr):
@@ -177,7 +190,7 @@ def strided_i64(n: int, shape_c: Sequence[int], strides_c: Sequence[Sequence[int
     return n + block > _I32_MAX or span > _I32_MAX
 
 
-@triton.jit
+@triton.jit(do_not_specialize=SCALAR_PARAMS)
 def _strided_kernel(out, x0, x1, x2, s0, s1, s2, n, SHAPE, SO, S0, S1, S2,
                     FN: tl.constexpr, NIN: tl.constexpr, FLAG: tl.constexpr, MATH: tl.constexpr,
                     RANK: tl.constexpr, BLOCK: tl.constexpr, I64: tl.constexpr):
@@ -463,8 +476,14 @@ class Pointwise:
             return out
         grid = (triton.cdiv(plan.n, STRIDED_BLOCK),)
         st = list(plan.strides_c) + [plan.strides_c[1]] * (3 - nin)
-        args = (out, x[0], x[1], x[2], bits[0], bits[1], bits[2], plan.n, plan.shape_c, st[0], st[1], st[2], st[3])
-        launch(_strided_kernel, grid, args, {"FN": self.math_fn, "NIN": nin, "FLAG": flag, "MATH": plan.math,
-                                             "RANK": plan.rank, "BLOCK": STRIDED_BLOCK, "I64": plan.i64,
-                                             "num_warps": STRIDED_WARPS}, device)
+        ptrs = (out, x[0], x[1], x[2])
+        args = (*ptrs, bits[0], bits[1], bits[2], plan.n, plan.shape_c, st[0], st[1], st[2], st[3])
+        consts = {"FN": self.math_fn, "NIN": nin, "FLAG": flag, "MATH": plan.math, "RANK": plan.rank,
+                  "BLOCK": STRIDED_BLOCK, "I64": plan.i64}
+        consts = {**consts, "num_warps": STRIDED_WARPS, "__values__": tuple(consts.values())}
+        # relaunched directly after the first launch: the plan (its n, collapsed shape and strides) with the math,
+        # input count and flag fixes every specialisation but the pointers' alignment and the scalars'
+        spec = (_strided_kernel, self.math_fn, nin, flag, plan, tuple(t.data_ptr() % 16 == 0 for t in ptrs),
+                bits_spec(bits))
+        launch(_strided_kernel, grid, args, consts, device, spec)
         return out

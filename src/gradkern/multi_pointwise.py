@@ -37,9 +37,11 @@ import triton.language as tl
 
 from . import _runtime
 from .elementwise import (
+    SCALAR_PARAMS,
     _broadcast_strides,
     _collapse,
     _dense_strides,
+    bits_spec,
     broadcast_shape,
     launch,
     scalar_bits,
@@ -101,7 +103,7 @@ def _apply(o0, o1, o2, x0, x1, x2, x3, oo, f0, f1, f2, f3, mask, s0, s1,
         tl.store(o2 + oo, cast_out(r2, o2.dtype.element_ty), mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=SCALAR_PARAMS[:2])
 def _flat_kernel(o0, o1, o2, x0, x1, x2, x3, s0, s1, n,
                  FN: tl.constexpr, INS: tl.constexpr, OUTS: tl.constexpr, FLAG: tl.constexpr,
                  MATH: tl.constexpr, BLOCK: tl.constexpr, I64: tl.constexpr):
@@ -112,7 +114,7 @@ def _flat_kernel(o0, o1, o2, x0, x1, x2, x3, s0, s1, n,
     _apply(o0, o1, o2, x0, x1, x2, x3, offs, offs, offs, offs, offs, offs < n, s0, s1, FN, INS, OUTS, FLAG, MATH)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=SCALAR_PARAMS[:2])
 def _strided_kernel(o0, o1, o2, x0, x1, x2, x3, s0, s1, n, SHAPE, SO, S0, S1, S2, S3,
                     FN: tl.constexpr, INS: tl.constexpr, OUTS: tl.constexpr, FLAG: tl.constexpr,
                     MATH: tl.constexpr, RANK: tl.constexpr, BLOCK: tl.constexpr, I64: tl.constexpr):
@@ -157,7 +159,7 @@ def _sum_store(v, o, p, oo, po, mask, rmask, J: tl.constexpr, OUTS: tl.constexpr
             tl.store(o + oo, cast_out(v, o.dtype.element_ty), mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=SCALAR_PARAMS[:2])
 def _sum_pass_kernel(o0, o1, o2, x0, x1, x2, x3, p0, p1, p2, s0, s1, R, M, n_cb, RPP, NP,
                      r0s, c0s, r1s, c1s, r2s, c2s, r3s, c3s,
                      FN: tl.constexpr, INS: tl.constexpr, OUTS: tl.constexpr, SUMS: tl.constexpr,
@@ -300,7 +302,8 @@ class MultiPointwise:
         it = iter(cstr)
         strides = tuple(next(it) if s is not None else cstr[0] for s in operands)
         i64 = strided_i64(n, cshape, cstr, STRIDED_BLOCK)
-        consts = {**base, "RANK": len(cshape), "BLOCK": STRIDED_BLOCK, "I64": i64, "num_warps": STRIDED_WARPS}
+        consts = {**base, "RANK": len(cshape), "BLOCK": STRIDED_BLOCK, "I64": i64}
+        consts = {**consts, "num_warps": STRIDED_WARPS, "__values__": tuple(consts.values())}
         return _Plan(**common, flat=False, dense_like=-1, rank=len(cshape), shape_c=cshape, strides_c=strides,
                      i64=i64, consts=consts)
 
@@ -375,9 +378,9 @@ class MultiPointwise:
         return tuple(outs[:len(self.outputs)])
 
     def _relaunch_key(self, plan: _Plan, ptrs: Sequence[torch.Tensor], bits: Sequence[int]) -> tuple:
-        """What a compiled kernel of this plan is specialised on beyond the plan (which fixes the pointers' dtypes):
-        the pointers' 16-byte alignment, and whether each scalar's bits fit an int32."""
-        return (plan, tuple(t.data_ptr() % 16 == 0 for t in ptrs), tuple(-(2**31) <= b <= _I32_MAX for b in bits))
+        """What a compiled kernel of this plan is specialised on beyond the plan (which fixes the pointers' dtypes
+        and every integer argument but the scalars): the pointers' 16-byte alignment and the scalars' bits_spec."""
+        return (plan, tuple(t.data_ptr() % 16 == 0 for t in ptrs), bits_spec(bits))
 
     def _launch(self, plan: _Plan, ins: list, results: list, scalars: Sequence[float]) -> None:
         first = ins[0]
@@ -390,7 +393,8 @@ class MultiPointwise:
                    spec)
             return
         args = (*o, *x, *bits, plan.n, plan.shape_c, *plan.strides_c)
-        launch(_strided_kernel, (triton.cdiv(plan.n, STRIDED_BLOCK),), args, plan.consts, device)
+        launch(_strided_kernel, (triton.cdiv(plan.n, STRIDED_BLOCK),), args, plan.consts, device,
+               self._relaunch_key(plan, (*o, *x), bits))
 
 
 def _or_first(tensors: Sequence, first: torch.Tensor) -> list:
