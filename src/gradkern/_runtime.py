@@ -27,6 +27,12 @@ def math_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) for ints: what triton.cdiv gives, for host code (triton.cdiv is a constexpr function there,
+    about 2 us a call on a hot path)."""
+    return -(-a // b)
+
+
 CACHE_LIMIT = 4096  # a per-problem cache (plans, launchers) holding more entries than this is emptied
 
 

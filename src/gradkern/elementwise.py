@@ -27,6 +27,7 @@ import triton
 import triton.language as tl
 
 from . import _runtime
+from ._runtime import cdiv
 from .errors import InvalidProblem, Unsupported
 from .tl_helpers import HAS_GDC, cast_out, scalar
 
@@ -460,7 +461,7 @@ class Pointwise:
         device = ts[0].get_device()
         if plan.flat:
             i64 = plan.n + FLAT_BLOCK > _I32_MAX
-            grid = (triton.cdiv(plan.n, FLAT_BLOCK),)
+            grid = (cdiv(plan.n, FLAT_BLOCK),)
             tail = (*bits, plan.n, self.math_fn, nin, flag, plan.math, FLAT_BLOCK, i64)
             kw = {"num_warps": FLAT_WARPS}
             if device >= 0 and torch.cuda.current_device() != device:
@@ -474,7 +475,7 @@ class Pointwise:
                 _runtime.remember(self._fast, fkey, (direct_launcher(ck), grid[0], device,
                                                      plan.out_dtype == ts[0].dtype, plan.out_dtype, tail))
             return out
-        grid = (triton.cdiv(plan.n, STRIDED_BLOCK),)
+        grid = (cdiv(plan.n, STRIDED_BLOCK),)
         st = list(plan.strides_c) + [plan.strides_c[1]] * (3 - nin)
         ptrs = (out, x[0], x[1], x[2])
         args = (*ptrs, bits[0], bits[1], bits[2], plan.n, plan.shape_c, st[0], st[1], st[2], st[3])

@@ -36,6 +36,7 @@ import triton
 import triton.language as tl
 
 from . import _runtime
+from ._runtime import cdiv
 from .elementwise import (
     SCALAR_PARAMS,
     _broadcast_strides,
@@ -389,11 +390,11 @@ class MultiPointwise:
         device = first.get_device()
         if plan.flat:
             spec = (*self._relaunch_key(plan, (*o, *x), bits), plan.n % 16 == 0, plan.n == 1)
-            launch(_flat_kernel, (triton.cdiv(plan.n, FLAT_BLOCK),), (*o, *x, *bits, plan.n), plan.consts, device,
+            launch(_flat_kernel, (cdiv(plan.n, FLAT_BLOCK),), (*o, *x, *bits, plan.n), plan.consts, device,
                    spec)
             return
         args = (*o, *x, *bits, plan.n, plan.shape_c, *plan.strides_c)
-        launch(_strided_kernel, (triton.cdiv(plan.n, STRIDED_BLOCK),), args, plan.consts, device,
+        launch(_strided_kernel, (cdiv(plan.n, STRIDED_BLOCK),), args, plan.consts, device,
                self._relaunch_key(plan, (*o, *x), bits))
 
 
@@ -453,13 +454,13 @@ def _summing_view(shape: tuple[int, ...], ins: list, reduce_to: tuple):
     tile, max_bc = (COLS_TILE, COLS_MAX_BC) if axis == 0 else (ROWS_TILE, ROWS_MAX_BC)
     bc = min(triton.next_power_of_2(M), max_bc)
     br = min(triton.next_power_of_2(R), max(1, tile // bc))
-    n_cb = triton.cdiv(M, bc)
+    n_cb = cdiv(M, bc)
     if axis == 1:
-        rpp, n_p = br, triton.cdiv(R, br)
+        rpp, n_p = br, cdiv(R, br)
     else:  # a program walks a chunk of rows
-        n_p = max(1, min(triton.cdiv(R, br), triton.cdiv(COLS_PROGRAMS, n_cb)))
-        rpp = triton.cdiv(triton.cdiv(R, n_p), br) * br
-        n_p = triton.cdiv(R, rpp)
+        n_p = max(1, min(cdiv(R, br), cdiv(COLS_PROGRAMS, n_cb)))
+        rpp = cdiv(cdiv(R, n_p), br) * br
+        n_p = cdiv(R, rpp)
     return axis, R, M, br, bc, n_cb, rpp, n_p, tuple(istrides)
 
 

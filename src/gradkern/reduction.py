@@ -42,6 +42,7 @@ import triton
 import triton.language as tl
 
 from . import _runtime
+from ._runtime import cdiv
 from .elementwise import check_tensor, direct_launcher, hooks_idle, pdl_ok, relaunchable
 from .errors import InvalidProblem, Unsupported
 from .tl_helpers import cast_out, gdc_wait
@@ -239,7 +240,7 @@ def _blocks(kdims, rdims, n_out: int, n_red: int, esize: int, spread: bool = Fal
     if o_contig:  # coalesce across outputs
         bo = min(_npow2(n_out), (_ROW_BYTES_16 if esize == 2 else _ROW_BYTES) // esize)
         if spread:
-            while bo * esize > 128 and triton.cdiv(n_out, bo) < _MIN_PROGRAMS:
+            while bo * esize > 128 and cdiv(n_out, bo) < _MIN_PROGRAMS:
                 bo //= 2
         tile_bytes = _SHORT_TILE_BYTES if n_red <= 16 else _LONG_TILE_BYTES
         br = min(_npow2(n_red), max(1, tile_bytes // (bo * esize)), 1024)
@@ -251,7 +252,7 @@ def _blocks(kdims, rdims, n_out: int, n_red: int, esize: int, spread: bool = Fal
     if r_contig:  # coalesce along the reduction
         br = min(_npow2(n_red), 256 if esize >= 4 else 512)
         bo = min(_npow2(n_out), max(1, tile // br))
-        while bo > 1 and triton.cdiv(n_out, bo) < _MIN_PROGRAMS:  # few outputs: one (or a few) a program, longer
+        while bo > 1 and cdiv(n_out, bo) < _MIN_PROGRAMS:  # few outputs: one (or a few) a program, longer
             bo //= 2  # rows (prelu's partials, 64 x 4096: 16 programs then a finishing pass took 4-8 us)
         br = min(_npow2(n_red), max(br, tile // bo), 4096)
     else:  # gathers either way: square-ish tiles
@@ -270,21 +271,21 @@ def _make_pass(kdims, rdims, esize: int, acc: torch.dtype, allow_split: bool) ->
     n_out = math.prod(s for s, _ in kdims)
     n_red = math.prod(s for s, _ in rdims)
     bo, br, warps, step = _blocks(kdims, rdims, n_out, n_red, esize)
-    n_oblk = triton.cdiv(n_out, bo)
-    steps = triton.cdiv(n_red, br)
+    n_oblk = cdiv(n_out, bo)
+    steps = cdiv(n_red, br)
     n_split = 1
     if (allow_split and n_oblk < _TARGET_PROGRAMS and steps >= 2 * _MIN_STEPS_PER_SPLIT
             and n_red >= _MIN_SPLIT_TERMS):
         # (steps of their own where that alone reaches _MIN_PROGRAMS programs: a 4096 x 64 column sum took 12.9
         # us in 8 programs of 4 steps, 4.9 us in 32 of one; H200)
-        per_split = max(steps // _MIN_STEPS_PER_SPLIT, min(steps, triton.cdiv(_MIN_PROGRAMS, n_oblk)))
-        n_split = min(triton.cdiv(_TARGET_PROGRAMS, n_oblk), per_split, _MAX_SPLITS)
+        per_split = max(steps // _MIN_STEPS_PER_SPLIT, min(steps, cdiv(_MIN_PROGRAMS, n_oblk)))
+        n_split = min(cdiv(_TARGET_PROGRAMS, n_oblk), per_split, _MAX_SPLITS)
     elif n_oblk < _MIN_PROGRAMS:  # not split: narrower tiles, for more programs
         bo, br, warps, step = _blocks(kdims, rdims, n_out, n_red, esize, spread=True)
-        n_oblk = triton.cdiv(n_out, bo)
-        steps = triton.cdiv(n_red, br)
-    steps_per_split = triton.cdiv(steps, n_split)
-    n_split = triton.cdiv(steps, steps_per_split)
+        n_oblk = cdiv(n_out, bo)
+        steps = cdiv(n_red, br)
+    steps_per_split = cdiv(steps, n_split)
+    n_split = cdiv(steps, steps_per_split)
     o_contig, o_div = _hints(kdims, bo, esize)
     r_contig, r_div = _hints(rdims, br, esize)
     span = _max_offset(kdims) + _max_offset(rdims)

@@ -49,6 +49,7 @@ import triton.language as tl
 
 from .. import _runtime
 from .._cases import randn
+from .._runtime import cdiv
 from ..dispatch import is_enabled
 from ..elementwise import check_out_overlap, check_tensor, launch
 from ..errors import InvalidProblem, Unsupported
@@ -512,10 +513,10 @@ def _plan(spec: _Spec, g_shape, g_strides, self_shape, pads, out_strides, dtype:
     # the strips are rewritten in [sh, bw] / [bh, sw] chunks
     sh = min(triton.next_power_of_2(max(hs[1] - hs[0] + hs[3] - hs[2], 1)), bh)
     sw = min(triton.next_power_of_2(max(ws[1] - ws[0] + ws[3] - ws[2], 1)), bw)
-    n_wb, n_hb = triton.cdiv(w_in, bw), triton.cdiv(h_in, bh)
+    n_wb, n_hb = cdiv(w_in, bw), cdiv(h_in, bh)
     planes = q0 * q1 * d_in
-    per_program = triton.cdiv(planes * n_hb * n_wb, _MAX_PROGRAMS)
-    grid = triton.cdiv(planes, per_program) * n_hb * n_wb
+    per_program = cdiv(planes * n_hb * n_wb, _MAX_PROGRAMS)
+    grid = cdiv(planes, per_program) * n_hb * n_wb
     # in-plane offsets and row/column indices (mirrors reach about twice the size, plus the pad, plus a tile)
     reach = max((gsize[3] - 1) * gstr[3] + (gsize[4] - 1) * gstr[4], (h_in - 1) * istr[3] + (w_in - 1) * istr[4],
                 2 * max(gsize[3:] + isize[3:]) + max(map(abs, pads)) + 2 * max(bh, bw))

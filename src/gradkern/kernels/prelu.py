@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from .._cases import randn
-from .._runtime import FLOAT_DTYPES, math_dtype, remember
+from .._runtime import FLOAT_DTYPES, cdiv, math_dtype, remember
 from ..autograd_routing import fused_autograd
 from ..elementwise import _dense_strides, broadcast_shape, check_tensor, launch
 from ..errors import InvalidProblem, Unsupported
@@ -198,12 +198,12 @@ _uids = itertools.count(1)
 def _rows_plan(A: int, C: int, L: int, tile: int, esize: int) -> _Fused:
     bl = min(_npow2(L), tile // 2)
     ba = min(_npow2(A), max(1, tile // bl))
-    nb = triton.cdiv(L, bl)
-    tiles = triton.cdiv(A, ba) * nb
-    split = triton.cdiv(tiles, _ROWS_TPP)
+    nb = cdiv(L, bl)
+    tiles = cdiv(A, ba) * nb
+    split = cdiv(tiles, _ROWS_TPP)
     split = min(split, _ROWS_MAX_PARTIALS.get(esize, split))
-    tpp = triton.cdiv(tiles, split)
-    split = triton.cdiv(tiles, tpp)
+    tpp = cdiv(tiles, split)
+    split = cdiv(tiles, tpp)
     return _Fused(True, C * split, (A, C, L, nb, tiles, tpp, split), (ba, bl), (C, split), (1,),
                   A * C * L + tile > _I32_MAX, next(_uids))
 
@@ -212,10 +212,10 @@ def _cols_plan(A: int, C: int, L: int) -> _Fused:
     K = C * L
     bk = min(_npow2(K), _COLS_BK)
     ba = min(_npow2(A), max(1, _COLS_TILE // bk))
-    nkb = triton.cdiv(K, bk)
-    split = max(1, min(triton.cdiv(_COLS_TARGET_PROGRAMS, nkb), triton.cdiv(A, max(ba, _COLS_MIN_ROWS))))
-    rpp = triton.cdiv(triton.cdiv(A, split), ba) * ba
-    split = triton.cdiv(A, rpp)
+    nkb = cdiv(K, bk)
+    split = max(1, min(cdiv(_COLS_TARGET_PROGRAMS, nkb), cdiv(A, max(ba, _COLS_MIN_ROWS))))
+    rpp = cdiv(cdiv(A, split), ba) * ba
+    split = cdiv(A, rpp)
     tile = ba * bk
     return _Fused(False, nkb * split, (A, K, L, rpp, nkb, split), (ba, bk), (C, L, split), (1, 2),
                   A * K + tile > _I32_MAX, next(_uids))

@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from .. import _runtime, dispatch
-from .._runtime import DEVICE_TYPE, FLOAT_DTYPES
+from .._runtime import DEVICE_TYPE, FLOAT_DTYPES, cdiv
 from ..autograd_routing import plain_tensors
 from ..elementwise import check_tensor, launch, pdl_ok
 from ..errors import InvalidProblem, Unsupported
@@ -389,7 +389,7 @@ def _fwd(data: torch.Tensor, offsets: torch.Tensor, axis: int, op: str):
         strides, copies = _layouts((data,), axis)
         outer, inner = math.prod(data.shape[:axis]), math.prod(data.shape[axis + 1:])
         bl, bd, warps = _blocks(inner, n, s, "forward", data.element_size())
-        n_dblk = triton.cdiv(inner, bd)
+        n_dblk = cdiv(inner, bd)
         return _new_plan(outer * s * n_dblk, (s, n, inner, n_dblk, *strides, _offsets_stride(offsets)), copies,
                          {"BLOCK_L": bl, "BLOCK_D": bd, "BITS": _BITS[data.element_size()],
                           "W": 8 * data.element_size(), "INF": _INF_BITS[data.dtype]}, warps, pdl)
@@ -415,7 +415,7 @@ def _bwd(grad: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor, num_r
     def make():
         strides, copies = _layouts((grad,), axis)
         bl, bd, warps = _blocks(inner, num_rows, s, "backward", grad.element_size())
-        n_dblk = triton.cdiv(inner, bd)
+        n_dblk = cdiv(inner, bd)
         return _new_plan(outer * s * n_dblk, (s, num_rows, inner, n_dblk, *strides, _offsets_stride(offsets)),
                          copies, {"BLOCK_L": bl, "BLOCK_D": bd}, warps, pdl)
 
@@ -503,7 +503,7 @@ def _segment_reduce_backward(grad: torch.Tensor, output: torch.Tensor, data: tor
         outer, inner = math.prod(data.shape[:axis]), math.prod(data.shape[axis + 1:])
         strides, copies = _layouts((grad, output, data), axis)
         bl, bd, warps = _blocks(inner, n, s, "segment_reduce", data.element_size())
-        n_dblk = triton.cdiv(inner, bd)
+        n_dblk = cdiv(inner, bd)
         lens = ends and _reads_lengths(data, axis, s)
         consts = {"BLOCK_L": bl, "BLOCK_D": bd, "MATH": _TL[_runtime.math_dtype(data.dtype)], "ENDS": ends,
                   "LENS": _npow2(s) if lens else 0}
@@ -526,7 +526,7 @@ def _reads_lengths(data: torch.Tensor, axis: int, s: int) -> bool:
     most _LENS_MAX_READS lengths."""
     if not 0 < s <= _LENS_MAX_S:
         return False
-    programs = math.prod(data.shape[:axis]) * s * triton.cdiv(math.prod(data.shape[axis + 1:]), _BD_MAX)
+    programs = math.prod(data.shape[:axis]) * s * cdiv(math.prod(data.shape[axis + 1:]), _BD_MAX)
     return programs * _npow2(s) <= _LENS_MAX_READS
 
 

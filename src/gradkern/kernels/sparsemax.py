@@ -45,6 +45,7 @@ import triton.language as tl
 
 from .. import _runtime
 from .._cases import randn
+from .._runtime import cdiv
 from ..elementwise import _collapse, _dense_strides, check_tensor, launch
 from ..errors import InvalidProblem, Unsupported
 from ..registry import Case, register_op
@@ -414,7 +415,7 @@ class _Plan:
 
     @property
     def n_ib(self) -> int:
-        return triton.cdiv(self.inner, self.R)
+        return cdiv(self.inner, self.R)
 
     @property
     def tiles(self) -> int:
@@ -482,7 +483,7 @@ def _plan(op: str, shape: tuple[int, ...], strides: tuple[tuple[int, ...], ...],
     else:  # rows are strided: take adjacent rows together so that loads coalesce
         R = max(1, min(_COL_ROWS, _pow2(inner)))
         B = min(bn, max(block_max // R, 1))
-    K = triton.cdiv(n, B)
+    K = cdiv(n, B)
     warps = max(1, min(16, R * B // _WARP_ELEMS[direction]))
     extent = max(sum((s - 1) * abs(st) for s, st in zip(shape, t, strict=False)) for t in strides)
     i64 = extent + R * max(map(abs, s_inner)) + B * max(map(abs, s_dim)) > _I32_MAX
