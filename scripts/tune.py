@@ -92,7 +92,7 @@ def _clear() -> None:
     segment_max._plans.clear()
     repeat._views.clear()
     reduction._plans.clear()
-    reduction._launchers.clear()
+    reduction._pass_consts.clear()
     elementwise._fast_cache.clear()
     for fused in (where._WHERE_BACKWARD, lerp._LERP_BACKWARD, prelu._PRELU_FULL):  # (the summing pass's tiles)
         fused._plans.clear()

@@ -94,11 +94,11 @@ def test_reflection_limits_and_single_elements(op):
 
 
 def _pad_launches(monkeypatch) -> list[tuple]:
-    """Every pad kernel launch from here on, as (args, consts); the launches still run."""
+    """Every pad kernel launch from here on, as (pointer arguments, consts); the launches still run."""
     seen = []
     real_launch = padmod.launch
-    monkeypatch.setattr(padmod, "launch", lambda kernel, grid, args, consts, *a: (
-        seen.append((args, consts)), real_launch(kernel, grid, args, consts, *a)))
+    monkeypatch.setattr(padmod, "launch", lambda kernel, grid, ptrs, ints, consts, *a: (
+        seen.append((ptrs, consts)), real_launch(kernel, grid, ptrs, ints, consts, *a)))
     return seen
 
 

@@ -372,16 +372,17 @@ class MultiPointwise:
             parts[j] = torch.empty(run.pshape, dtype=run.acc, device=dev)
         bits = _scalar_args(scalars)
         ptrs = (*_or_first(outs, first), *_or_first(ins, first), *_or_first(parts, first))
-        launch(_sum_pass_kernel, (run.grid,), (*ptrs, *bits, *run.ints), run.consts, first.get_device(),
-               self._relaunch_key(plan, ptrs, bits))
+        launch(_sum_pass_kernel, (run.grid,), ptrs, (*bits, *run.ints), run.consts, first.get_device(),
+               self._relaunch_key(plan, bits))
         for j, rplan, to in run.summed:
             outs[j] = run_plan(rplan, parts[j], to)
         return tuple(outs[:len(self.outputs)])
 
-    def _relaunch_key(self, plan: _Plan, ptrs: Sequence[torch.Tensor], bits: Sequence[int]) -> tuple:
-        """What a compiled kernel of this plan is specialised on beyond the plan (which fixes the pointers' dtypes
-        and every integer argument but the scalars): the pointers' 16-byte alignment and the scalars' bits_spec."""
-        return (plan, tuple(t.data_ptr() % 16 == 0 for t in ptrs), bits_spec(bits))
+    def _relaunch_key(self, plan: _Plan, bits: Sequence[int]) -> tuple:
+        """What a compiled kernel of this plan is specialised on beyond the plan (which fixes the device, the
+        pointers' dtypes and every integer argument but the scalars) and the pointers' alignment (`launch` adds
+        that): the scalars' bits_spec."""
+        return (plan, bits_spec(bits))
 
     def _launch(self, plan: _Plan, ins: list, results: list, scalars: Sequence[float]) -> None:
         first = ins[0]
@@ -389,13 +390,11 @@ class MultiPointwise:
         bits = _scalar_args(scalars)
         device = first.get_device()
         if plan.flat:
-            spec = (*self._relaunch_key(plan, (*o, *x), bits), plan.n % 16 == 0, plan.n == 1)
-            launch(_flat_kernel, (cdiv(plan.n, FLAT_BLOCK),), (*o, *x, *bits, plan.n), plan.consts, device,
-                   spec)
+            launch(_flat_kernel, (cdiv(plan.n, FLAT_BLOCK),), (*o, *x), (*bits, plan.n), plan.consts, device,
+                   self._relaunch_key(plan, bits))
             return
-        args = (*o, *x, *bits, plan.n, plan.shape_c, *plan.strides_c)
-        launch(_strided_kernel, (cdiv(plan.n, STRIDED_BLOCK),), args, plan.consts, device,
-               self._relaunch_key(plan, (*o, *x), bits))
+        launch(_strided_kernel, (cdiv(plan.n, STRIDED_BLOCK),), (*o, *x),
+               (*bits, plan.n, plan.shape_c, *plan.strides_c), plan.consts, device, self._relaunch_key(plan, bits))
 
 
 def _or_first(tensors: Sequence, first: torch.Tensor) -> list:

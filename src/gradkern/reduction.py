@@ -43,7 +43,7 @@ import triton.language as tl
 
 from . import _runtime
 from ._runtime import cdiv
-from .elementwise import check_tensor, direct_launcher, hooks_idle, pdl_ok, relaunchable
+from .elementwise import check_tensor, launch, pdl_ok
 from .errors import InvalidProblem, Unsupported
 from .tl_helpers import cast_out, gdc_wait
 
@@ -390,31 +390,20 @@ def run_plan(plan: _Plan, x: torch.Tensor, out_shape: Sequence[int] | None = Non
     return _execute(plan, x, out_shape)
 
 
-_launchers: dict = {}  # (pass uid, both pointers' alignment, device, PDL) -> direct launcher of the compiled kernel
-_FAST = not _runtime.INTERPRET
 _CONST_NAMES = ("KR", "RR", "ACC", "BLOCK_O", "BLOCK_R", "O_CONTIG", "O_DIV", "R_CONTIG", "R_DIV", "I64", "STEP_SUM")
+_pass_consts: dict = {}  # (pass uid, PDL) -> the pass's constexprs and launch options, as `launch` takes them
 
 
 def _run_pass(p: _Pass, src: torch.Tensor, dst: torch.Tensor, device: int) -> None:
-    grid0 = p.n_oblk * p.n_split
     pdl = pdl_ok(device)  # (H200, prelu backward, 64M elements: its partials' pass 1.5 us sooner, f32 and bf16)
-    if _FAST:
-        sp, dp = src.data_ptr(), dst.data_ptr()
-        key = (p.uid, (sp & 15) == 0, (dp & 15) == 0, device, pdl)
-        fn = _launchers.get(key)
-        if fn is not None and torch._C._cuda_getDevice() == device and hooks_idle():
-            fn(grid0, torch._C._cuda_getCurrentRawStream(device), sp, dp, *p.ints, *p.consts, pdl)
-            return
-    kw = dict(zip(_CONST_NAMES, p.consts, strict=True), PDL=pdl, num_warps=p.num_warps)
-    if pdl:
-        kw["launch_pdl"] = True
-    if device >= 0 and torch.cuda.current_device() != device:
-        with torch.cuda.device(device):
-            _sum_kernel[(grid0,)](src, dst, *p.ints, **kw)
-        return
-    ck = _sum_kernel[(grid0,)](src, dst, *p.ints, **kw)
-    if _FAST and relaunchable(ck):
-        _runtime.remember(_launchers, key, direct_launcher(ck))
+    consts = _pass_consts.get((p.uid, pdl))
+    if consts is None:
+        consts = {**dict(zip(_CONST_NAMES, p.consts, strict=True)), "PDL": pdl}
+        consts = {**consts, "__values__": tuple(consts.values()), "num_warps": p.num_warps}
+        if pdl:
+            consts["launch_pdl"] = True
+        _runtime.remember(_pass_consts, (p.uid, pdl), consts)
+    launch(_sum_kernel, (p.n_oblk * p.n_split,), (src, dst), p.ints, consts, device, (_sum_kernel, p.uid, device, pdl))
 
 
 def _execute(plan: _Plan, x: torch.Tensor, out_shape=None) -> torch.Tensor:

@@ -587,9 +587,8 @@ def _backward(spec: _Spec, grad_output, self, padding, grad_input=None, resize: 
     if out.numel() == 0:
         return out
     plan = _plan(spec, g_shape, grad_output.stride(), self_shape, pads, out.stride(), self.dtype)
-    spec_key = (plan, out.data_ptr() % 16 == 0, grad_output.data_ptr() % 16 == 0)
-    launch(_pad_backward_kernel, (plan.grid,), (out, grad_output, *plan.args), plan.consts, self.get_device(),
-           spec_key)
+    device = self.get_device()
+    launch(_pad_backward_kernel, (plan.grid,), (out, grad_output), plan.args, plan.consts, device, (plan, device))
     return out
 
 

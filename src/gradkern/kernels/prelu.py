@@ -270,10 +270,10 @@ def _prelu_grads(grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, need
     kernel = _prelu_rows_kernel if plan.rows else _prelu_cols_kernel
     ptrs = (grad, x, w, gi if need_input else x, part if need_weight else x)
     # after a specialisation's first launch its compiled kernel is called directly: the plan fixes the integer
-    # arguments (so their specialisation), the key adds the output mask and the pointers' 16-byte alignment
+    # arguments (so their specialisation), the key adds the output mask and the device (launch: the alignment)
     device = x.get_device()
-    spec = (kernel, plan.uid, need_input, need_weight, device, tuple(p.data_ptr() % 16 == 0 for p in ptrs))
-    launch(kernel, (plan.programs,), (*ptrs, *plan.args), consts, device, spec)
+    launch(kernel, (plan.programs,), ptrs, plan.args, consts, device, (kernel, plan.uid, need_input, need_weight,
+                                                                      device))
     if not need_weight:
         return gi, None
     # the second, fixed-order pass over the per-program partials

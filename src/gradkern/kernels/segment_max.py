@@ -328,7 +328,7 @@ def _offsets_stride(offsets: torch.Tensor) -> int:
 class _Plan:
     """A segment kernel's launch for one problem (shapes, strides, dtypes, device, PDL), made once: after the first
     launch the compiled kernel is called directly, keyed by the plan (which fixes every int argument, so its
-    specialisation, and the pointers' dtypes) and the pointers' 16-byte alignment."""
+    specialisation, and the pointers' dtypes), the device and (launch adds it) the pointers' 16-byte alignment."""
 
     grid: int
     ints: tuple  # the kernel's int arguments
@@ -369,8 +369,7 @@ def _walk(tensors, plan: _Plan) -> list[torch.Tensor]:
 
 
 def _run(kernel, plan: _Plan, ptrs: tuple, device: int) -> None:
-    launch(kernel, (plan.grid,), (*ptrs, *plan.ints), plan.consts, device,
-           (plan.uid, device, tuple(p.data_ptr() % 16 == 0 for p in ptrs)))
+    launch(kernel, (plan.grid,), ptrs, plan.ints, plan.consts, device, (plan.uid, device))
 
 
 # ----------------------------------------------------------------------------------------------- the ops

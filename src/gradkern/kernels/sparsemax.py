@@ -498,13 +498,12 @@ def _plan(op: str, shape: tuple[int, ...], strides: tuple[tuple[int, ...], ...],
 
 def _launch(kernel, plan: _Plan, grid: int, ptrs: tuple, ints: tuple, extra: dict, device: int) -> None:
     """Launch through `elementwise.launch`: after a specialisation's first launch its compiled kernel is
-    called directly (the plan fixes every int argument's specialisation; pointers are keyed by alignment).
+    called directly (the plan fixes every int argument's specialisation; launch keys the pointers' alignment).
     Every kernel's constexprs are ORANK, R, B, then `extra`'s, then MATH, I64."""
     consts = {"ORANK": plan.orank, "R": plan.R, "B": plan.B, **extra, "MATH": _TL_MATH[plan.math], "I64": plan.i64}
     consts["__values__"] = tuple(consts.values())
     consts["num_warps"] = plan.warps
-    spec = (kernel, plan.uid, device, tuple(p.data_ptr() % 16 == 0 for p in ptrs))
-    launch(kernel, (grid,), (*ptrs, *ints), consts, device, spec)
+    launch(kernel, (grid,), ptrs, ints, consts, device, (kernel, plan.uid, device))
 
 
 # --------------------------------------------------------------------------------------------- host: ops
