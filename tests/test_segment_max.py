@@ -362,9 +362,9 @@ def test_segment_reduce_other_reductions_and_double_backward_stay_stock(monkeypa
 
 # ------------------------------------------------------------------------------------------------ relaunch
 def test_launch_plans_and_relaunch_keys(monkeypatch):
-    """Each segment kernel's launch is planned once per problem and relaunched by (plan, device), to which `launch`
-    adds the pointers' 16-byte alignment: a repeated problem reuses its plan and key, also at an odd offset; other
-    shapes, strides or dtypes get another plan."""
+    """Each segment kernel's launch is planned once per problem and relaunched by (kernel, plan, device), to which
+    `launch` adds the pointers' 16-byte alignment: a repeated problem reuses its plan and key, also at an odd
+    offset; other shapes, strides or dtypes get another plan."""
     keys = []
     monkeypatch.setattr(sm, "launch", lambda kernel, grid, ptrs, ints, consts, device, key: keys.append(key))
     buf = _data((4 * 161 + 1,), torch.float32)
@@ -379,7 +379,7 @@ def test_launch_plans_and_relaunch_keys(monkeypatch):
     assert plan_of(buf[1:641].view(160, 4)) == a, "an odd offset: the same plan"
     others = [plan_of(buf[:640].view(4, 160).t()), plan_of(buf[:640].view(160, 4).double()),
               plan_of(buf[:644].view(161, 4), _offsets([100, 1, 60])), plan_of(buf[:640].view(160, 4), offs.int())]
-    assert len({k[0] for k in [a, *others]}) == 5, "another layout, dtype, size or offsets dtype: another plan"
+    assert len({k[1] for k in [a, *others]}) == 5, "another layout, dtype, size or offsets dtype: another plan"
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)

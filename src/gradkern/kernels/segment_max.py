@@ -327,7 +327,7 @@ def _offsets_stride(offsets: torch.Tensor) -> int:
 @dataclass(frozen=True)
 class _Plan:
     """A segment kernel's launch for one problem (shapes, strides, dtypes, device, PDL), made once: after the first
-    launch the compiled kernel is called directly, keyed by the plan (which fixes every int argument, so its
+    launch the compiled kernel is called directly, keyed by the kernel, the plan (which fixes every int argument, so its
     specialisation, and the pointers' dtypes), the device and (launch adds it) the pointers' 16-byte alignment."""
 
     grid: int
@@ -369,7 +369,7 @@ def _walk(tensors, plan: _Plan) -> list[torch.Tensor]:
 
 
 def _run(kernel, plan: _Plan, ptrs: tuple, device: int) -> None:
-    launch(kernel, (plan.grid,), ptrs, plan.ints, plan.consts, device, (plan.uid, device))
+    launch(kernel, (plan.grid,), ptrs, plan.ints, plan.consts, device, (kernel, plan.uid, device))
 
 
 # ----------------------------------------------------------------------------------------------- the ops
