@@ -259,6 +259,17 @@ def _pdl_capable(device: int) -> bool:
     return _FAST_OK and HAS_GDC and device >= 0 and torch.cuda.get_device_capability(device)[0] >= 9
 
 
+def launch_consts(constexprs: dict, num_warps: int, *, pdl: bool | None = None, **options) -> dict:
+    """The `consts` that `launch` takes: the kernel's constexprs (in its parameter order; with `pdl` not None, its
+    PDL constexpr last), their values for the direct relaunch, num_warps and other compile `options`, and
+    launch_pdl where PDL is on."""
+    consts = dict(constexprs) if pdl is None else {**constexprs, "PDL": pdl}
+    consts = {**consts, "__values__": tuple(consts.values()), "num_warps": num_warps, **options}
+    if pdl:
+        consts["launch_pdl"] = True
+    return consts
+
+
 def launch(kernel, grid: tuple[int, ...], ptrs: Sequence[torch.Tensor], ints: Sequence, consts: dict, device: int,
            spec_key: tuple | None = None) -> None:
     """Launch `kernel[grid](*ptrs, *ints, **consts)` on CUDA device `device` (-1: CPU under the interpreter):
@@ -268,7 +279,7 @@ def launch(kernel, grid: tuple[int, ...], ptrs: Sequence[torch.Tensor], ints: Se
     with the pointers as ints (which spares the launcher a driver query each: H200, 5 pointers, 5.3-6.3 -> 4.6-4.9
     us a launch). The key must capture the device and everything Triton specialises `ints` and the pointers'
     dtypes on (integer widths, values of 1, divisibility); launch adds the pointers' 16-byte alignment.
-    `consts["__values__"]` must hold the constexpr values in the kernel's parameter order."""
+    `consts` as `launch_consts` makes them."""
     if spec_key is not None and _FAST_OK:
         addrs = [p.data_ptr() for p in ptrs]
         spec_key = (spec_key, *[not a & 15 for a in addrs])
@@ -484,9 +495,8 @@ class Pointwise:
         grid = (cdiv(plan.n, STRIDED_BLOCK),)
         st = list(plan.strides_c) + [plan.strides_c[1]] * (3 - nin)
         ints = (bits[0], bits[1], bits[2], plan.n, plan.shape_c, st[0], st[1], st[2], st[3])
-        consts = {"FN": self.math_fn, "NIN": nin, "FLAG": flag, "MATH": plan.math, "RANK": plan.rank,
-                  "BLOCK": STRIDED_BLOCK, "I64": plan.i64}
-        consts = {**consts, "num_warps": STRIDED_WARPS, "__values__": tuple(consts.values())}
+        consts = launch_consts({"FN": self.math_fn, "NIN": nin, "FLAG": flag, "MATH": plan.math, "RANK": plan.rank,
+                                "BLOCK": STRIDED_BLOCK, "I64": plan.i64}, STRIDED_WARPS)
         # relaunched directly after the first launch: the plan (its n, collapsed shape and strides) with the math,
         # input count and flag fixes every specialisation but the pointers' alignment and the scalars'
         spec = (_strided_kernel, self.math_fn, nin, flag, plan, device, bits_spec(bits))

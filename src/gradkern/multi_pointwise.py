@@ -45,6 +45,7 @@ from .elementwise import (
     bits_spec,
     broadcast_shape,
     launch,
+    launch_consts,
     scalar_bits,
     strided_i64,
     strided_offsets,
@@ -212,7 +213,7 @@ class _SumRun:
 
     grid: int
     ints: tuple  # the kernel's integer arguments after the scalars
-    consts: dict  # the kernel's constexprs (FN ... I64, num_warps, __values__)
+    consts: dict  # the kernel's launch_consts (FN ... I64)
     pshape: tuple  # partials of one result: (R, n_cb) or (M, NP)
     acc: torch.dtype  # ... in this dtype
     at_b: tuple  # (j, dtype): results written at B
@@ -237,7 +238,7 @@ class _Plan:
     i64: bool = True  # strided: index math in int64
     summing: tuple = ()  # the summing pass: (axis, R, M, BR, BC, n_cb, RPP, NP, per-input (row, column) strides)
     run: _SumRun | None = None  # the summing pass's launch
-    consts: dict | None = None  # the flat or strided kernel's constexprs (with num_warps, and __values__ for flat)
+    consts: dict | None = None  # the flat or strided kernel's launch_consts
 
 
 class MultiPointwise:
@@ -288,8 +289,7 @@ class MultiPointwise:
                          run=self._sum_run(summing, common, flag, i64, _runtime.math_dtype(ins[0].dtype)))
         base = {"FN": self.math_fn, "INS": ins_mask, "OUTS": outs_mask, "FLAG": flag, "MATH": mdt}
         if same and (present[0].is_contiguous() or _dense_strides(present[0])):
-            consts = {**base, "BLOCK": FLAT_BLOCK, "I64": n + FLAT_BLOCK > _I32_MAX}
-            consts = {**consts, "num_warps": FLAT_WARPS, "__values__": tuple(consts.values())}
+            consts = launch_consts({**base, "BLOCK": FLAT_BLOCK, "I64": n + FLAT_BLOCK > _I32_MAX}, FLAT_WARPS)
             return _Plan(**common, flat=True, dense_like=-1 if present[0].is_contiguous() else 0, consts=consts)
         operands = [torch.empty(shape, device="meta").stride()]
         operands += [_broadcast_strides(t, shape) if t is not None else None for t in ins]
@@ -303,8 +303,7 @@ class MultiPointwise:
         it = iter(cstr)
         strides = tuple(next(it) if s is not None else cstr[0] for s in operands)
         i64 = strided_i64(n, cshape, cstr, STRIDED_BLOCK)
-        consts = {**base, "RANK": len(cshape), "BLOCK": STRIDED_BLOCK, "I64": i64}
-        consts = {**consts, "num_warps": STRIDED_WARPS, "__values__": tuple(consts.values())}
+        consts = launch_consts({**base, "RANK": len(cshape), "BLOCK": STRIDED_BLOCK, "I64": i64}, STRIDED_WARPS)
         return _Plan(**common, flat=False, dense_like=-1, rank=len(cshape), shape_c=cshape, strides_c=strides,
                      i64=i64, consts=consts)
 
@@ -353,7 +352,7 @@ class MultiPointwise:
         values = (self.math_fn, common["ins"], common["outs"], sums, flag, common["math"], BR, BC, axis, i64)
         names = ("FN", "INS", "OUTS", "SUMS", "FLAG", "MATH", "BR", "BC", "AXIS", "I64")
         warps = COLS_WARPS if axis == 0 else ROWS_WARPS
-        consts = {**dict(zip(names, values, strict=True)), "num_warps": warps, "__values__": values}
+        consts = launch_consts(dict(zip(names, values, strict=True)), warps)
         ints = (R, M, n_cb, RPP, NP, *[v for st in istrides for v in st])
         return _SumRun(NP * n_cb, ints, consts, pshape, acc, tuple(at_b), tuple(summed))
 

@@ -43,7 +43,7 @@ import triton.language as tl
 
 from . import _runtime
 from ._runtime import cdiv
-from .elementwise import check_tensor, launch, pdl_ok
+from .elementwise import check_tensor, launch, launch_consts, pdl_ok
 from .errors import InvalidProblem, Unsupported
 from .tl_helpers import cast_out, gdc_wait
 
@@ -398,10 +398,7 @@ def _run_pass(p: _Pass, src: torch.Tensor, dst: torch.Tensor, device: int) -> No
     pdl = pdl_ok(device)  # (H200, prelu backward, 64M elements: its partials' pass 1.5 us sooner, f32 and bf16)
     consts = _pass_consts.get((p.uid, pdl))
     if consts is None:
-        consts = {**dict(zip(_CONST_NAMES, p.consts, strict=True)), "PDL": pdl}
-        consts = {**consts, "__values__": tuple(consts.values()), "num_warps": p.num_warps}
-        if pdl:
-            consts["launch_pdl"] = True
+        consts = launch_consts(dict(zip(_CONST_NAMES, p.consts, strict=True)), p.num_warps, pdl=pdl)
         _runtime.remember(_pass_consts, (p.uid, pdl), consts)
     launch(_sum_kernel, (p.n_oblk * p.n_split,), (src, dst), p.ints, consts, device, (_sum_kernel, p.uid, device, pdl))
 

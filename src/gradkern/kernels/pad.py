@@ -51,7 +51,7 @@ from .. import _runtime
 from .._cases import randn
 from .._runtime import cdiv
 from ..dispatch import is_enabled
-from ..elementwise import check_out_overlap, check_tensor, launch
+from ..elementwise import check_out_overlap, check_tensor, launch, launch_consts
 from ..errors import InvalidProblem, Unsupported
 from ..registry import Case, register_op
 from ..tl_helpers import cast_out
@@ -536,13 +536,10 @@ def _plan(spec: _Spec, g_shape, g_strides, self_shape, pads, out_strides, dtype:
     vec = _vec(gstr, pw_lo, dtype.itemsize)
     values = (spec.reflect, crop, bh, bw, sh, sw, nd, nxh, nxw, sides_h, sides_w, loops, per_program > 1, acc, i64,
               vec, _PREFETCH and not _runtime.INTERPRET and (ph_lo > 0 or ph_hi > 0))
-    consts = dict(zip(("REFLECT", "CROP", "BH", "BW", "SH", "SW", "ND", "NXH", "NXW", "SIDES_H", "SIDES_W", "LOOPS",
-                       "PLANES_LOOP", "ACC", "I64", "VEC", "PREFETCH"), values, strict=True))
-    consts["num_warps"] = _WARPS
     cap = _MAXNREG.get((spec.dims, dtype.itemsize))
-    if cap:
-        consts["maxnreg"] = cap
-    consts["__values__"] = values
+    consts = launch_consts(dict(zip(("REFLECT", "CROP", "BH", "BW", "SH", "SW", "ND", "NXH", "NXW", "SIDES_H",
+                                     "SIDES_W", "LOOPS", "PLANES_LOOP", "ACC", "I64", "VEC", "PREFETCH"), values,
+                                    strict=True)), _WARPS, **({"maxnreg": cap} if cap else {}))
     args = (planes, per_program, n_hb, n_wb, q1, d_in, h_in, w_in, *gsize[2:], *(s // vec for s in gstr[:4]),
             gstr[4], *istr, pd_lo, ph_lo, ph_hi, pw_lo // vec, pw_hi, *hs, *ws)
     return _Plan(grid, args, consts)

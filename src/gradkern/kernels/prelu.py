@@ -29,7 +29,7 @@ import triton.language as tl
 from .._cases import randn
 from .._runtime import FLOAT_DTYPES, cdiv, math_dtype, remember
 from ..autograd_routing import fused_autograd
-from ..elementwise import _dense_strides, broadcast_shape, check_tensor, launch
+from ..elementwise import _dense_strides, broadcast_shape, check_tensor, launch, launch_consts
 from ..errors import InvalidProblem, Unsupported
 from ..multi_pointwise import MultiPointwise, check_output_mask
 from ..reduction import plan_view, run_plan
@@ -290,10 +290,9 @@ def _launch_consts(plan: _Fused, dtype: torch.dtype, need_input: bool, need_weig
     hit = _consts.get(key)
     if hit is None:
         mdt = math_dtype(dtype)
-        consts = {"MATH": _TL_MATH[mdt], "HAS_GI": need_input, "HAS_GW": need_weight, "BA": plan.block[0],
-                  ("BL" if plan.rows else "BK"): plan.block[1], "I64": plan.i64}
-        consts["__values__"] = tuple(consts.values())  # (in the kernel's parameter order)
-        consts["num_warps"] = _WARPS if plan.rows else _COLS_WARPS
+        consts = launch_consts({"MATH": _TL_MATH[mdt], "HAS_GI": need_input, "HAS_GW": need_weight,
+                                "BA": plan.block[0], ("BL" if plan.rows else "BK"): plan.block[1], "I64": plan.i64},
+                               _WARPS if plan.rows else _COLS_WARPS)
         strides = torch.empty(plan.part_shape, device="meta").stride()
         rplan = plan_view(plan.part_shape, strides, mdt, plan.part_dims, op=_OP, out_dtype=dtype) \
             if need_weight else None

@@ -34,7 +34,7 @@ import triton.language as tl
 from .. import _runtime, dispatch
 from .._runtime import DEVICE_TYPE, FLOAT_DTYPES, cdiv
 from ..autograd_routing import plain_tensors
-from ..elementwise import check_tensor, launch, pdl_ok
+from ..elementwise import check_tensor, launch, launch_consts, pdl_ok
 from ..errors import InvalidProblem, Unsupported
 from ..registry import Case, register_op
 from ..tl_helpers import cast_out, gdc_wait
@@ -348,12 +348,7 @@ def _planned(key, make) -> _Plan:
 
 def _new_plan(grid: int, ints: tuple, copies: tuple, consts: dict, warps: int, pdl: bool, **options) -> _Plan:
     """`consts` are the kernel's constexprs before PDL (its last), in parameter order; `options` compile options."""
-    consts = {**consts, "PDL": pdl}
-    consts["__values__"] = tuple(consts.values())
-    consts.update(num_warps=warps, **options)
-    if pdl:
-        consts["launch_pdl"] = True
-    return _Plan(grid, ints, copies, consts, next(_plan_uids))
+    return _Plan(grid, ints, copies, launch_consts(consts, warps, pdl=pdl, **options), next(_plan_uids))
 
 
 def _layouts(tensors, axis: int) -> tuple[tuple[int, ...], tuple[bool, ...]]:

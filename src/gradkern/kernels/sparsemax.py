@@ -46,7 +46,7 @@ import triton.language as tl
 from .. import _runtime
 from .._cases import randn
 from .._runtime import cdiv
-from ..elementwise import _collapse, _dense_strides, check_tensor, launch
+from ..elementwise import _collapse, _dense_strides, check_tensor, launch, launch_consts
 from ..errors import InvalidProblem, Unsupported
 from ..registry import Case, register_op
 from ..tl_helpers import cast_out
@@ -500,9 +500,8 @@ def _launch(kernel, plan: _Plan, grid: int, ptrs: tuple, ints: tuple, extra: dic
     """Launch through `elementwise.launch`: after a specialisation's first launch its compiled kernel is
     called directly (the plan fixes every int argument's specialisation; launch keys the pointers' alignment).
     Every kernel's constexprs are ORANK, R, B, then `extra`'s, then MATH, I64."""
-    consts = {"ORANK": plan.orank, "R": plan.R, "B": plan.B, **extra, "MATH": _TL_MATH[plan.math], "I64": plan.i64}
-    consts["__values__"] = tuple(consts.values())
-    consts["num_warps"] = plan.warps
+    consts = launch_consts({"ORANK": plan.orank, "R": plan.R, "B": plan.B, **extra, "MATH": _TL_MATH[plan.math],
+                            "I64": plan.i64}, plan.warps)
     launch(kernel, (grid,), ptrs, ints, consts, device, (kernel, plan.uid, device))
 
 
