@@ -37,7 +37,12 @@ def _sr(r2, r4, w2, w4):  # segment_reduce's small tiles: register caps and warp
 DEFAULTS = (None, {})  # the modules' own constants
 
 # pad 3d's register caps against the default (16-bit 96): none, and lower ones for 16-bit and f32
-_PAD3D_CAPS = [(pad, {"_MAXNREG": caps}) for caps in ({}, {(3, 2): 72, (3, 4): 88}, {(3, 2): 64, (3, 4): 80})]
+def _caps(**by_size):  # pad's register caps {(dims, element size, reflect): cap}, both modes alike: d3e2=80 ...
+    return {(int(k[1]), int(k[3:]), mode): v for k, v in by_size.items() for mode in (False, True)}
+
+
+_PAD3D_CAPS = [(pad, {"_MAXNREG": caps}) for caps in ({}, _caps(d3e2=72, d3e4=88), _caps(d3e2=64, d3e4=80))]
+_PAD_LATE = (pad, {"_EARLY_STRIPS": False, "_MAXNREG": _caps(d3e2=96)})  # strip values after the barrier
 _PAD3D_OPS = ["replication_pad3d_backward", "reflection_pad3d_backward"]
 
 GROUPS = {  # name: (ops, dtypes, configs); each config overrides only what it names, config 0 is the defaults
@@ -48,7 +53,9 @@ GROUPS = {  # name: (ops, dtypes, configs); each config overrides only what it n
     "pad12": (["replication_pad1d_backward", "replication_pad2d_backward", "reflection_pad1d_backward",
                "reflection_pad2d_backward"], [F32, BF16],
               [DEFAULTS, (pad, {"_TILE": dict.fromkeys((1, 2, 3), 4096)}),
-               (pad, {"_MAXNREG": {(1, 2): 96, (2, 2): 96}}), (pad, {"_MAXNREG": {(1, 2): 80, (2, 2): 80}})]),
+               (pad, {"_MAXNREG": _caps(d1e2=96, d2e2=96)}), (pad, {"_MAXNREG": _caps(d1e2=80, d2e2=80)})]),
+    "pad_early": (_PAD3D_OPS + ["replication_pad2d_backward", "reflection_pad1d_backward"], [F32, BF16, F16],
+                  [DEFAULTS, _PAD_LATE, (pad, {"_MAXNREG": _caps(d3e2=96)}), DEFAULTS, _PAD_LATE]),
     "segment": (["_segment_reduce_backward", "segment_max_forward", "segment_max_backward"], [F32, F16],
                 [DEFAULTS, DEFAULTS]),  # the defaults twice: the spread
     "segred": (["_segment_reduce_backward"], [F32, F16],

@@ -219,6 +219,25 @@ def test_int64_offsets_and_several_planes_per_program(op, monkeypatch):
     padmod._plan.cache_clear()
 
 
+@pytest.mark.parametrize("op", [op for op in OPS if _dims(op) > 1])  # (1d pads no rows: never EARLY)
+def test_strip_values_gathered_before_or_after_the_bulk_store_agree(op, monkeypatch):
+    """Whole-plane tiles gather their strip parts' values before the bulk store (EARLY), split ones after the
+    barrier: forced both ways, the same bits."""
+    d = _dims(op)
+    shape, pads = SEMANTICS[d][0]
+    problem = _problem(op, shape, pads, torch.float32)
+    results = {}
+    for early in (True, False):
+        padmod._plan.cache_clear()
+        monkeypatch.setattr(padmod, "_EARLY_STRIPS", early)
+        plan = padmod._plan(padmod._Spec(op, d, op.startswith("reflection")), tuple(problem[0].shape),
+                            problem[0].stride(), shape, tuple(pads), problem[1].stride(), torch.float32)
+        assert plan.consts["EARLY"] is early  # (this problem's planes fit one tile)
+        results[early] = getattr(ops, op)(*problem)
+    padmod._plan.cache_clear()
+    assert_bitwise_equal(results[True], results[False], op)
+
+
 def test_bad_inputs_raise_named_errors_and_write_nothing():
     g3, x3, _ = _problem("replication_pad3d_backward", (2, 3, 4, 5, 6), [1] * 6)
     g1, x1, _ = _problem("reflection_pad1d_backward", (2, 3, 5), [1, 1])

@@ -27,6 +27,8 @@ for all but the border planes). Along H and W, the indices with extra sources fo
   their W sources ([BH, SW]), and the corners with all sources ([SH, SW]). The loads of a part are unrolled
   (replicate's extra rows and columns up to _UNROLL per side, wider pads loop), so they are in flight together.
   The pad rows they read (which no bulk load touched) were asked of L2 before the bulk (a prefetch, on a GPU).
+  Where a tile is its whole plane (so it holds every strip), the strip parts' values are gathered before the bulk
+  store and only stored after the barrier.
 
 Border work is thus proportional to the border data, and never widens the bulk's per-element work (the kernel is
 instruction-bound where every element carries border masks: measured on an H200). The grid is 1-D (planes x row
@@ -230,9 +232,9 @@ def _strip_chunk(src, dst, gsD, o0, o1, o2, v0, v01, count, t0, c0, n_ra, n_rb, 
                  pw_lo, pw_hi, ROWS: tl.constexpr, COLS: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr,
                  ND: tl.constexpr, NXH: tl.constexpr, NXW: tl.constexpr, SIDES_H: tl.constexpr, SIDES_W: tl.constexpr,
                  LOOPS: tl.constexpr, REFLECT: tl.constexpr, CROP: tl.constexpr, ACC: tl.constexpr):
-    """Gather and store one chunk of a strip part: the tile's strip rows [t0, t0 + SH) of its list (ROWS; else its
-    rows outside the strips) x its strip columns [c0, c0 + SW) (COLS; else its columns outside the strips), each
-    element with all its sources along the strip dims and its direct one along the others."""
+    """One chunk of a strip part: the tile's strip rows [t0, t0 + SH) of its list (ROWS; else its rows outside the
+    strips) x its strip columns [c0, c0 + SW) (COLS; else its columns outside the strips), each element with all
+    its sources along the strip dims and its direct one along the others, as (values, grad_input pointers, mask)."""
     if ROWS:
         ts = t0 + tl.arange(0, SH)[:, None]
         hh = _strip_index(ts, n_ra, ra, rb)
@@ -249,7 +251,7 @@ def _strip_chunk(src, dst, gsD, o0, o1, o2, v0, v01, count, t0, c0, n_ra, n_rb, 
         cmk = cm & _outside(w, ws0, ws1, ws2, ws3)
     val = _sources(src, gsD, o0, o1, o2, v0, v01, count, hh, rmk, ww, cmk, H_in, H_out, W_in, W_out, sH, sW, ph_lo,
                    ph_hi, pw_lo, pw_hi, ROWS, COLS, ND, NXH, NXW, SIDES_H, SIDES_W, LOOPS, REFLECT, CROP, ACC)
-    tl.store(dst + hh * isH + ww * isW, cast_out(val, dst.dtype.element_ty), mask=rmk & cmk)
+    return cast_out(val, dst.dtype.element_ty), dst + hh * isH + ww * isW, rmk & cmk
 
 
 @triton.jit
@@ -273,7 +275,7 @@ def _plane_tile(gi, g, p, h, rm, w, cm, h0, h1, w0, n_ra, n_rb, ra, rb, n_ca, n_
                 pw_hi, hs0, hs1, hs2, hs3, ws0, ws1, ws2, ws3, REFLECT: tl.constexpr, CROP: tl.constexpr,
                 SH: tl.constexpr, SW: tl.constexpr, ND: tl.constexpr, NXH: tl.constexpr, NXW: tl.constexpr,
                 SIDES_H: tl.constexpr, SIDES_W: tl.constexpr, LOOPS: tl.constexpr, ACC: tl.constexpr, BW: tl.constexpr,
-                PREFETCH: tl.constexpr):
+                PREFETCH: tl.constexpr, EARLY: tl.constexpr):
     """The tile (rows h, columns w) of plane p of grad_input: the bulk, then the strip parts."""
     d = p % D_in
     q = p // D_in
@@ -289,27 +291,48 @@ def _plane_tile(gi, g, p, h, rm, w, cm, h0, h1, w0, n_ra, n_rb, ra, rb, n_ca, n_
     # the bulk: every element with its direct H, W sources only (one load a source plane, a vector store)
     acc = _sources(src, gsD, o0, o1, o2, v0, v01, count, h, rm, w, cm, H_in, H_out, W_in, W_out, gsH, gsW,
                    ph_lo, ph_hi, pw_lo, pw_hi, False, False, ND, NXH, NXW, SIDES_H, SIDES_W, LOOPS, REFLECT, CROP, ACC)
-    tl.store(dst + h * isH + w * isW, cast_out(acc, dst.dtype.element_ty), mask=rm & cm)
-    if (n_ra + n_rb + n_ca + n_cb) > 0:
+    if EARLY:
+        # the tile is its whole plane: it holds every strip, each part in one chunk, whose values come first, so
+        # that their loads are in flight with the bulk's (after the barrier, each part waited for its own)
+        vr, pr, mr = _strip_chunk(src, dst, gsD, o0, o1, o2, v0, v01, count, 0, 0, n_ra, n_rb, ra, rb, n_ca, n_cb, ca,
+            cb, h, rm, w, cm, hs0, hs1, hs2, hs3, ws0, ws1, ws2, ws3, H_in, H_out, W_in, W_out, gsH, gsW, isH, isW,
+            ph_lo, ph_hi, pw_lo, pw_hi, True, False, SH, SW, ND, NXH, NXW, SIDES_H, SIDES_W, LOOPS, REFLECT, CROP, ACC)
+        vx, px, mx = _strip_chunk(src, dst, gsD, o0, o1, o2, v0, v01, count, 0, 0, n_ra, n_rb, ra, rb, n_ca, n_cb, ca,
+            cb, h, rm, w, cm, hs0, hs1, hs2, hs3, ws0, ws1, ws2, ws3, H_in, H_out, W_in, W_out, gsH, gsW, isH, isW,
+            ph_lo, ph_hi, pw_lo, pw_hi, True, True, SH, SW, ND, NXH, NXW, SIDES_H, SIDES_W, LOOPS, REFLECT, CROP, ACC)
+        vc, pc, mc = _strip_chunk(src, dst, gsD, o0, o1, o2, v0, v01, count, 0, 0, n_ra, n_rb, ra, rb, n_ca, n_cb, ca,
+            cb, h, rm, w, cm, hs0, hs1, hs2, hs3, ws0, ws1, ws2, ws3, H_in, H_out, W_in, W_out, gsH, gsW, isH, isW,
+            ph_lo, ph_hi, pw_lo, pw_hi, False, True, SH, SW, ND, NXH, NXW, SIDES_H, SIDES_W, LOOPS, REFLECT, CROP, ACC)
+        tl.store(dst + h * isH + w * isW, cast_out(acc, dst.dtype.element_ty), mask=rm & cm)
         tl.debug_barrier()  # every thread's bulk store is done: the strips below overwrite some of them
-        # three disjoint parts: strip rows x other columns (all H sources), other rows x strip columns (all W
-        # sources), strip rows x strip columns (all sources). (Two parts, the strip rows over every column with all
-        # their sources: H200 3d pad 2 f32 0.90-0.93x, bf16 0.93x, 1d/2d reflect bf16 pad 2 0.87-0.90x)
-        for t0 in range(0, n_ra + n_rb, SH):
-            _strip_chunk(src, dst, gsD, o0, o1, o2, v0, v01, count, t0, 0, n_ra, n_rb, ra, rb, n_ca, n_cb, ca, cb, h,
-                         rm, w, cm, hs0, hs1, hs2, hs3, ws0, ws1, ws2, ws3, H_in, H_out, W_in, W_out, gsH, gsW, isH,
-                         isW, ph_lo, ph_hi, pw_lo, pw_hi, True, False, SH, SW, ND, NXH, NXW, SIDES_H, SIDES_W, LOOPS,
-                         REFLECT, CROP, ACC)
+        tl.store(pr, vr, mask=mr)
+        tl.store(px, vx, mask=mx)
+        tl.store(pc, vc, mask=mc)
+    else:
+        tl.store(dst + h * isH + w * isW, cast_out(acc, dst.dtype.element_ty), mask=rm & cm)
+        if (n_ra + n_rb + n_ca + n_cb) > 0:
+            tl.debug_barrier()  # as above
+            # three disjoint parts: strip rows x other columns (all H sources), other rows x strip columns (all W
+            # sources), strip rows x strip columns (all sources). (Two parts, the strip rows over every column with
+            # all their sources: H200 3d pad 2 f32 0.90-0.93x, bf16 0.93x, 1d/2d reflect bf16 pad 2 0.87-0.90x)
+            for t0 in range(0, n_ra + n_rb, SH):
+                vs, ps, ms = _strip_chunk(src, dst, gsD, o0, o1, o2, v0, v01, count, t0, 0, n_ra, n_rb, ra, rb, n_ca,
+                    n_cb, ca, cb, h, rm, w, cm, hs0, hs1, hs2, hs3, ws0, ws1, ws2, ws3, H_in, H_out, W_in, W_out, gsH,
+                    gsW, isH, isW, ph_lo, ph_hi, pw_lo, pw_hi, True, False, SH, SW, ND, NXH, NXW, SIDES_H, SIDES_W,
+                    LOOPS, REFLECT, CROP, ACC)
+                tl.store(ps, vs, mask=ms)
+                for c0 in range(0, n_ca + n_cb, SW):
+                    vx, px, mx = _strip_chunk(src, dst, gsD, o0, o1, o2, v0, v01, count, t0, c0, n_ra, n_rb, ra, rb,
+                        n_ca, n_cb, ca, cb, h, rm, w, cm, hs0, hs1, hs2, hs3, ws0, ws1, ws2, ws3, H_in, H_out, W_in,
+                        W_out, gsH, gsW, isH, isW, ph_lo, ph_hi, pw_lo, pw_hi, True, True, SH, SW, ND, NXH, NXW,
+                        SIDES_H, SIDES_W, LOOPS, REFLECT, CROP, ACC)
+                    tl.store(px, vx, mask=mx)
             for c0 in range(0, n_ca + n_cb, SW):
-                _strip_chunk(src, dst, gsD, o0, o1, o2, v0, v01, count, t0, c0, n_ra, n_rb, ra, rb, n_ca, n_cb, ca, cb,
-                             h, rm, w, cm, hs0, hs1, hs2, hs3, ws0, ws1, ws2, ws3, H_in, H_out, W_in, W_out, gsH, gsW,
-                             isH, isW, ph_lo, ph_hi, pw_lo, pw_hi, True, True, SH, SW, ND, NXH, NXW, SIDES_H, SIDES_W,
-                             LOOPS, REFLECT, CROP, ACC)
-        for c0 in range(0, n_ca + n_cb, SW):
-            _strip_chunk(src, dst, gsD, o0, o1, o2, v0, v01, count, 0, c0, n_ra, n_rb, ra, rb, n_ca, n_cb, ca, cb, h,
-                         rm, w, cm, hs0, hs1, hs2, hs3, ws0, ws1, ws2, ws3, H_in, H_out, W_in, W_out, gsH, gsW, isH,
-                         isW, ph_lo, ph_hi, pw_lo, pw_hi, False, True, SH, SW, ND, NXH, NXW, SIDES_H, SIDES_W, LOOPS,
-                         REFLECT, CROP, ACC)
+                vs, ps, ms = _strip_chunk(src, dst, gsD, o0, o1, o2, v0, v01, count, 0, c0, n_ra, n_rb, ra, rb, n_ca,
+                    n_cb, ca, cb, h, rm, w, cm, hs0, hs1, hs2, hs3, ws0, ws1, ws2, ws3, H_in, H_out, W_in, W_out, gsH,
+                    gsW, isH, isW, ph_lo, ph_hi, pw_lo, pw_hi, False, True, SH, SW, ND, NXH, NXW, SIDES_H, SIDES_W,
+                    LOOPS, REFLECT, CROP, ACC)
+                tl.store(ps, vs, mask=ms)
 
 
 @triton.jit
@@ -321,7 +344,7 @@ def _pad_backward_kernel(
     REFLECT: tl.constexpr, CROP: tl.constexpr, BH: tl.constexpr, BW: tl.constexpr, SH: tl.constexpr,
     SW: tl.constexpr, ND: tl.constexpr, NXH: tl.constexpr, NXW: tl.constexpr, SIDES_H: tl.constexpr,
     SIDES_W: tl.constexpr, LOOPS: tl.constexpr, PLANES_LOOP: tl.constexpr, ACC: tl.constexpr, I64: tl.constexpr,
-    VEC: tl.constexpr, PREFETCH: tl.constexpr,
+    VEC: tl.constexpr, PREFETCH: tl.constexpr, EARLY: tl.constexpr,
 ):
     # grad_output's plane and row strides and the left W pad come divided by VEC, a power of two that divides them
     # all: multiplied back here, the compiler knows every direct source row starts VEC-aligned and loads VEC
@@ -358,12 +381,12 @@ def _pad_backward_kernel(
             _plane_tile(gi, g, first + i, h, rm, w, cm, h0, h1, w0, n_ra, n_rb, ra, rb, n_ca, n_cb, ca, cb, Q1, D_in,
                         H_in, W_in, D_out, H_out, W_out, gs0, gs1, gsD, gsH, gsW, is0, is1, isD, isH, isW, pd_lo,
                         ph_lo, ph_hi, pw_lo, pw_hi, hs0, hs1, hs2, hs3, ws0, ws1, ws2, ws3, REFLECT, CROP, SH, SW, ND,
-                        NXH, NXW, SIDES_H, SIDES_W, LOOPS, ACC, BW, PREFETCH)
+                        NXH, NXW, SIDES_H, SIDES_W, LOOPS, ACC, BW, PREFETCH, EARLY)
     else:
         _plane_tile(gi, g, first, h, rm, w, cm, h0, h1, w0, n_ra, n_rb, ra, rb, n_ca, n_cb, ca, cb, Q1, D_in, H_in,
                     W_in, D_out, H_out, W_out, gs0, gs1, gsD, gsH, gsW, is0, is1, isD, isH, isW, pd_lo, ph_lo, ph_hi,
                     pw_lo, pw_hi, hs0, hs1, hs2, hs3, ws0, ws1, ws2, ws3, REFLECT, CROP, SH, SW, ND, NXH, NXW,
-                    SIDES_H, SIDES_W, LOOPS, ACC, BW, PREFETCH)
+                    SIDES_H, SIDES_W, LOOPS, ACC, BW, PREFETCH, EARLY)
 
 
 # ----------------------------------------------------------------------------------------------- host
@@ -391,16 +414,24 @@ _TILE = {1: 2048, 2: 2048, 3: 4096}
 _MAX_BW = 1024
 _WARPS = 4
 _UNROLL = 4  # replicate pads up to this many unrolled, wider ones in loops
-# a cap on registers a thread (ptxas --maxrregcount) by (padded dims, element size), none where absent. ptxas gives
-# the 3d kernel at 64x64 planes 136 (reflect) to 168 (replicate) at 4096-element tiles, 80 to 96 at 2048 (cuobjdump
-# of sm_90 cubins): three or five 4-warp programs an SM. On the H200, 16-bit 3d at pad 2 with a cap of 96:
+# a cap on registers a thread (ptxas --maxrregcount) by (padded dims, element size, reflect), none where absent. ptxas
+# gives the 3d kernel at 64x64 planes 136 (reflect) to 168 (replicate) at 4096-element tiles, 80 to 96 at 2048
+# (cuobjdump of sm_90 cubins): three or five 4-warp programs an SM. On the H200, 16-bit 3d at pad 2 with a cap of 96:
 # replicate 1.03-1.05x, reflect 1.02-1.04x no cap, pad 1 0.99-1.01x; but 16-bit 1d/2d 0.90-1.00x and f32 3d reflect
 # pad 2 0.98x, so those are uncapped; caps of 128 (0.92-1.02x), 80 and 64 (down to 0.62x: spills) were no better.
 # Since direct sources load VEC at a time (`_vec`), pad 2 takes fewer (16-bit 3d about 80 uncapped, Triton 3.9); the
-# cap of 96 still gives 16-bit replicate 1.06x against none; 80/88 (16-bit/f32), 72/88 and 64/80: 16-bit replicate
-# pad 2 1.00-1.05x more, but reflect pad 1 0.94-0.81x and f32 3d pad 2 0.91-1.00x (H200, tune.py group pad3d_caps)
-_MAXNREG = {(3, 2): 96}
+# cap of 96 still gives 16-bit replicate 1.06x against none; 80/88 (16-bit/f32), 72/88 and 64/80: 16-bit replicate pad
+# 2 1.00-1.05x more, but reflect pad 1 0.94-0.81x and f32 3d pad 2 0.91-1.00x (H200, tune.py group pad3d_caps) (cap of
+# 80 for 16-bit replicate: see _EARLY_STRIPS)
+_MAXNREG = {(3, 2, False): 80, (3, 2, True): 96}  # (padded dims, element size, reflect): registers
 _PREFETCH = True  # where H is padded, a program first asks L2 for its pad rows (`_prefetch_pad_rows`), on a GPU
+# where a tile is its whole plane, its strip parts gather their values before the bulk store (their loads in flight
+# with the bulk's) and store them after the barrier. Such a program holds more registers (16-bit 3d replicate pad 2:
+# 80 -> 94, Triton 3.9), so 16-bit 3d replicate is capped at 80. H200, 8x32x32x64x64 pad 2, against after the
+# barrier with the cap of 96 (two runs each): replicate bf16 49.3-49.4 -> 47.7 us, f16 49.2 -> 48.3, f32 82.0-82.1 ->
+# 81.2; reflect within 1%; the cap of 80 alone (strips after the barrier): within 1%. Split tiles (3d pad 1, 1d/2d)
+# keep the barrier-first order: gathering every part, the ones a tile lacks masked off, cost 1d/2d bf16 up to 1.4x
+_EARLY_STRIPS = True
 _WAYS = ("left", "right", "top", "bottom", "front", "back")
 
 
@@ -535,11 +566,12 @@ def _plan(spec: _Spec, g_shape, g_strides, self_shape, pads, out_strides, dtype:
     sides_h, sides_w = 2 if h_in == 1 else 1, 2 if w_in == 1 else 1
     vec = _vec(gstr, pw_lo, dtype.itemsize)
     values = (spec.reflect, crop, bh, bw, sh, sw, nd, nxh, nxw, sides_h, sides_w, loops, per_program > 1, acc, i64,
-              vec, _PREFETCH and not _runtime.INTERPRET and (ph_lo > 0 or ph_hi > 0))
-    cap = _MAXNREG.get((spec.dims, dtype.itemsize))
+              vec, _PREFETCH and not _runtime.INTERPRET and (ph_lo > 0 or ph_hi > 0),
+              _EARLY_STRIPS and n_hb == n_wb == 1 and hs[1] + hs[3] > 0 and ws[1] + ws[3] > 0)
+    cap = _MAXNREG.get((spec.dims, dtype.itemsize, spec.reflect))
     consts = launch_consts(dict(zip(("REFLECT", "CROP", "BH", "BW", "SH", "SW", "ND", "NXH", "NXW", "SIDES_H",
-                                     "SIDES_W", "LOOPS", "PLANES_LOOP", "ACC", "I64", "VEC", "PREFETCH"), values,
-                                    strict=True)), _WARPS, **({"maxnreg": cap} if cap else {}))
+                                     "SIDES_W", "LOOPS", "PLANES_LOOP", "ACC", "I64", "VEC", "PREFETCH", "EARLY"),
+                                    values, strict=True)), _WARPS, **({"maxnreg": cap} if cap else {}))
     args = (planes, per_program, n_hb, n_wb, q1, d_in, h_in, w_in, *gsize[2:], *(s // vec for s in gstr[:4]),
             gstr[4], *istr, pd_lo, ph_lo, ph_hi, pw_lo // vec, pw_hi, *hs, *ws)
     return _Plan(grid, args, consts)
