@@ -36,11 +36,11 @@ def _sr(r2, r4, w2, w4):  # segment_reduce's small tiles: register caps and warp
 
 DEFAULTS = (None, {})  # the modules' own constants
 
-# pad 3d's register caps against the default (16-bit 96): none, and lower ones for 16-bit and f32
 def _caps(**by_size):  # pad's register caps {(dims, element size, reflect): cap}, both modes alike: d3e2=80 ...
     return {(int(k[1]), int(k[3:]), mode): v for k, v in by_size.items() for mode in (False, True)}
 
 
+# pad 3d's register caps against the defaults (16-bit replicate 80, reflect 96): none, lower ones for 16-bit and f32
 _PAD3D_CAPS = [(pad, {"_MAXNREG": caps}) for caps in ({}, _caps(d3e2=72, d3e4=88), _caps(d3e2=64, d3e4=80))]
 _PAD_LATE = (pad, {"_EARLY_STRIPS": False, "_MAXNREG": _caps(d3e2=96)})  # strip values after the barrier
 _PAD3D_OPS = ["replication_pad3d_backward", "reflection_pad3d_backward"]
