@@ -298,8 +298,8 @@ def launch(kernel, grid: tuple[int, ...], ptrs: Sequence[torch.Tensor], ints: Se
 
 
 # ----------------------------------------------------------------------------------------------- plans
-@dataclass(frozen=True)
-class _Plan:
+@dataclass(frozen=True, eq=False)  # hashed by identity: plans are cached (one per op, flag and layout), and key the
+class _Plan:  # relaunch cache
     shape: tuple[int, ...]
     out_dtype: torch.dtype
     math: object  # tl dtype
@@ -310,6 +310,7 @@ class _Plan:
     shape_c: tuple = ()  # collapsed shape / strides (strided path)
     strides_c: tuple = ()  # per operand, output first
     i64: bool = True  # strided: index math in int64
+    consts: dict | None = None  # strided: the kernel's launch_consts
 
 
 def _broadcast_strides(t: torch.Tensor, shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -393,7 +394,7 @@ class Pointwise:
         self._fast: dict = {}  # compiled relaunch entries for flat problems with a fresh output
 
     # -- validation and planning (cached) --------------------------------------------------------------
-    def _plan(self, ts: Sequence, out) -> _Plan:
+    def _plan(self, ts: Sequence, out, flag: int) -> _Plan:
         for name, t in zip(self.inputs, ts, strict=False):
             check_tensor(self.op, name, t)
         dev = ts[0].device
@@ -426,8 +427,10 @@ class Pointwise:
         cshape, cstr = _collapse(shape, operands)
         if not cshape:  # every dim has size 1
             cshape, cstr = (1,), [(0,)] * len(operands)
-        return _Plan(shape, out_dtype, mdt, n, False, -1, len(cshape), cshape, tuple(cstr),
-                     strided_i64(n, cshape, cstr, STRIDED_BLOCK))
+        i64 = strided_i64(n, cshape, cstr, STRIDED_BLOCK)
+        consts = launch_consts({"FN": self.math_fn, "NIN": len(ts), "FLAG": flag, "MATH": mdt, "RANK": len(cshape),
+                                "BLOCK": STRIDED_BLOCK, "I64": i64}, STRIDED_WARPS)
+        return _Plan(shape, out_dtype, mdt, n, False, -1, len(cshape), cshape, tuple(cstr), i64, consts)
 
     # -- the call ----------------------------------------------------------------------------------------
     def __call__(self, *ts: torch.Tensor, scalars: tuple = (), flag: int = 0,
@@ -461,7 +464,7 @@ class Pointwise:
         if plan is None:
             if len(ts) != len(self.inputs):
                 raise TypeError(f"{self.op}: expected {len(self.inputs)} tensors, got {len(ts)}")
-            plan = _runtime.remember(self._plans, key, self._plan(ts, out))
+            plan = _runtime.remember(self._plans, key, self._plan(ts, out, flag))
         fresh = out is None
         if not fresh:  # depends on the data pointers: checked on every call, not cached with the plan
             check_out_overlap(self.op, self.out_name, out, dict(zip(self.inputs, ts, strict=False)))
@@ -495,10 +498,8 @@ class Pointwise:
         grid = (cdiv(plan.n, STRIDED_BLOCK),)
         st = list(plan.strides_c) + [plan.strides_c[1]] * (3 - nin)
         ints = (bits[0], bits[1], bits[2], plan.n, plan.shape_c, st[0], st[1], st[2], st[3])
-        consts = launch_consts({"FN": self.math_fn, "NIN": nin, "FLAG": flag, "MATH": plan.math, "RANK": plan.rank,
-                                "BLOCK": STRIDED_BLOCK, "I64": plan.i64}, STRIDED_WARPS)
-        # relaunched directly after the first launch: the plan (its n, collapsed shape and strides) with the math,
-        # input count and flag fixes every specialisation but the pointers' alignment and the scalars'
-        spec = (_strided_kernel, self.math_fn, nin, flag, plan, device, bits_spec(bits))
-        launch(_strided_kernel, grid, (out, x[0], x[1], x[2]), ints, consts, device, spec)
+        # relaunched directly after the first launch: the plan (this op's, for this flag and layout: its n,
+        # collapsed shape and strides) fixes every specialisation but the pointers' alignment and the scalars'
+        launch(_strided_kernel, grid, (out, x[0], x[1], x[2]), ints, plan.consts, device,
+               (_strided_kernel, plan, device, bits_spec(bits)))
         return out
