@@ -57,6 +57,31 @@ def test_second_gpu(name):
             assert t.device == torch.device("cuda:1"), f"{name}: output on {t.device}"
 
 
+IN_TURN = ((0, 1), (1, 0), (0, 1))  # (the tensors' GPU, the current GPU) of each run
+
+
+@two_gpus
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_gpus_in_turn_same_bits(name):
+    """Every case of an op on cuda:0, then cuda:1, then cuda:0 again, with the other GPU current each time: the
+    compiled kernels and plans cached for one device must not be launched for the other (its relaunch caches
+    are keyed by device), and both GPUs (the same model) give the same bits."""
+    info = REGISTRY[name]
+    for dtype in (torch.float32, torch.bfloat16):
+        if dtype not in info.dtypes:
+            continue
+        torch.manual_seed(0)
+        for case in info.cases("cuda", dtype, "small"):
+            outs = []
+            for dev, current in IN_TURN:
+                args, kwargs = _to(case.args, f"cuda:{dev}"), _to(dict(case.kwargs), f"cuda:{dev}")
+                with torch.cuda.device(current):
+                    out = check_case(name, args, kwargs, what=f"{name} {dtype} {case.label} on cuda:{dev}")
+                outs.append(_to(out, "cpu"))
+            for i, (dev, _) in enumerate(IN_TURN[1:], 1):
+                assert_bitwise_equal(outs[i], outs[0], f"{name} {dtype} {case.label}: run {i} (cuda:{dev})")
+
+
 @two_gpus
 def test_mixed_devices_are_a_named_error():
     g = torch.randn(8, device="cuda:0")
