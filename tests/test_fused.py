@@ -795,3 +795,75 @@ def test_fused_ops_are_listed_with_guarantees(name):
         g = gradkern.guarantee(name, dt)
         assert g.deterministic and g.bit_stable
         assert g.accumulator_dtype == (torch.float64 if dt == torch.float64 else torch.float32)
+
+
+def _unusual_grads(shape):
+    """Incoming gradients the fused backwards must not read as plain storage: a negative-bit view (what
+    `torch.complex(0, y).conj()` followed by `.real` of a product hands back), a tensor subclass and an efficient
+    zero tensor. Each as (name, make(): the grad)."""
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    base = torch.randn(shape, device=DEVICE, dtype=torch.float64)
+    return [("negative bit", lambda: torch._neg_view(base)),
+            ("TwoTensor", lambda: TwoTensor(base.clone(), 2 * base)),
+            ("zero tensor", lambda: torch.ops.aten._efficientzerotensor(shape, dtype=torch.float64,
+                                                                          device=DEVICE))]
+
+
+_AUTOGRAD_KEY_OPS = {  # every autograd-key override of enable(), as f(x) with x of shape (2, 3, 4)
+    "where": lambda x: torch.where(x > 0, x, 0.5),
+    "lerp scalar": lambda x: torch.lerp(x, 3 * x.detach(), 0.25),
+    "lerp tensor": lambda x: torch.lerp(x, 3 * x.detach(), torch.full((4,), 0.25, dtype=x.dtype, device=DEVICE)),
+    "prelu": lambda x: F.prelu(x, torch.tensor([0.1, 0.2, 0.3], dtype=x.dtype, device=DEVICE)),
+    "repeat": lambda x: x.repeat(2, 1, 1),
+}
+
+
+@pytest.mark.parametrize("op", sorted(_AUTOGRAD_KEY_OPS))
+def test_unusual_incoming_gradients_match_stock(op):
+    """Bug: the fused backwards read a negative-bit gradient's storage as is (every gradient with the wrong sign)
+    and failed on a subclass or zero-tensor gradient. Such gradients take the op's ATen formula now."""
+    f = _AUTOGRAD_KEY_OPS[op]
+    x0 = torch.randn(2, 3, 4, device=DEVICE, dtype=torch.float64)
+    shape = f(x0).shape
+    for name, make in _unusual_grads(shape):
+        got = {}
+        for enabled in (False, True):
+            x = x0.clone().requires_grad_(True)
+            with gradkern.use(enabled):
+                (gx,) = torch.autograd.grad(f(x), x, make())
+            got[enabled] = gx.to_dense() if gx.layout != torch.strided else gx
+            if type(got[enabled]) is not torch.Tensor:  # a TwoTensor result: its first half
+                got[enabled] = got[enabled].a
+        assert torch.equal(got[True], got[False]), f"{op}, {name} gradient"
+
+
+@pytest.mark.parametrize("op", sorted(_AUTOGRAD_KEY_OPS))
+def test_batched_gradients_match_stock(op):
+    """Bug: autograd.grad(..., is_grads_batched=True) (what jacobian(vectorize=True) uses) hands the backward a
+    batched gradient under vmap, which the fused kernels cannot read: it failed; stock computes it."""
+    f = _AUTOGRAD_KEY_OPS[op]
+    x0 = torch.randn(2, 3, 4, device=DEVICE, dtype=torch.float64)
+    n = f(x0).numel()
+    got = {}
+    for enabled in (False, True):
+        x = x0.clone().requires_grad_(True)
+        y = f(x)
+        eye = torch.eye(n, device=DEVICE, dtype=torch.float64).view(n, *y.shape)
+        with gradkern.use(enabled):
+            y = f(x)
+            (got[enabled],) = torch.autograd.grad(y, x, eye, is_grads_batched=True)
+    assert torch.equal(got[True], got[False])
+
+
+def test_direct_calls_reject_a_negative_bit_view():
+    """The plain functions read storage as is, so a negative-bit view (whose storage holds -x) is a named error
+    rather than a result with the wrong sign."""
+    g = torch._neg_view(torch.randn(3, 4, device=DEVICE))
+    x = torch.randn(3, 4, device=DEVICE)
+    for call in (lambda: ops.where_backward(g, x > 0, x, x),
+                 lambda: ops.hardsigmoid_backward(g, x),
+                 lambda: ops.prelu_backward(g, x, torch.rand(4, device=DEVICE)),
+                 lambda: ops.repeat_backward(g, (1, 1), (3, 4))):
+        with pytest.raises(gradkern.Unsupported, match="negative-bit"):
+            call()

@@ -15,7 +15,8 @@ the graph: the zero gradients of FlagGems #1971. Instead such an op registers on
   only what the requested gradients need, and its backward runs the fused kernel for exactly the inputs that
   require grad;
 * double backward: with `create_graph=True` the backward runs the op's `composite` instead - the differentiable
-  ATen formula of derivatives.yaml - so higher-order gradients are stock PyTorch's.
+  ATen formula of derivatives.yaml - so higher-order gradients are stock PyTorch's; so does an incoming gradient
+  that is not a plain tensor (`plain_gradient`: a negative-bit view, a subclass, a zero tensor, a batched one).
 
 Pick the overload that autograd itself differentiates (its kernel on the `Autograd` alias key, `derivatives.yaml`):
 `where.self`, `lerp.Scalar`, `lerp.Tensor`, `_prelu_kernel`. Composite entry points (`where.ScalarOther`,
@@ -33,29 +34,41 @@ from . import _runtime
 from .dispatch import stock_call
 from .registry import REGISTRY
 
-__all__ = ["fused_autograd", "plain_tensors"]
+__all__ = ["fused_autograd", "plain_tensors", "plain_gradient"]
 
 _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
+_wrapped = torch._C._functorch.is_functorch_wrapped_tensor  # a vmap-batched (or functorch-wrapped) tensor
 
 
 def plain_tensors(args) -> bool:
     """True when gradkern's kernels can take the tensors among `args` as they are: plain strided tensors (or
-    Parameters) all on one device of gradkern's type, with no functorch transform, forward-AD level or torch
-    dispatch mode active (those need ATen's own autograd kernel)."""
+    Parameters; not negative-bit views, zero tensors or functorch-wrapped ones, such as the batched gradient of
+    `autograd.grad(..., is_grads_batched=True)`) all on one device of gradkern's type, with no functorch
+    transform, forward-AD level or torch dispatch mode active (those need ATen's own autograd kernel)."""
     if (torch._C._are_functorch_transforms_active() or forward_ad._current_level >= 0
             or torch._C._len_torch_dispatch_stack()):
         return False
     device = None
     for a in args:
         if isinstance(a, torch.Tensor):
-            if (type(a) not in _PLAIN_TYPES or a.layout != torch.strided or a.is_neg()
-                    or a.device.type != _runtime.DEVICE_TYPE):
+            if (type(a) not in _PLAIN_TYPES or a.layout != torch.strided or a.is_neg() or a._is_zerotensor()
+                    or a.device.type != _runtime.DEVICE_TYPE or _wrapped(a)):
                 return False
             if device is None:
                 device = a.device
             elif a.device != device:
                 return False
     return device is not None
+
+
+_DENSE = getattr(torch._C.DispatchKey, _runtime.BACKEND_KEY)
+
+
+def plain_gradient(grad) -> bool:
+    """Whether a backward's incoming gradient is a tensor the kernels can read as plain storage: `plain_tensors`,
+    and a dense tensor of the backend (the batched gradient of `autograd.grad(..., is_grads_batched=True)`, which
+    `jacobian(vectorize=True)` also uses, is a storage-less BatchedTensor of legacy vmap)."""
+    return plain_tensors((grad,)) and torch._C._dispatch_keys(grad).has(_DENSE)
 
 
 def fused_autograd(op_name: str, overload: str, *, accepts: Callable[..., bool], save: Callable,
@@ -76,7 +89,10 @@ def fused_autograd(op_name: str, overload: str, *, accepts: Callable[..., bool],
         return stock[0](*args)
 
     def backward(ctx, grad):
-        if torch.is_grad_enabled():  # create_graph=True: the gradient must itself be differentiable
+        # create_graph=True (the gradient must itself be differentiable), or an incoming gradient the kernels
+        # cannot read as plain storage (a negative-bit view, a subclass, a zero tensor, a batched gradient under
+        # vmap: is_grads_batched, jacobian(vectorize=True)): the ATen formula
+        if torch.is_grad_enabled() or not plain_gradient(grad):
             return tuple(composite(ctx, grad, ctx.needs_input_grad))
         return tuple(fused(ctx, grad, ctx.needs_input_grad))
 

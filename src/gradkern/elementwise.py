@@ -94,7 +94,8 @@ def result_dtype(ts: Sequence[torch.Tensor]) -> torch.dtype:
 
 
 def check_tensor(op: str, arg: str, t, dtypes: Sequence[torch.dtype] = _runtime.FLOAT_DTYPES) -> None:
-    """Raise the named error unless `t` is a tensor of one of `dtypes` on gradkern's device type."""
+    """Raise the named error unless `t` is a tensor of one of `dtypes` on gradkern's device type, without a
+    pending negation (a negative-bit view: under enable() PyTorch resolves those before a kernel is reached)."""
     if not isinstance(t, torch.Tensor):
         raise Unsupported(op, arg, "a torch.Tensor", type(t).__name__)
     if t.dtype not in dtypes:
@@ -103,6 +104,9 @@ def check_tensor(op: str, arg: str, t, dtypes: Sequence[torch.dtype] = _runtime.
     if t.device.type != _runtime.DEVICE_TYPE:
         where = "cuda" if _runtime.DEVICE_TYPE == "cuda" else "cpu (TRITON_INTERPRET=1)"
         raise Unsupported(op, arg, f"a tensor on device {where}", f"a tensor on device {t.device}")
+    if t.is_neg():  # the kernels read storage as is: a pending negation would be lost
+        raise Unsupported(op, arg, "a tensor without a pending negation (call .resolve_neg() first)",
+                          "a negative-bit view")
 
 
 _BROADCAST: dict = {}  # shapes -> broadcast shape (torch.broadcast_shapes costs 10-20 us a call)

@@ -20,8 +20,8 @@ from collections.abc import Sequence
 
 import torch
 
-from .._runtime import DEVICE_TYPE, FLOAT_DTYPES, remember
-from ..autograd_routing import plain_tensors
+from .._runtime import FLOAT_DTYPES, remember
+from ..autograd_routing import plain_gradient, plain_tensors
 from ..dispatch import stock_call
 from ..elementwise import check_tensor
 from ..errors import InvalidProblem, Unsupported
@@ -118,9 +118,10 @@ class _Repeat(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        if torch.is_grad_enabled() or not ctx.kernel or grad.device.type != DEVICE_TYPE:
-            # create_graph=True (the gradient must itself be differentiable) or a dtype the kernel does not
-            # take: autograd's own formula, so higher-order gradients are stock PyTorch's
+        if torch.is_grad_enabled() or not ctx.kernel or not plain_gradient(grad):
+            # create_graph=True (the gradient must itself be differentiable), a dtype the kernel does not take,
+            # or a gradient it cannot read as plain storage (see plain_gradient): autograd's own formula, so
+            # higher-order gradients are stock PyTorch's
             return _stock_repeat_backward(grad, ctx.repeats, ctx.input_shape), None
         return repeat_backward(grad, ctx.repeats, ctx.input_shape), None
 
