@@ -91,6 +91,12 @@ def test_bad_inputs_raise_named_errors():
     for reps in ((2.0, 2), ("2", 2), (True, 2)):  # ATen's int lists take none of these
         with pytest.raises(InvalidProblem, match="repeats"):
             ops.repeat_backward(g, reps, (2, 3))
+    # ... not after the same values as ints were planned either (bug: 2.0 == 2 and True == 1 found the cached plan)
+    ops.repeat_backward(g, (2, 2), (2, 3))
+    ops.repeat_backward(_grad_for((2, 3), (1, 2), torch.float32), (1, 2), (2, 3))
+    for reps, shape in (((2.0, 2.0), (2, 3)), ((2, 2), (2.0, 3)), ((True, 2), (2, 3))):
+        with pytest.raises(InvalidProblem, match="repeats|input_shape"):
+            ops.repeat_backward(g if reps[0] != 1 else _grad_for((2, 3), (1, 2), torch.float32), reps, shape)
     assert ops.repeat_backward(g, (torch.tensor(2), 2), torch.Size((2, 3))).shape == (2, 3)  # int-like values
     with pytest.raises(Unsupported, match="repeats"):
         ops.repeat_backward(torch.zeros((1,) * 9, device=DEVICE), (1,) * 9, (1,) * 9)

@@ -32,6 +32,7 @@ from torch.autograd import forward_ad
 
 from . import _runtime
 from .dispatch import stock_call
+from .errors import RankUnsupported
 from .registry import REGISTRY
 
 __all__ = ["fused_autograd", "plain_tensors", "plain_gradient"]
@@ -94,7 +95,10 @@ def fused_autograd(op_name: str, overload: str, *, accepts: Callable[..., bool],
         # vmap: is_grads_batched, jacobian(vectorize=True)): the ATen formula
         if torch.is_grad_enabled() or not plain_gradient(grad):
             return tuple(composite(ctx, grad, ctx.needs_input_grad))
-        return tuple(fused(ctx, grad, ctx.needs_input_grad))
+        try:
+            return tuple(fused(ctx, grad, ctx.needs_input_grad))
+        except RankUnsupported:  # more dims than the kernels index, found before any launch
+            return tuple(composite(ctx, grad, ctx.needs_input_grad))
 
     name = "Gradkern" + "".join(p.capitalize() for p in overload.replace(".", "_").split("_"))  # node: ...Backward
     function = type(name, (torch.autograd.Function,), {

@@ -3,7 +3,8 @@
 Registration is derived from the registry: every overload an op lists is registered with torch.library on the
 backend key (CUDA, or CPU under the interpreter) or, for ops that bring their own autograd formula, on the
 autograd key. Overrides never re-enter themselves: while one runs, a nested call of a gradkern-routed op
-(from gradkern's host code or from Triton's interpreter) goes to stock PyTorch."""
+(from gradkern's host code or from Triton's interpreter) goes to stock PyTorch. What an override declines, or
+finds has more dims than the kernels index (RankUnsupported, raised before any launch), also goes to stock."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from collections.abc import Callable, Iterator
 import torch
 
 from . import _runtime
+from .errors import RankUnsupported
 from .registry import REGISTRY, OpInfo
 
 __all__ = ["enable", "disable", "use", "is_enabled", "stock_call", "routed_overloads"]
@@ -61,6 +63,10 @@ def _wrap(info: OpInfo, overload: str, impl: Callable) -> Callable:
         _tls.depth = 1
         try:
             out = impl(*args, **kwargs)
+        except RankUnsupported:
+            # more dims than the kernels index, found before any launch (nothing written): stock runs it. (Other
+            # errors propagate: stock's path here can be a Python decomposition without ATen's checks, or none.)
+            out = NotImplemented
         finally:
             _tls.depth = 0
         if out is NotImplemented:  # the op declined these arguments (e.g. a dtype only stock handles)

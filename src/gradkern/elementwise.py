@@ -28,7 +28,7 @@ import triton.language as tl
 
 from . import _runtime
 from ._runtime import cdiv
-from .errors import InvalidProblem, Unsupported
+from .errors import InvalidProblem, RankUnsupported, Unsupported
 from .tl_helpers import HAS_GDC, cast_out, scalar
 
 __all__ = ["Pointwise", "scalar_bits", "round_to_dtype", "MAX_RANK", "check_tensor", "launch"]
@@ -104,7 +104,8 @@ def check_tensor(op: str, arg: str, t, dtypes: Sequence[torch.dtype] = _runtime.
     if t.device.type != _runtime.DEVICE_TYPE:
         where = "cuda" if _runtime.DEVICE_TYPE == "cuda" else "cpu (TRITON_INTERPRET=1)"
         raise Unsupported(op, arg, f"a tensor on device {where}", f"a tensor on device {t.device}")
-    if t.is_neg():  # the kernels read storage as is: a pending negation would be lost
+    if not torch.compiler.is_compiling() and t.is_neg():  # the kernels read storage as is: a pending negation
+        # would be lost (traced code reaches the kernels through custom ops, with real tensors)
         raise Unsupported(op, arg, "a tensor without a pending negation (call .resolve_neg() first)",
                           "a negative-bit view")
 
@@ -418,7 +419,7 @@ class Pointwise:
         if len(shape) > MAX_RANK and math.prod(shape) > 0:
             cshape, _ = _collapse(shape, [_broadcast_strides(t, shape) for t in ts])
             if len(cshape) > MAX_RANK:
-                raise Unsupported(self.op, self.inputs[0], f"rank <= {MAX_RANK}", len(shape))
+                raise RankUnsupported(self.op, self.inputs[0], f"rank <= {MAX_RANK}", len(shape))
         mdt = _TL_DTYPE[_runtime.math_dtype(out_dtype)]
         n = math.prod(shape)
         same = all(tuple(t.shape) == shape for t in ts) and len({t.stride() for t in ts}) == 1

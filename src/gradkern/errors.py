@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["GradkernError", "InvalidProblem", "Unsupported"]
+__all__ = ["GradkernError", "InvalidProblem", "Unsupported", "RankUnsupported"]
 
 
 class GradkernError(Exception):
@@ -15,9 +15,15 @@ class GradkernError(Exception):
         super().__init__(f"{op}: argument '{arg}': expected {expected}, but got {given}")
 
 
-class InvalidProblem(GradkernError, ValueError):
-    """The problem is ill-posed: shapes, axes, paddings or scalar values that cannot be right."""
+class InvalidProblem(GradkernError, ValueError, RuntimeError):
+    """The problem is ill-posed: shapes, axes, paddings or scalar values that cannot be right. Also a
+    RuntimeError, which is what stock PyTorch raises for these (so `except RuntimeError` catches both)."""
 
 
 class Unsupported(GradkernError, TypeError, NotImplementedError):
     """A well-posed problem gradkern does not handle: dtype, rank or device not wired."""
+
+
+class RankUnsupported(Unsupported):
+    """A problem of more dims (after merging neighbours) than the kernels index: well-posed, and stock PyTorch takes
+    it, so under enable() a routed call that meets it runs stock instead."""

@@ -50,7 +50,7 @@ from .elementwise import (
     strided_i64,
     strided_offsets,
 )
-from .errors import InvalidProblem, Unsupported
+from .errors import InvalidProblem, RankUnsupported, Unsupported
 from .reduction import plan_view, run_plan, sum_to_shape
 from .tl_helpers import cast_out, scalar
 
@@ -299,7 +299,7 @@ class MultiPointwise:
         if not cshape:  # every dim has size 1
             cshape, cstr = (1,), [(0,)] * len(live)
         if len(cshape) > MAX_RANK:
-            raise Unsupported(self.op, self.inputs[0], f"rank <= {MAX_RANK} (after merging dims)", len(shape))
+            raise RankUnsupported(self.op, self.inputs[0], f"rank <= {MAX_RANK} (after merging dims)", len(shape))
         it = iter(cstr)
         strides = tuple(next(it) if s is not None else cstr[0] for s in operands)
         i64 = strided_i64(n, cshape, cstr, STRIDED_BLOCK)

@@ -44,7 +44,7 @@ import triton.language as tl
 from . import _runtime
 from ._runtime import cdiv
 from .elementwise import check_tensor, launch, launch_consts, pdl_ok
-from .errors import InvalidProblem, Unsupported
+from .errors import InvalidProblem, RankUnsupported, Unsupported
 from .tl_helpers import cast_out, gdc_wait
 
 __all__ = ["reduce_sum", "sum_to_shape", "plan_view", "run_plan", "MAX_RANK"]
@@ -337,7 +337,7 @@ def _plan_for(op: str, shape: tuple[int, ...], strides: tuple[int, ...], dtype: 
     rdims.sort(key=lambda p: (p[1] != 0, -p[1], -p[0]))
     rdims = _merge(rdims)
     if len(kdims) > MAX_RANK or len(rdims) > MAX_RANK:
-        raise Unsupported(op, "input", f"at most {MAX_RANK} kept and {MAX_RANK} reduced dims after merging "
+        raise RankUnsupported(op, "input", f"at most {MAX_RANK} kept and {MAX_RANK} reduced dims after merging "
                           "contiguous ones", f"{len(kdims)} kept and {len(rdims)} reduced (shape "
                           f"{shape}, strides {strides})")
     esize = torch.empty((), dtype=dtype).element_size()

@@ -24,7 +24,7 @@ from .._runtime import FLOAT_DTYPES, remember
 from ..autograd_routing import plain_gradient, plain_tensors
 from ..dispatch import stock_call
 from ..elementwise import check_tensor
-from ..errors import InvalidProblem, Unsupported
+from ..errors import InvalidProblem, RankUnsupported
 from ..reduction import plan_view, run_plan
 from ..registry import REGISTRY, Case, register_op
 
@@ -56,8 +56,8 @@ def _plan(grad: torch.Tensor, repeats, input_shape):
         raise InvalidProblem(_OP, "repeats", f"at least {len(shape)} repeats (the input's rank), as Tensor.repeat "
                              "requires", f"{len(reps)} ({list(reps)})")
     if len(reps) > MAX_REPEAT_RANK:
-        raise Unsupported(_OP, "repeats", f"at most {MAX_REPEAT_RANK} repeats (rank <= {MAX_REPEAT_RANK})",
-                          len(reps))
+        raise RankUnsupported(_OP, "repeats", f"at most {MAX_REPEAT_RANK} repeats (rank <= {MAX_REPEAT_RANK})",
+                              len(reps))
     padded = (1,) * (len(reps) - len(shape)) + shape
     expected = tuple(r * s for r, s in zip(reps, padded, strict=True))
     if tuple(grad.shape) != expected:
@@ -75,8 +75,9 @@ def _plan(grad: torch.Tensor, repeats, input_shape):
 def repeat_backward(grad: torch.Tensor, repeats: Sequence[int], input_shape: Sequence[int]) -> torch.Tensor:
     """Gradient of `x.repeat(*repeats)` for x of `input_shape`: grad summed over every tile (fp32 accumulation,
     fp64 for f64; a fixed summation order). Repeats may add leading dims and contain 1s and 0s (0: zeros)."""
-    try:
-        key = (grad.shape, grad.stride(), grad.dtype, grad.device.type, tuple(repeats), tuple(input_shape))
+    try:  # (the key holds each value's type: 2.0 and True hash as 2 and 1, but only ints are valid)
+        key = (grad.shape, grad.stride(), grad.dtype, grad.device.type, tuple(repeats), tuple(input_shape),
+               tuple(map(type, repeats)), tuple(map(type, input_shape)))
         plan = _views.get(key)
     except (AttributeError, TypeError):
         key, plan = None, None
@@ -123,7 +124,10 @@ class _Repeat(torch.autograd.Function):
             # or a gradient it cannot read as plain storage (see plain_gradient): autograd's own formula, so
             # higher-order gradients are stock PyTorch's
             return _stock_repeat_backward(grad, ctx.repeats, ctx.input_shape), None
-        return repeat_backward(grad, ctx.repeats, ctx.input_shape), None
+        try:
+            return repeat_backward(grad, ctx.repeats, ctx.input_shape), None
+        except RankUnsupported:  # more dims than the kernel indexes, found before any launch
+            return _stock_repeat_backward(grad, ctx.repeats, ctx.input_shape), None
 
 
 @functools.cache
