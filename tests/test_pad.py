@@ -173,6 +173,25 @@ def test_grad_input_argument_writes_every_element(op):
     assert_bitwise_equal(out, fresh, f"{op} aten grad_input")
 
 
+def test_rejected_resizing_grad_input_is_left_as_it_was():
+    """Bug: the ATen .grad_input overload resized grad_input before the overlap check, so a call rejected for
+    overlapping grad_output still changed grad_input's shape. A rejected call changes nothing now."""
+    buf = torch.randn(100, device=DEVICE)
+    g = buf[:42].view(2, 3, 7)
+    out = buf[10:34].view(2, 3, 4)  # inside grad_output's memory, of another shape than self's (2, 3, 5)
+    x = torch.zeros(2, 3, 5, device=DEVICE)
+    before = buf.clone()
+    with gradkern.use(), pytest.raises(gradkern.InvalidProblem, match="share memory"):
+        torch.ops.aten.replication_pad1d_backward.grad_input(g, x, [1, 1], grad_input=out)
+    assert out.shape == (2, 3, 4) and torch.equal(buf, before)
+    # a grad_input whose storage must grow: resized (as ATen does) after the checks, and written
+    out = torch.empty(3, device=DEVICE)
+    ops.replication_pad1d_backward(g.clone(), x, [1, 1])
+    with gradkern.use():
+        torch.ops.aten.replication_pad1d_backward.grad_input(g.clone(), x, [1, 1], grad_input=out)
+    assert_bitwise_equal(out, ops.replication_pad1d_backward(g.clone(), x, [1, 1]), "grown grad_input")
+
+
 @pytest.mark.parametrize("op", OPS)
 def test_complex_as_real_and_imaginary_parts(op):
     d = _dims(op)

@@ -584,13 +584,22 @@ def _check_out(spec: _Spec, out, self: torch.Tensor, grad_output: torch.Tensor, 
     check_tensor(spec.name, "grad_input", out, (self.dtype,))
     if out.device != self.device:
         raise Unsupported(spec.name, "grad_input", f"a tensor on {self.device} (the device of self)", out.device)
+    after = out  # grad_input as the kernel will see it
     if resize and out.shape != self.shape:
-        out.resize_(self.shape)
-    if out.shape != self.shape:
+        # resize_ keeps the storage where it is large enough, the offset, and makes the strides contiguous: check
+        # that layout first, and resize only once every check has passed (a rejected call changes nothing)
+        if (out.storage_offset() + math.prod(self.shape)) * out.element_size() <= out.untyped_storage().nbytes():
+            after = out.as_strided(self.shape, torch.empty(self.shape, device="meta").stride())
+        else:  # (new memory: what else shares the storage cannot overlap the part resize_ adds)
+            after = None
+    elif out.shape != self.shape:
         raise InvalidProblem(spec.name, "grad_input", f"shape {tuple(self.shape)} (the shape of self)",
                              tuple(out.shape))
     # a gather reads other elements than the one it writes: no overlap with grad_output at all
-    check_out_overlap(spec.name, "grad_input", out, {"grad_output": grad_output}, allow_same=False)
+    if after is not None:
+        check_out_overlap(spec.name, "grad_input", after, {"grad_output": grad_output}, allow_same=False)
+    if after is not out:
+        out.resize_(self.shape)
 
 
 def _backward(spec: _Spec, grad_output, self, padding, grad_input=None, resize: bool = False) -> torch.Tensor:
