@@ -250,6 +250,16 @@ def test_bad_inputs_raise_named_errors():
         ops.segment_max_backward(data[:3], torch.zeros(3, 3, dtype=torch.int64, device=DEVICE), good, 10)
     with pytest.raises(Unsupported, match="reduce"):
         ops._segment_reduce_backward(data[:2], data[:2], data, "sum", lengths=torch.tensor([4, 6], device=DEVICE))
+    # bug: axis was never read, so one out of data's range went through (stock: "Dimension out of range")
+    for axis in (2, -3, True):
+        with pytest.raises(InvalidProblem, match="axis"):
+            ops._segment_reduce_backward(data[:2], data[:2], data, "max", lengths=torch.tensor([4, 6], device=DEVICE),
+                                         axis=axis)
+    # bools are not counts
+    with pytest.raises(InvalidProblem, match="num_segments"):
+        gradkern.segment_max(data, segment_ids=ids.sort().values, num_segments=True)
+    with pytest.raises(InvalidProblem, match="num_rows"):
+        ops.segment_max_backward(data[:2], torch.zeros(2, 3, dtype=torch.int64, device=DEVICE), good, True)
 
 
 def test_empty_inputs():

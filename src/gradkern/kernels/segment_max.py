@@ -454,7 +454,7 @@ def segment_max_backward(grad: torch.Tensor, indices: torch.Tensor, offsets: tor
     if grad.shape[axis] != offsets.numel() - 1:
         raise InvalidProblem(op, "grad", f"size {offsets.numel() - 1} (the number of segments) along axis {axis}",
                              grad.shape[axis])
-    if not isinstance(num_rows, int) or num_rows < 0:
+    if not isinstance(num_rows, int) or isinstance(num_rows, bool) or num_rows < 0:
         raise InvalidProblem(op, "num_rows", "a non-negative int", num_rows)
     return _bwd(grad, indices, offsets, int(num_rows), axis)
 
@@ -475,7 +475,9 @@ def _segment_reduce_backward(grad: torch.Tensor, output: torch.Tensor, data: tor
                              is not None else "neither")
     seg = offsets if offsets is not None else lengths
     _check_offsets_tensor(op, "offsets" if offsets is not None else "lengths", seg, data.device, ndim=None)
-    axis = seg.dim() - 1  # as ATen: the segments run along lengths/offsets' last dim
+    if not isinstance(axis, int) or isinstance(axis, bool) or not -max(data.dim(), 1) <= axis < max(data.dim(), 1):
+        raise InvalidProblem(op, "axis", f"a dim of data in [{-max(data.dim(), 1)}, {max(data.dim(), 1) - 1}]", axis)
+    axis = seg.dim() - 1  # as ATen: the segments run along lengths/offsets' last dim (axis itself is not read)
     if seg.dim() < 1 or data.dim() <= axis or tuple(seg.shape[:-1]) != tuple(data.shape[:axis]):
         raise InvalidProblem(op, "lengths/offsets", f"leading dims equal to data's {tuple(data.shape[:axis])}",
                              tuple(seg.shape))
@@ -530,7 +532,8 @@ def _offsets_from(op: str, n: int, device, offsets, lengths, segment_ids, num_se
              if v is not None]
     if len(given) != 1:
         raise InvalidProblem(op, "offsets/lengths/segment_ids", "exactly one of them", given or "none")
-    if num_segments is not None and (not isinstance(num_segments, int) or num_segments < 0):
+    if num_segments is not None and (not isinstance(num_segments, int) or isinstance(num_segments, bool)
+                                     or num_segments < 0):
         raise InvalidProblem(op, "num_segments", "a non-negative int", num_segments)
     if offsets is not None:
         _check_offsets_tensor(op, "offsets", offsets, device)
