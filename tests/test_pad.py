@@ -390,6 +390,19 @@ def test_fpad_deterministic_route(monkeypatch):
     assert_close(ours, stock.double(), torch.float32, "routed F.pad replicate")
 
 
+def test_fpad_route_leaves_empty_results_to_the_original():
+    """Bug: the route sent every call to ATen's kernel, which refuses an empty input or output that the original
+    decomposition returns (pads cropping W to 0, a C = 0 input): F.pad raised in deterministic mode under
+    enable() where stock returns the empty tensor."""
+    decomp = torch._decomp.decompositions
+    x = torch.randn(2, 3, 5, device=DEVICE)
+    for t, pad in ((x, (-3, -2)), (x, (-5, 1)), (torch.randn(2, 0, 5, device=DEVICE), (1, 1))):
+        want = padmod._original_replication_pad(t, pad)
+        with gradkern.use():
+            got = decomp._replication_pad(t, pad)
+        assert got.shape == want.shape, pad
+
+
 # ----------------------------------------------------------------------------------------------- GPU only
 @gpu_only
 def test_deterministic_mode_ops_and_training_do_not_raise_on_cuda(monkeypatch):

@@ -115,7 +115,9 @@ def disable() -> None:
 @contextlib.contextmanager
 def use(enabled: bool = True) -> Iterator[None]:
     """`with gradkern.use():` routes through gradkern inside the block (`use(False)` routes to stock) and
-    restores the previous state on exit; scopes nest."""
+    restores the previous state on exit; scopes nest. Routing is process-wide (torch.library registrations), so
+    a block turns it on for every thread, and blocks that overlap in several threads restore each other's state
+    out of order: there, call enable() once instead."""
     previous = is_enabled()
     (enable if enabled else disable)()
     try:

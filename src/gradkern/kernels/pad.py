@@ -737,9 +737,11 @@ def _replication_pad_routed(a, padding, *args, **kwargs):
 def _routable(a, padding) -> bool:
     if not (is_enabled() and isinstance(a, torch.Tensor) and a.device.type == _runtime.DEVICE_TYPE):
         return False
-    if torch.compiler.is_compiling() or len(padding) > 2 * a.dim():  # the latter: let the original raise
+    if torch.compiler.is_compiling() or len(padding) > 2 * a.dim() or len(padding) % 2:  # (the original's rules)
         return False
-    return max(a.numel(), math.prod(padded_shape(a.shape, padding))) <= _I32_MAX
+    out = padded_shape(a.shape, padding)
+    # ATen's kernel refuses an empty input or output (the decomposition returns them): those keep the original
+    return a.numel() > 0 and min(out) > 0 and max(a.numel(), math.prod(out)) <= _I32_MAX
 
 
 if _original_replication_pad is not None:
