@@ -867,3 +867,16 @@ def test_direct_calls_reject_a_negative_bit_view():
                  lambda: ops.repeat_backward(g, (1, 1), (3, 4))):
         with pytest.raises(gradkern.Unsupported, match="negative-bit"):
             call()
+
+
+def test_lerp_backward_computes_in_float64_when_its_inputs_are():
+    """Bug: the fused kernels took their math dtype from grad alone, so an f32 grad with f64 self/end/weight
+    (f64 results, as ATen promotes) was computed in f32: errors of 1e-8 to 1e-7 against an f64 reference."""
+    torch.manual_seed(0)
+    g = torch.randn(6, 5, device=DEVICE)
+    s, e, w = (torch.randn(6, 5, device=DEVICE, dtype=torch.float64) for _ in range(3))
+    gs, ge, gw = ops.lerp_backward(g, s, e, w)
+    gd = g.double()
+    for got, want, name in ((gs, gd * (1 - w), "self"), (ge, gd * w, "end"), (gw, gd * (e - s), "weight")):
+        assert got.dtype == torch.float64
+        torch.testing.assert_close(got, want, rtol=1e-14, atol=1e-14, msg=name)

@@ -333,3 +333,84 @@ def test_launch_keys_direct_relaunch_by_pointer_alignment(monkeypatch):
     assert direct == [(3, 99, 32, 17, 5, 7)] and not jit
     elementwise.launch(Kernel(), (3,), (Ptr(32), Ptr(48)), (5,), consts, 0, "key")  # aligned otherwise: JIT
     assert len(direct) == 1 and len(jit) == 1 and jit[0][1][2] == 5 and jit[0][2] == {"X": 7, "num_warps": 4}
+
+
+# ------------------------------------------------------------------------------------------------ cache keys (bug hunt)
+def test_a_cached_layout_does_not_let_a_negative_bit_view_through():
+    """Bug: check_tensor's negative-bit test ran only when a plan was made, and the plan caches' keys did not hold
+    the bit: after one call with a plain tensor, a negative-bit view of the same layout was read as -x."""
+    g = torch.randn(4, 6, device=DEVICE)
+    x = torch.randn(4, 6, device=DEVICE) * 4
+    ops.hardsigmoid_backward(g, x)
+    with pytest.raises(gradkern.Unsupported, match="negative-bit"):
+        ops.hardsigmoid_backward(torch._neg_view(g), x)
+    with pytest.raises(gradkern.Unsupported, match="negative-bit"):
+        ops.hardsigmoid_backward(g, x, grad_input=torch._neg_view(torch.empty_like(g)))
+
+
+def test_a_cached_layout_does_not_let_an_out_of_another_shape_through():
+    """Bug: the plan key held out's strides, dtype and device but not its shape: after a call with a (2, 4)
+    grad_input, a (3, 4) one of the same strides was accepted and written in part."""
+    g, x = torch.randn(2, 4, device=DEVICE), torch.randn(2, 4, device=DEVICE) * 4
+    ops.hardsigmoid_backward(g, x, grad_input=torch.empty(2, 4, device=DEVICE))
+    bad = torch.full((3, 4), math.nan, device=DEVICE)
+    with pytest.raises(gradkern.InvalidProblem, match="shape"):
+        ops.hardsigmoid_backward(g, x, grad_input=bad)
+    assert bool(bad.isnan().all())
+
+
+def test_zero_scalars_keep_their_sign_whatever_came_first():
+    """Bug: the scalar caches took 0.0 and -0.0 for one key, so the sign of a zero scalar depended on which came
+    first (elu_backward's scale, lerp's scalar weight: their results are bit-exact against stock)."""
+    g, x = torch.randn(8, device=DEVICE), torch.randn(8, device=DEVICE)
+    for scale in (0.0, -0.0, 0.0):
+        assert_bitwise_equal(ops.elu_backward(g, 1.0, scale, 1.0, False, x),
+                             torch.ops.aten.elu_backward(g, 1.0, scale, 1.0, False, x), f"elu scale {scale}")
+    for w in (0.0, -0.0, 0.0):
+        ge = ops.lerp_backward(g, x, x, w)[1]
+        assert_bitwise_equal(ge, g * w, f"lerp weight {w}")
+
+
+def test_a_tensor_lambd_is_read_on_every_call():
+    """Bug: lambd was cached by the object, so a 0-d tensor lambd changed in place kept its first value."""
+    x = torch.tensor([0.2, 0.7, 1.5], device=DEVICE)
+    lam = torch.tensor(0.5)
+    assert ops.hardshrink(x, lam).tolist() == pytest.approx([0.0, 0.7, 1.5])
+    lam.fill_(1.0)
+    assert ops.hardshrink(x, lam).tolist() == pytest.approx([0.0, 0.0, 1.5])
+    assert ops.hardshrink_backward(torch.ones_like(x), x, lam).tolist() == [0.0, 0.0, 1.0]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=dtype_id)
+def test_a_wider_zero_dim_operand_is_rounded_to_the_common_dtype_first(dtype):
+    """Bug: a 0-d operand of a wider dtype (type promotion leaves it out) went into the math unrounded, where
+    ATen's TensorIterator casts every input to the common dtype first: hardsigmoid_backward of an f16 g at an f32
+    x = 2.9999 (3.0 in f16) gave g/6 for ATen's 0; the shrinks likewise at x just above lambd; an f64 0-d g
+    rounded twice differed by one ulp."""
+    wide = torch.float64 if dtype == torch.float32 else torch.float32
+    g = torch.randn(64, device=DEVICE).to(dtype)
+    torch.manual_seed(0)
+    for xv in (2.9999, -2.9999, 3.0001, 0.50001, -0.50001, 0.49999):
+        x = torch.tensor(xv, device=DEVICE, dtype=wide)
+        assert_bitwise_equal(ops.hardsigmoid_backward(g, x), torch.ops.aten.hardsigmoid_backward(g, x), f"x={xv}")
+        for op in ("hardshrink_backward", "softshrink_backward"):
+            assert_bitwise_equal(getattr(ops, op)(g, x, 0.5), getattr(torch.ops.aten, op)(g, x, 0.5), f"{op} {xv}")
+    xs = (torch.rand(64, device=DEVICE) * 8 - 4).to(dtype)
+    for _ in range(20):
+        g0 = torch.randn((), device=DEVICE, dtype=wide) * 3
+        assert_bitwise_equal(ops.hardsigmoid_backward(g0, xs), torch.ops.aten.hardsigmoid_backward(g0, xs), "0-d g")
+
+
+def test_elu_backward_refuses_what_aten_refuses():
+    """Bug: a NaN alpha with is_result=True, and scalars that float32 (the math type of 16- and 32-bit inputs)
+    cannot hold, went through where ATen raises."""
+    g, r = torch.randn(3, device=DEVICE), torch.tensor([-0.5, 1.0, -0.1], device=DEVICE)
+    calls = [lambda: ops.elu_backward(g, math.nan, 1.0, 1.0, True, r),
+             lambda: ops.elu_backward(g, 1e40, 1.0, 1.0, False, r),
+             lambda: ops.elu_backward(g, 1e300, 1e-300, 1.0, False, r),
+             lambda: ops.elu_backward(g, 1.0, 1.0, -1e39, False, r)]
+    for call in calls:
+        with pytest.raises(gradkern.InvalidProblem):
+            call()
+    # float64 inputs take double scalars, as ATen does
+    ops.elu_backward(g.double(), 1e300, 1e-300, 1.0, False, r.double())

@@ -392,3 +392,22 @@ def test_tolerance_of_long_float32_sums():
     assert_close(close_bf16, exact, summed_from=x.numel())
     with pytest.raises(AssertionError):
         assert_close((exact + 0.1).to(torch.bfloat16), exact, summed_from=x.numel())
+
+
+def test_dims_and_shapes_must_be_ints_even_after_a_cached_plan():
+    """Bug: dims and shapes were truncated with int() (0.5 -> 0, 4.7 -> 4), and a plan cached for (0,) was
+    found again for (0.0,), skipping validation."""
+    x = torch.randn(3, 4, device=DEVICE)
+    reduce_sum(x, (0,), op="test")
+    for dims in ((0.0,), (0.5,)):
+        with pytest.raises(InvalidProblem, match="dims"):
+            reduce_sum(x, dims, op="test")
+    with pytest.raises(InvalidProblem, match="shape"):
+        sum_to_shape(x, (1, 4.7), op="test")
+
+
+def test_a_cached_plan_does_not_let_a_negative_bit_view_through():
+    x = torch.randn(3, 4, device=DEVICE)
+    reduce_sum(x, (0,), op="test")
+    with pytest.raises(Unsupported, match="negative-bit"):
+        reduce_sum(torch._neg_view(x), (0,), op="test")

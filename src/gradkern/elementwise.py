@@ -38,11 +38,16 @@ _I32_MAX = 2**31 - 1
 
 
 # ----------------------------------------------------------------------------------------------- host helpers
-@functools.lru_cache(maxsize=4096)
 def scalar_bits(value: float) -> int:
     """A float as the int64 bit pattern of its float64 value: how kernels receive scalars at full precision
-    (Triton would pass a Python float as fp32)."""
-    return struct.unpack("<q", struct.pack("<d", float(value)))[0]
+    (Triton would pass a Python float as fp32). (Zeros bypass the cache: 0.0 and -0.0 are one key there.)"""
+    value = float(value)
+    return _bits(value) if value != 0.0 else (0 if math.copysign(1.0, value) > 0 else -(2**63))
+
+
+@functools.lru_cache(maxsize=4096)
+def _bits(value: float) -> int:
+    return struct.unpack("<q", struct.pack("<d", value))[0]
 
 
 def bits_spec(bits) -> tuple:
@@ -58,10 +63,16 @@ def bits_spec(bits) -> tuple:
 SCALAR_PARAMS = ("s0", "s1", "s2")
 
 
-@functools.lru_cache(maxsize=4096)
 def round_to_dtype(value: float, dtype: torch.dtype) -> float:
     """`value` rounded to `dtype` (round to nearest even, overflow to ±inf), as ATen's Scalar.to<scalar_t>()."""
     value = float(value)
+    if value == 0.0:  # (±0 is exact in every dtype; the cache below takes 0.0 and -0.0 for one key)
+        return value
+    return _rounded(value, dtype)
+
+
+@functools.lru_cache(maxsize=4096)
+def _rounded(value: float, dtype: torch.dtype) -> float:
     if dtype == torch.float64 or math.isnan(value) or math.isinf(value):
         return value
     if dtype == torch.float32:
@@ -69,7 +80,7 @@ def round_to_dtype(value: float, dtype: torch.dtype) -> float:
     elif dtype == torch.float16:
         fmt = "<e"
     elif dtype == torch.bfloat16:
-        f32 = round_to_dtype(value, torch.float32)
+        f32 = _rounded(value, torch.float32)
         if math.isinf(f32):
             return f32
         bits = struct.unpack("<I", struct.pack("<f", f32))[0]
@@ -133,17 +144,30 @@ def broadcast_shape(op: str, names: Sequence[str], shapes: Sequence) -> tuple[in
 
 # ----------------------------------------------------------------------------------------------- kernels
 @triton.jit
+def as_operand(v, DT: tl.constexpr, MATH: tl.constexpr):
+    """A loaded operand in the math dtype, first rounded to the op's common dtype DT where that loses bits (a 0-d
+    operand of a wider dtype, which type promotion leaves out: ATen's TensorIterator casts every input to the
+    common dtype; from float64 to a 16-bit type through float32, as c10's Half and BFloat16 convert a double)."""
+    if v.dtype != DT and v.dtype.primitive_bitwidth >= DT.primitive_bitwidth:
+        if v.dtype == tl.float64 and DT.primitive_bitwidth == 16:
+            v = v.to(tl.float32)
+        v = cast_out(v, DT)
+    return v.to(MATH)
+
+
+@triton.jit
 def _apply(out, x0, x1, x2, oo, o0, o1, o2, mask, s0, s1, s2, FN: tl.constexpr, NIN: tl.constexpr,
            FLAG: tl.constexpr, MATH: tl.constexpr):
-    # load the inputs at their offsets (upcast at once: the kernel rule, and the interpreter's bf16 trap), apply
-    # the op's math, store at the output's offsets
-    a = tl.load(x0 + o0, mask=mask).to(MATH)
+    # load the inputs at their offsets (upcast at once: the kernel rule, and the interpreter's bf16 trap; in the
+    # common dtype first, where an operand's is wider), apply the op's math, store at the output's offsets
+    DT: tl.constexpr = out.dtype.element_ty
+    a = as_operand(tl.load(x0 + o0, mask=mask), DT, MATH)
     b = a
     c = a
     if NIN >= 2:
-        b = tl.load(x1 + o1, mask=mask).to(MATH)
+        b = as_operand(tl.load(x1 + o1, mask=mask), DT, MATH)
     if NIN >= 3:
-        c = tl.load(x2 + o2, mask=mask).to(MATH)
+        c = as_operand(tl.load(x2 + o2, mask=mask), DT, MATH)
     r = FN(a, b, c, scalar(s0, MATH), scalar(s1, MATH), scalar(s2, MATH), FLAG)
     tl.store(out + oo, cast_out(r, out.dtype.element_ty), mask=mask)
 
@@ -442,7 +466,9 @@ class Pointwise:
                  out: torch.Tensor | None = None) -> torch.Tensor:
         if out is None:  # the hot path: a flat problem seen before, relaunched with minimal host work
             try:
-                fkey = (flag, scalars, *[(t.shape, t.stride(), t.dtype, t.device) for t in ts])
+                # (the scalars by their bits: 0.0 == -0.0; the negative bit, which check_tensor rejects)
+                fkey = (flag, tuple(map(scalar_bits, scalars)),
+                        *[(t.shape, t.stride(), t.dtype, t.device, t.is_neg()) for t in ts])
                 entry = self._fast.get(fkey)
             except (AttributeError, TypeError):
                 fkey = entry = None
@@ -461,8 +487,8 @@ class Pointwise:
         try:
             # the device itself, not get_device(): that is -1 for cpu and meta alike, and a plan found in the cache
             # skips validation
-            key = (flag, None if out is None else (out.stride(), out.dtype, out.device),
-                   *[(t.shape, t.stride(), t.dtype, t.device) for t in ts])
+            key = (flag, None if out is None else (out.shape, out.stride(), out.dtype, out.device, out.is_neg()),
+                   *[(t.shape, t.stride(), t.dtype, t.device, t.is_neg()) for t in ts])
             plan = self._plans.get(key)
         except AttributeError:  # a non-tensor argument: let validation name it
             plan, key = None, None

@@ -262,8 +262,12 @@ class MultiPointwise:
             if t.device != dev:
                 raise Unsupported(self.op, name, f"a tensor on {dev} (the device of '{self.inputs[0]}')", t.device)
         shape = broadcast_shape(self.op, [n for n, _ in given], [t.shape for _, t in given])
-        mdt = _TL_MATH[_runtime.math_dtype(ins[0].dtype)]
-        compute = ins[0].dtype if self.exact else _runtime.math_dtype(ins[0].dtype)  # what results to sum are in
+        # fp64 math where any operand or result is fp64 (an f32 grad with f64 inputs: ATen promotes to f64), else fp32
+        wide = any(t.dtype == torch.float64 for _, t in given) or any(s is not None and s[1] == torch.float64
+                                                                          for s in outs)
+        math_torch = torch.float64 if wide else torch.float32
+        mdt = _TL_MATH[math_torch]
+        compute = ins[0].dtype if self.exact else math_torch  # what results to sum are in
         out_dtypes, reduce_to, final = [], [], []
         for spec in outs:
             if spec is None:
@@ -286,7 +290,7 @@ class MultiPointwise:
         if summing is not None:
             i64 = _summing_i64(summing)
             return _Plan(**common, flat=False, dense_like=-1, summing=summing, i64=i64,
-                         run=self._sum_run(summing, common, flag, i64, _runtime.math_dtype(ins[0].dtype)))
+                         run=self._sum_run(summing, common, flag, i64, math_torch))
         base = {"FN": self.math_fn, "INS": ins_mask, "OUTS": outs_mask, "FLAG": flag, "MATH": mdt}
         if same and (present[0].is_contiguous() or _dense_strides(present[0])):
             consts = launch_consts({**base, "BLOCK": FLAT_BLOCK, "I64": n + FLAT_BLOCK > _I32_MAX}, FLAT_WARPS)

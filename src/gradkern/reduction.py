@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -301,7 +302,7 @@ def _normalize_dims(op: str, dims, ndim: int) -> tuple[int, ...]:
     if isinstance(dims, int):
         dims = (dims,)
     try:
-        dims = tuple(int(d) for d in dims)
+        dims = tuple(operator.index(d) for d in dims)
     except (TypeError, ValueError):
         raise InvalidProblem(op, "dims", "a sequence of ints", dims) from None
     rank = max(ndim, 1)  # a 0-d tensor accepts dim 0 / -1, as torch.sum does
@@ -354,7 +355,8 @@ def _plan_for(op: str, shape: tuple[int, ...], strides: tuple[int, ...], dtype: 
 
 def _get_plan(op: str, x: torch.Tensor, dims, out_dtype) -> _Plan:
     try:
-        key = (x.shape, x.stride(), x.dtype, x.device, dims if isinstance(dims, int) else tuple(dims), out_dtype, op)
+        dkey = (dims, type(dims)) if isinstance(dims, int) else (tuple(dims), tuple(map(type, dims)))  # (0.0 == 0)
+        key = (x.shape, x.stride(), x.dtype, x.device, dkey, out_dtype, op, x.is_neg())
         plan = _plans.get(key)
     except (AttributeError, TypeError):
         plan, key = None, None
@@ -439,7 +441,7 @@ def sum_to_shape(x: torch.Tensor, shape: Sequence[int], *, op: str,
     out_dtype (x itself when no conversion is needed)."""
     check_tensor(op, "input", x)
     try:
-        shape = tuple(int(s) for s in shape)
+        shape = tuple(operator.index(s) for s in shape)
     except (TypeError, ValueError):
         raise InvalidProblem(op, "shape", "a sequence of ints", shape) from None
     lead = x.dim() - len(shape)

@@ -55,8 +55,12 @@ def elu_backward(grad_output: torch.Tensor, alpha: float, scale: float, input_sc
     """Gradient of elu/celu/selu: x <= 0 -> g*input_scale*alpha*scale*exp(x*input_scale) (or, with is_result,
     g*input_scale*(r + alpha*scale)), else g*scale."""
     alpha, scale, input_scale = float(alpha), float(scale), float(input_scale)
-    if is_result and alpha < 0:
+    if is_result and not alpha >= 0:  # (NaN too, as ATen: its test is "alpha < 0" negated the other way round)
         raise InvalidProblem("elu_backward", "alpha", "alpha >= 0 when is_result=True (in-place elu)", alpha)
+    if getattr(self_or_result, "dtype", torch.float64) != torch.float64:  # ATen reads them as float: it refuses
+        for name, v in (("alpha", alpha), ("scale", scale), ("input_scale", input_scale)):  # what overflows it
+            if math.isfinite(v) and math.isinf(round_to_dtype(v, torch.float32)):
+                raise InvalidProblem("elu_backward", name, "a value representable in float32 (the math type)", v)
     return _ELU_BACKWARD(grad_output, self_or_result, scalars=(alpha * scale, scale, input_scale),
                          flag=int(bool(is_result)), out=grad_input)
 
@@ -77,11 +81,14 @@ _HARDSHRINK_BACKWARD = Pointwise("hardshrink_backward", _shrink_backward_math, (
 _HARDSHRINK = Pointwise("hardshrink", _hardshrink_math, ("self",), "out")
 
 
-@functools.lru_cache(maxsize=1024)
 def _lambd(op: str, lambd, dtype: torch.dtype, nonneg: bool) -> float:
-    """lambd cast to the inputs' dtype, as ATen does (which also rejects a value the dtype cannot hold).
-    Cached: it runs on every call, and host time per call is part of the op's cost."""
-    value = float(lambd)
+    """lambd cast to the inputs' dtype, as ATen does (which also rejects a value the dtype cannot hold)."""
+    return _lambd_value(op, float(lambd), dtype, nonneg)  # (a 0-d tensor's value, read now: not cached by identity)
+
+
+@functools.lru_cache(maxsize=1024)
+def _lambd_value(op: str, value: float, dtype: torch.dtype, nonneg: bool) -> float:
+    """Cached: it runs on every call, and host time per call is part of the op's cost."""
     if nonneg and not value >= 0:
         raise InvalidProblem(op, "lambd", "lambd >= 0", value)
     if dtype not in FLOAT_DTYPES:  # the launcher rejects the tensor itself, by name
