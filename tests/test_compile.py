@@ -106,3 +106,62 @@ def test_autograd_functions_compile_fullgraph():
     (got,) = torch.autograd.grad(h(d), d)
     (want,) = torch.autograd.grad(gradkern.segment_max(d, lengths=lengths)[0].square().sum(), d)
     assert_bitwise_equal(got, want, "segment_max compiled")
+
+
+def _layout_cases():
+    """(custom op, args) with inputs whose layouts differ (a channels_last x with a contiguous grad, transposed
+    operands): where the kernels keep no input's layout."""
+    g = torch.randn(2, 3, 4, 5, device=DEVICE)
+    x = torch.randn(2, 3, 4, 5, device=DEVICE).contiguous(memory_format=torch.channels_last)
+    ops = gradkern.ops
+    data = torch.randn(3, 10, device=DEVICE).t()  # (10, 3), transposed
+    lengths = torch.tensor([4, 6], device=DEVICE)
+    out = torch.segment_reduce(data, "max", lengths=lengths)
+    c = (torch.rand(5, 6, device=DEVICE) > 0.5).t()
+    a, b, h = (torch.randn(6, 5, device=DEVICE) for _ in range(3))
+    return [
+        ("hardsigmoid_backward", ops.hardsigmoid_backward.custom_op, (g, x)),
+        ("elu_backward", ops.elu_backward.custom_op, (g, 1.0, 1.0, 1.0, False, x)),
+        ("softshrink_backward", ops.softshrink_backward.custom_op, (g, x, 0.5)),
+        ("hardshrink_backward", ops.hardshrink_backward.custom_op, (g, x, 0.5)),
+        ("_prelu_kernel_backward", ops._prelu_kernel_backward.custom_op,
+         (g, x, torch.rand(1, 3, 1, 1, device=DEVICE))),
+        ("_segment_reduce_backward", ops._segment_reduce_backward.custom_op,
+         (torch.ones_like(out), out, data, "max", lengths, None, 0, None)),
+        ("where_backward", ops.where_backward.custom_op[(True, True)], (h, c, a, b, [True, True])),
+        ("lerp_backward", ops.lerp_backward.custom_op[(True,)], (h.t().contiguous().t(), a, b, a, [True] * 3)),
+        ("prelu_backward", ops.prelu_backward.custom_op[()], (g, x, torch.rand(3, device=DEVICE), [True, True])),
+    ]
+
+
+@pytest.mark.parametrize("case", range(9))
+def test_fake_results_have_the_real_results_layout(case):
+    """Bug: the custom ops whose fake is the reference (often ATen's op) declared the reference's output layout
+    (a channels_last x: channels_last), while the kernels keep an input's layout only where every input shares
+    it: Inductor's stride asserts failed, and aot_eager traced views on the wrong strides. Those ops now return
+    contiguous results, real and fake; _segment_reduce_backward's own fake now says contiguous too."""
+    name, op, args = _layout_cases()[case]
+    torch.library.opcheck(op, args, test_utils=("test_faketensor",))
+
+
+def test_shrink_backwards_compile_with_dynamic_shapes():
+    """Bug: their fake was ATen's op, which has no meta for symbolic shapes: dynamic=True (and the automatic
+    dynamic recompile on a second shape) failed to trace."""
+    for name in ("softshrink_backward", "hardshrink_backward"):
+        op = getattr(gradkern.ops, name)
+        torch._dynamo.reset()
+        f = torch.compile(lambda g, x: op(g, x, 0.5), fullgraph=True, backend="aot_eager", dynamic=True)
+        for n in (8, 13):
+            g, x = torch.randn(n, device=DEVICE), torch.randn(n, device=DEVICE)
+            assert_bitwise_equal(f(g, x), op(g, x, 0.5), f"{name} n={n}")
+
+
+def test_out_arguments_of_another_dtype_are_refused_under_compile():
+    """Bug: under torch.compile an out= / grad_input= of another dtype was written with a silent cast (eager
+    refuses it)."""
+    g, x = torch.randn(4, 5, device=DEVICE), torch.randn(4, 5, device=DEVICE) * 4
+    torch._dynamo.reset()
+    f = torch.compile(lambda g, x, o: gradkern.ops.hardsigmoid_backward(g, x, grad_input=o), fullgraph=True,
+                      backend="aot_eager")
+    with pytest.raises(Exception, match="grad_input.*dtype"):
+        f(g, x, torch.zeros(4, 5, device=DEVICE, dtype=torch.int32))

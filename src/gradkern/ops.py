@@ -2,9 +2,12 @@
 ATen ops. Generated from the registry: an op is declared once, next to its kernel.
 
 Each function is also a torch.library custom op, `torch.ops.gradkern.<name>`, whose fake (meta) implementation
-is the op's reference computation run on fake tensors. Inside a `torch.compile` region `gradkern.ops.<name>`
-calls the custom op, so compiled graphs keep gradkern's kernel as one opaque node (no graph break); in eager code
-it calls the kernel's function directly (no dispatcher overhead)."""
+is the op's own `fake` or else its reference computation run on fake tensors; with the reference, the custom op's
+results (real and fake alike) are made contiguous, since the kernels' output layouts need not be the reference's
+(an input's layout is kept only where every input shares it) and a compiled graph asserts the fake's strides.
+Inside a `torch.compile` region `gradkern.ops.<name>` calls the custom op, so compiled graphs keep gradkern's
+kernel as one opaque node (no graph break); in eager code it calls the kernel's function directly (no dispatcher
+overhead)."""
 
 from __future__ import annotations
 
@@ -40,14 +43,20 @@ def _custom_op(info: OpInfo):
 
     prototype.__signature__ = sig.replace(parameters=params, return_annotation=hints.get("return"))
     prototype.__name__ = info.name
+    fake, layout = _fake_and_layout(info)
+    if layout is not _same:
+        def prototype(*args):  # noqa: F811  (the same signature, contiguous results)
+            return layout(fn(*args))
+
+        prototype.__signature__ = sig.replace(parameters=params, return_annotation=hints.get("return"))
+        prototype.__name__ = info.name
     op = torch.library.custom_op(f"gradkern::{info.name}", prototype, mutates_args=())
-    fake = info.fake if info.fake is not None else info.reference_fn()
     positional = prototype.__signature__
 
     def fake_impl(*args, **kwargs):  # the dispatcher may leave out trailing arguments at their defaults
         bound = positional.bind(*args, **kwargs)
         bound.apply_defaults()
-        return fake(*bound.args)
+        return layout(fake(*bound.args))
 
     op.register_fake(fake_impl)
     return op
@@ -94,6 +103,28 @@ def _requires_grad_error(op: str, arg: str):
                       "gradkern.enable(), or gradkern.sparsemax / gradkern.segment_max)", "one that requires grad")
 
 
+def _same(x):
+    return x
+
+
+def _contiguous(x):
+    """Every tensor among the results `x` (a tensor, or a tuple or list with Nones) made contiguous."""
+    if isinstance(x, torch.Tensor):
+        return x.contiguous()
+    if isinstance(x, (tuple, list)):
+        return type(x)(_contiguous(t) for t in x)
+    return x
+
+
+def _fake_and_layout(info: OpInfo) -> tuple[Callable, Callable]:
+    """The custom op's fake, and what both it and the real op do to their results: an op's own fake states the
+    kernels' layouts (nothing to do); the reference (often ATen's op) follows its own layout rules, so with it
+    both sides return contiguous results."""
+    if info.fake is not None:
+        return info.fake, _same
+    return info.reference_fn(), _contiguous
+
+
 def _is_tensor_or_number(hint) -> bool:
     if hint is inspect.Parameter.empty:
         return True
@@ -108,7 +139,7 @@ def _variant_ops(info: OpInfo) -> dict[tuple[bool, ...], object]:
     hints = typing.get_type_hints(fn)
     params = [p for p in sig.parameters.values() if p.kind in _POSITIONAL]
     varying = [p.name for p in params if _is_tensor_or_number(hints.get(p.name, p.annotation))]
-    fake = info.fake if info.fake is not None else info.reference_fn()
+    fake, layout = _fake_and_layout(info)
     ops = {}
     for flags in itertools.product((True, False), repeat=len(varying)):
         kinds = dict(zip(varying, flags))
@@ -122,13 +153,13 @@ def _variant_ops(info: OpInfo) -> dict[tuple[bool, ...], object]:
             annotated.append(p.replace(annotation=hint, default=inspect.Parameter.empty))
 
         def prototype(*args):
-            return [t for t in _as_tuple(fn(*args)) if t is not None]
+            return [layout(t) for t in _as_tuple(fn(*args)) if t is not None]
 
         prototype.__signature__ = inspect.Signature(annotated, return_annotation=list[torch.Tensor])
         suffix = "".join("t" if f else "s" for f in flags)
         prototype.__name__ = f"{info.name}__{suffix}" if suffix else f"{info.name}__list"
         op = torch.library.custom_op(f"gradkern::{prototype.__name__}", prototype, mutates_args=())
-        op.register_fake(lambda *args, _f=fake: [t for t in _as_tuple(_f(*args)) if t is not None])
+        op.register_fake(lambda *args, _f=fake: [layout(t) for t in _as_tuple(_f(*args)) if t is not None])
         ops[flags] = op
     return ops
 
@@ -189,7 +220,13 @@ def _public(info: OpInfo) -> tuple[Callable, object]:
             got = iter(variants[flags](*[list(v) if isinstance(v, tuple) else v for v in values]))
             present = _present(names, values)
             result = tuple(next(got) if p else None for p in present) if present is not None else tuple(got)
-        for t in outs.values():  # out= under compile: the custom op's result copied into the given tensor
+        for k, t in outs.items():  # out= under compile: the custom op's result copied into the given tensor, which
+            # must be what eager takes (copy_ would cast silently)
+            if not isinstance(t, torch.Tensor) or t.dtype != result.dtype or t.device != result.device:
+                # (a TypeError with Unsupported's message: the tracer cannot build gradkern's error classes)
+                raise TypeError(f"{info.name}: argument '{k}': expected a tensor of dtype {result.dtype} on "
+                                f"{result.device}, but got {getattr(t, 'dtype', type(t).__name__)} on "
+                                f"{getattr(t, 'device', '-')}")
             t.copy_(result)
             result = t
         return result

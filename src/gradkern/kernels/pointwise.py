@@ -113,12 +113,17 @@ def _nan_x_passes_grad(aten_op):
     return reference
 
 
+def _shrink_backward_fake(g, x, lambd):
+    """The shrink backwards' shape and dtype for torch.compile: ATen's own have no meta for symbolic shapes."""
+    return torch.empty(torch.broadcast_shapes(g.shape, x.shape), dtype=torch.result_type(g, x), device=g.device)
+
+
 def _shrink_cases(device, dtype, n):
     return [("lambd=0.5", (randn(n, device, dtype), randn(n, device, dtype), 0.5))]
 
 
 @register_op("softshrink_backward", aten=("softshrink_backward",), exact=True,
-             reference=_nan_x_passes_grad(torch.ops.aten.softshrink_backward),
+             reference=_nan_x_passes_grad(torch.ops.aten.softshrink_backward), fake=_shrink_backward_fake,
              cases=pointwise_cases(_shrink_cases, 2))
 def softshrink_backward(grad_output: torch.Tensor, self: torch.Tensor, lambd: float, *,
                         grad_input: torch.Tensor | None = None) -> torch.Tensor:
@@ -128,7 +133,7 @@ def softshrink_backward(grad_output: torch.Tensor, self: torch.Tensor, lambd: fl
 
 
 @register_op("hardshrink_backward", aten=("hardshrink_backward",), exact=True,
-             reference=_nan_x_passes_grad(torch.ops.aten.hardshrink_backward),
+             reference=_nan_x_passes_grad(torch.ops.aten.hardshrink_backward), fake=_shrink_backward_fake,
              cases=pointwise_cases(_shrink_cases, 2))
 def hardshrink_backward(grad_out: torch.Tensor, self: torch.Tensor, lambd: float, *,
                         grad_input: torch.Tensor | None = None) -> torch.Tensor:

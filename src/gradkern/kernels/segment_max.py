@@ -685,7 +685,7 @@ def _fake_backward(grad, indices, offsets, num_rows, axis=0):
 
 
 def _fake_segment_reduce_backward(grad, output, data, reduce, lengths=None, offsets=None, axis=0, initial=None):
-    return torch.empty_like(data)
+    return data.new_empty(data.shape)  # contiguous, as the kernel writes it (empty_like would keep data's layout)
 
 
 # ----------------------------------------------------------------------------------------------- cases
