@@ -5,7 +5,7 @@ import torch
 
 
 def main() -> int:
-    if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
+    if os.environ.get("TRITON_INTERPRET", "0") in ("", "0") and not torch.cuda.is_available():  # (as _runtime reads it)
         # No GPU: run the kernels through Triton's interpreter on CPU. Triton reads the variable when gradkern's
         # kernels are defined (at import, which `python -m gradkern` has already done), so start afresh with it.
         os.environ["TRITON_INTERPRET"] = "1"

@@ -9,6 +9,7 @@ import traceback
 import torch
 
 from . import _runtime
+from ._cases import SIZES
 from .registry import REGISTRY, supported_ops
 
 
@@ -17,20 +18,26 @@ def _dtype_arg(names: str) -> list[torch.dtype]:
     if names == "all":
         return list(_runtime.FLOAT_DTYPES)
     try:
-        return [by_name[n.strip()] for n in names.split(",") if n.strip()]
+        dtypes = [by_name[n.strip()] for n in names.split(",") if n.strip()]
     except KeyError as e:
         raise argparse.ArgumentTypeError(f"unknown dtype {e.args[0]!r}; use f32,f16,bf16,f64 or all") from None
+    if not dtypes:
+        raise argparse.ArgumentTypeError("no dtype given; use f32,f16,bf16,f64 or all")
+    return dtypes
 
 
 def _ops_arg(names: str) -> list[str]:
     ops = [n.strip() for n in names.split(",") if n.strip()]
+    if not ops:
+        raise argparse.ArgumentTypeError("no op given (leave --ops out for every op)")
     unknown = [n for n in ops if n not in REGISTRY]
     if unknown:
         raise argparse.ArgumentTypeError(f"unknown op(s) {unknown}; `python -m gradkern list` shows them")
     return ops
 
 
-def print_table(headers: list[str], rows: list[list], out=sys.stdout) -> None:
+def print_table(headers: list[str], rows: list[list], out=None) -> None:
+    out = out if out is not None else sys.stdout  # (read at call time: sys.stdout may be replaced after import)
     cells = [[str(c) for c in r] for r in rows]
     widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)]
     line = "  ".join(h.ljust(w) for h, w in zip(headers, widths))
@@ -106,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     pb.add_argument("--json", default=None, help="write every figure to this JSON file")
     pb.add_argument("--plot", default=None, help="write a PNG chart of %% of the copy ceiling")
     pb.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
-    pb.add_argument("--size", default=None, help="case size class (default: large on a GPU, small otherwise)")
+    pb.add_argument("--size", default=None, choices=SIZES,
+                    help="case size class (default: large on a GPU, small otherwise)")
     args = p.parse_args(argv)
     if args.cmd == "list":
         return cmd_list(args)

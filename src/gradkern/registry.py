@@ -128,7 +128,7 @@ def register_op(
 def get_op(name: str) -> OpInfo:
     try:
         return REGISTRY[name]
-    except KeyError:
+    except (KeyError, TypeError):  # (TypeError: an unhashable name, such as a list)
         raise InvalidProblem("gradkern", "op_name", f"one of {sorted(REGISTRY)}", repr(name)) from None
 
 
