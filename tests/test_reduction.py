@@ -411,3 +411,13 @@ def test_a_cached_plan_does_not_let_a_negative_bit_view_through():
     reduce_sum(x, (0,), op="test")
     with pytest.raises(Unsupported, match="negative-bit"):
         reduce_sum(torch._neg_view(x), (0,), op="test")
+
+
+def test_zero_dim_tensor_dims_are_read_on_every_call():
+    """Bug (cache-key review): 0-d tensors among dims were keyed by identity: changed in place, the first plan
+    (the first dim) stayed."""
+    x = torch.arange(6, device=DEVICE, dtype=torch.float32).view(2, 3)
+    d = torch.tensor(0)
+    assert_bitwise_equal(reduce_sum(x, [d], op="test"), x.sum(0), "dim 0")
+    d.fill_(1)
+    assert_bitwise_equal(reduce_sum(x, [d], op="test"), x.sum(1), "dim 1")

@@ -233,3 +233,19 @@ def test_more_than_2_31_elements():
     assert 8 * tiles == n and tiles > 2**28
     out = ops.repeat_backward(g, [tiles], [8])
     assert torch.equal(out, g.view(tiles, 8).sum(0, dtype=torch.float32).bfloat16())
+
+
+def test_cached_plans_keep_validation_and_read_tensor_values():
+    """Bugs (cache-key review): after one call, a negative-bit view of the same layout skipped the check that
+    refuses it (and was summed as -g); 0-d tensors among repeats / input_shape were keyed by identity, so values
+    changed in place kept the first plan."""
+    g = _grad_for((2, 3), (2, 2), torch.float32)
+    ops.repeat_backward(g, (2, 2), (2, 3))
+    with pytest.raises(Unsupported, match="negative-bit"):
+        ops.repeat_backward(torch._neg_view(g), (2, 2), (2, 3))
+    g4 = torch.randn(4, 4, device=DEVICE)
+    r, s = torch.tensor(2), torch.tensor(2)
+    assert ops.repeat_backward(g4, [r, 1], [s, 4]).shape == (2, 4)
+    r.fill_(1)
+    s.fill_(4)
+    assert_bitwise_equal(ops.repeat_backward(g4, [r, 1], [s, 4]), g4, "values changed in place")

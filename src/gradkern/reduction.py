@@ -355,9 +355,15 @@ def _plan_for(op: str, shape: tuple[int, ...], strides: tuple[int, ...], dtype: 
 
 def _get_plan(op: str, x: torch.Tensor, dims, out_dtype) -> _Plan:
     try:
-        dkey = (dims, type(dims)) if isinstance(dims, int) else (tuple(dims), tuple(map(type, dims)))  # (0.0 == 0)
-        key = (x.shape, x.stride(), x.dtype, x.device, dkey, out_dtype, op, x.is_neg())
-        plan = _plans.get(key)
+        # (with dims' types: 0.0 == 0; 0-d tensors among them are read on each call, so not cached)
+        if isinstance(dims, int):
+            dkey = (dims, type(dims))
+        else:
+            dims_t = tuple(dims)
+            types = tuple(map(type, dims_t))
+            dkey = None if torch.Tensor in types else (dims_t, types)
+        key = None if dkey is None else (x.shape, x.stride(), x.dtype, x.device, dkey, out_dtype, op, x.is_neg())
+        plan = _plans.get(key) if key is not None else None
     except (AttributeError, TypeError):
         plan, key = None, None
     if plan is not None:

@@ -75,10 +75,13 @@ def _plan(grad: torch.Tensor, repeats, input_shape):
 def repeat_backward(grad: torch.Tensor, repeats: Sequence[int], input_shape: Sequence[int]) -> torch.Tensor:
     """Gradient of `x.repeat(*repeats)` for x of `input_shape`: grad summed over every tile (fp32 accumulation,
     fp64 for f64; a fixed summation order). Repeats may add leading dims and contain 1s and 0s (0: zeros)."""
-    try:  # (the key holds each value's type: 2.0 and True hash as 2 and 1, but only ints are valid)
-        key = (grad.shape, grad.stride(), grad.dtype, grad.device.type, tuple(repeats), tuple(input_shape),
-               tuple(map(type, repeats)), tuple(map(type, input_shape)))
-        plan = _views.get(key)
+    try:  # (the key holds each value's type: 2.0 and True hash as 2 and 1, but only ints are valid; the negative
+        # bit, which validation refuses; 0-d tensors among the values are read each call, so not cached)
+        key = (grad.shape, grad.stride(), grad.dtype, grad.device.type, grad.is_neg(), tuple(repeats),
+               tuple(input_shape), tuple(map(type, repeats)), tuple(map(type, input_shape)))
+        if torch.Tensor in key[-2] or torch.Tensor in key[-1]:
+            key = None
+        plan = _views.get(key) if key is not None else None
     except (AttributeError, TypeError):
         key, plan = None, None
     if plan is None:
