@@ -58,7 +58,8 @@ def _kernel_backward_cases(device, dtype, size: str) -> list[Case]:
     el = torch.empty((), dtype=dtype).element_size()
     g, x = randn(shape, device, dtype), randn(shape, device, dtype)
     w = randn((1, shape[1], 1, 1), device, dtype, scale=0.25)
-    return [Case(f"{'x'.join(map(str, shape))} weight (1, C, 1, 1)", (g, x, w), {}, bytes=4 * n * el, elements=n)]
+    return [Case(f"{'x'.join(map(str, shape))} weight (1, C, 1, 1)", (g, x, w), {}, bytes=(4 * n + w.numel()) * el,
+                 elements=n)]
 
 
 @register_op(_OP_FULL, aten=(_OP_FULL,), exact=True, cases=_kernel_backward_cases)
@@ -335,12 +336,13 @@ def _prelu_cases(device, dtype, size: str) -> list[Case]:
     g2, x2 = g.view(n // 256, 256), x.view(n // 256, 256)
     w2 = randn((256,), device, dtype, scale=0.25)
     label = "x".join(map(str, shape))
+    nbytes = lambda c: (3 * n + 2 * c) * el  # g and x read, grad_input written; the weight read, grad_weight written
     return [
-        Case(f"{label} per-channel", (g, x, w), {}, bytes=3 * n * el, elements=n),
+        Case(f"{label} per-channel", (g, x, w), {}, bytes=nbytes(C), elements=n),
         Case(f"{label} channels_last", (g.contiguous(memory_format=cl), x.contiguous(memory_format=cl), w), {},
-             bytes=3 * n * el, elements=n),
-        Case(f"{label} one weight", (g, x, w[:1]), {}, bytes=3 * n * el, elements=n),
-        Case(f"{n // 256}x256 (N, C)", (g2, x2, w2), {}, bytes=3 * n * el, elements=n),
+             bytes=nbytes(C), elements=n),
+        Case(f"{label} one weight", (g, x, w[:1]), {}, bytes=nbytes(1), elements=n),
+        Case(f"{n // 256}x256 (N, C)", (g2, x2, w2), {}, bytes=nbytes(256), elements=n),
     ]
 
 

@@ -716,8 +716,10 @@ def _make(device, dtype, size):
 def _fwd_cases(device, dtype, size: str) -> list[Case]:
     n, d, data, sets = _make(device, dtype, size)
     el = data.element_size()
+    # (minimum bytes: data and the offsets read, values and int64 indices written)
     return [Case(f"N={n} D={d} {label}", (data, offs, 0), {},
-                 bytes=n * d * el + (offs.numel() - 1) * d * (el + 8), elements=n * d) for label, offs in sets]
+                 bytes=n * d * el + (offs.numel() - 1) * d * (el + 8) + offs.numel() * offs.element_size(),
+                 elements=n * d) for label, offs in sets]
 
 
 def _bwd_cases(device, dtype, size: str) -> list[Case]:
@@ -728,7 +730,8 @@ def _bwd_cases(device, dtype, size: str) -> list[Case]:
         _vals, idx = _fwd(data, offs, 0, "cases")
         g = torch.randn(idx.shape, generator=torch.Generator().manual_seed(1)).to(dtype).to(device)
         out.append(Case(f"N={n} D={d} {label}", (g, idx, offs, n, 0), {},
-                        bytes=n * d * el + idx.numel() * (el + 8), elements=n * d))
+                        bytes=n * d * el + idx.numel() * (el + 8) + offs.numel() * offs.element_size(),
+                        elements=n * d))
     return out
 
 
@@ -743,7 +746,8 @@ def _segred_cases(device, dtype, size: str) -> list[Case]:
         output = _stock_segment_reduce_max(data, lengths)
         g = torch.randn(output.shape, generator=torch.Generator().manual_seed(1)).to(dtype).to(device)
         out.append(Case(f"N={n} D={d} {label}", (g, output, data, "max"), {"lengths": lengths},
-                        bytes=2 * n * d * el + 2 * output.numel() * el, elements=n * d))
+                        bytes=2 * n * d * el + 2 * output.numel() * el + lengths.numel() * lengths.element_size(),
+                        elements=n * d))
     return out
 
 
