@@ -36,6 +36,15 @@ def cdiv(a: int, b: int) -> int:
 CACHE_LIMIT = 4096  # a per-problem cache (plans, launchers) holding more entries than this is emptied
 
 
+def values_key(values) -> tuple | None:
+    """A cache-key part for a sequence of int-like arguments (dims, repeats, sizes): the values with their types
+    (2.0 and True equal 2 and 1, but only ints are valid); None, so not cached, where a tensor is among them (its
+    value is read on every call, not hashed by identity)."""
+    values = tuple(values)
+    types = tuple(map(type, values))
+    return None if torch.Tensor in types else (values, types)
+
+
 def remember(cache: dict, key, value):
     """`cache[key] = value` (nothing for a None key: a problem that could not be keyed), emptying the cache first
     once it holds more than CACHE_LIMIT entries, so that caches keyed by problem stay bounded. Returns value."""

@@ -38,18 +38,13 @@ def _custom_op(info: OpInfo):
     params = [p.replace(annotation=hints.get(p.name, p.annotation))
               for p in sig.parameters.values() if p.kind in _POSITIONAL]
 
+    fake, layout = _fake_and_layout(info)
+
     def prototype(*args):
-        return fn(*args)
+        return layout(fn(*args))
 
     prototype.__signature__ = sig.replace(parameters=params, return_annotation=hints.get("return"))
     prototype.__name__ = info.name
-    fake, layout = _fake_and_layout(info)
-    if layout is not _same:
-        def prototype(*args):  # noqa: F811  (the same signature, contiguous results)
-            return layout(fn(*args))
-
-        prototype.__signature__ = sig.replace(parameters=params, return_annotation=hints.get("return"))
-        prototype.__name__ = info.name
     op = torch.library.custom_op(f"gradkern::{info.name}", prototype, mutates_args=())
     positional = prototype.__signature__
 

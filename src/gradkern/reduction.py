@@ -339,8 +339,8 @@ def _plan_for(op: str, shape: tuple[int, ...], strides: tuple[int, ...], dtype: 
     rdims = _merge(rdims)
     if len(kdims) > MAX_RANK or len(rdims) > MAX_RANK:
         raise RankUnsupported(op, "input", f"at most {MAX_RANK} kept and {MAX_RANK} reduced dims after merging "
-                          "contiguous ones", f"{len(kdims)} kept and {len(rdims)} reduced (shape "
-                          f"{shape}, strides {strides})")
+                              "contiguous ones", f"{len(kdims)} kept and {len(rdims)} reduced (shape "
+                              f"{shape}, strides {strides})")
     esize = torch.empty((), dtype=dtype).element_size()
     first = _make_pass(kdims, rdims, esize, acc, allow_split=True)
     if first.n_split == 1:
@@ -355,13 +355,7 @@ def _plan_for(op: str, shape: tuple[int, ...], strides: tuple[int, ...], dtype: 
 
 def _get_plan(op: str, x: torch.Tensor, dims, out_dtype) -> _Plan:
     try:
-        # (with dims' types: 0.0 == 0; 0-d tensors among them are read on each call, so not cached)
-        if isinstance(dims, int):
-            dkey = (dims, type(dims))
-        else:
-            dims_t = tuple(dims)
-            types = tuple(map(type, dims_t))
-            dkey = None if torch.Tensor in types else (dims_t, types)
+        dkey = (dims, type(dims)) if isinstance(dims, int) else _runtime.values_key(dims)
         key = None if dkey is None else (x.shape, x.stride(), x.dtype, x.device, dkey, out_dtype, op, x.is_neg())
         plan = _plans.get(key) if key is not None else None
     except (AttributeError, TypeError):

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 import torch
 
-from .._runtime import FLOAT_DTYPES, remember
+from .._runtime import FLOAT_DTYPES, remember, values_key
 from ..autograd_routing import plain_gradient, plain_tensors
 from ..dispatch import stock_call
 from ..elementwise import check_tensor
@@ -75,12 +75,10 @@ def _plan(grad: torch.Tensor, repeats, input_shape):
 def repeat_backward(grad: torch.Tensor, repeats: Sequence[int], input_shape: Sequence[int]) -> torch.Tensor:
     """Gradient of `x.repeat(*repeats)` for x of `input_shape`: grad summed over every tile (fp32 accumulation,
     fp64 for f64; a fixed summation order). Repeats may add leading dims and contain 1s and 0s (0: zeros)."""
-    try:  # (the key holds each value's type: 2.0 and True hash as 2 and 1, but only ints are valid; the negative
-        # bit, which validation refuses; 0-d tensors among the values are read each call, so not cached)
-        key = (grad.shape, grad.stride(), grad.dtype, grad.device.type, grad.is_neg(), tuple(repeats),
-               tuple(input_shape), tuple(map(type, repeats)), tuple(map(type, input_shape)))
-        if torch.Tensor in key[-2] or torch.Tensor in key[-1]:
-            key = None
+    try:  # (with the negative bit, which validation refuses)
+        rkey, skey = values_key(repeats), values_key(input_shape)
+        key = None if rkey is None or skey is None else (grad.shape, grad.stride(), grad.dtype, grad.device.type,
+                                                         grad.is_neg(), rkey, skey)
         plan = _views.get(key) if key is not None else None
     except (AttributeError, TypeError):
         key, plan = None, None

@@ -475,8 +475,7 @@ def _segment_reduce_backward(grad: torch.Tensor, output: torch.Tensor, data: tor
                              is not None else "neither")
     seg = offsets if offsets is not None else lengths
     _check_offsets_tensor(op, "offsets" if offsets is not None else "lengths", seg, data.device, ndim=None)
-    if not isinstance(axis, int) or isinstance(axis, bool) or not -max(data.dim(), 1) <= axis < max(data.dim(), 1):
-        raise InvalidProblem(op, "axis", f"a dim of data in [{-max(data.dim(), 1)}, {max(data.dim(), 1) - 1}]", axis)
+    _norm_axis(op, axis, max(data.dim(), 1))  # (checked as ATen checks it; not read)
     axis = seg.dim() - 1  # as ATen: the segments run along lengths/offsets' last dim (axis itself is not read)
     if seg.dim() < 1 or data.dim() <= axis or tuple(seg.shape[:-1]) != tuple(data.shape[:axis]):
         raise InvalidProblem(op, "lengths/offsets", f"leading dims equal to data's {tuple(data.shape[:axis])}",
