@@ -28,7 +28,8 @@ for all but the border planes). Along H and W, the indices with extra sources fo
   (replicate's extra rows and columns up to _UNROLL per side, wider pads loop), so they are in flight together.
   The pad rows they read (which no bulk load touched) were asked of L2 before the bulk (a prefetch, on a GPU).
   Where a tile is its whole plane (so it holds every strip), the strip parts' values are gathered before the bulk
-  store and only stored after the barrier.
+  store and only stored after the barrier; there, column strips of one column a side (replicate) are selected
+  into the bulk tile before its store instead (f32, `_EDGES`).
 
 Border work is thus proportional to the border data, and never widens the bulk's per-element work (the kernel is
 instruction-bound where every element carries border masks: measured on an H200). The grid is 1-D (planes x row
@@ -275,7 +276,7 @@ def _plane_tile(gi, g, p, h, rm, w, cm, h0, h1, w0, n_ra, n_rb, ra, rb, n_ca, n_
                 pw_hi, hs0, hs1, hs2, hs3, ws0, ws1, ws2, ws3, REFLECT: tl.constexpr, CROP: tl.constexpr,
                 SH: tl.constexpr, SW: tl.constexpr, ND: tl.constexpr, NXH: tl.constexpr, NXW: tl.constexpr,
                 SIDES_H: tl.constexpr, SIDES_W: tl.constexpr, LOOPS: tl.constexpr, ACC: tl.constexpr, BW: tl.constexpr,
-                PREFETCH: tl.constexpr, EARLY: tl.constexpr):
+                PREFETCH: tl.constexpr, EARLY: tl.constexpr, EDGES: tl.constexpr):
     """The tile (rows h, columns w) of plane p of grad_input: the bulk, then the strip parts."""
     d = p % D_in
     q = p // D_in
@@ -303,11 +304,17 @@ def _plane_tile(gi, g, p, h, rm, w, cm, h0, h1, w0, n_ra, n_rb, ra, rb, n_ca, n_
         vc, pc, mc = _strip_chunk(src, dst, gsD, o0, o1, o2, v0, v01, count, 0, 0, n_ra, n_rb, ra, rb, n_ca, n_cb, ca,
             cb, h, rm, w, cm, hs0, hs1, hs2, hs3, ws0, ws1, ws2, ws3, H_in, H_out, W_in, W_out, gsH, gsW, isH, isW,
             ph_lo, ph_hi, pw_lo, pw_hi, False, True, SH, SW, ND, NXH, NXW, SIDES_H, SIDES_W, LOOPS, REFLECT, CROP, ACC)
-        tl.store(dst + h * isH + w * isW, cast_out(acc, dst.dtype.element_ty), mask=rm & cm)
+        out = cast_out(acc, dst.dtype.element_ty)
+        if EDGES:  # two strip columns of one column each (ca, cb): their values go into the bulk tile before its
+            # store (no store of their own after the barrier: a 4-byte store a row, each an L2 request)
+            c_a, c_b = tl.split(vc)
+            out = tl.where(w == ca, c_a[:, None], tl.where(w == cb, c_b[:, None], out))
+        tl.store(dst + h * isH + w * isW, out, mask=rm & cm)
         tl.debug_barrier()  # every thread's bulk store is done: the strips below overwrite some of them
         tl.store(pr, vr, mask=mr)
         tl.store(px, vx, mask=mx)
-        tl.store(pc, vc, mask=mc)
+        if not EDGES:
+            tl.store(pc, vc, mask=mc)
     else:
         tl.store(dst + h * isH + w * isW, cast_out(acc, dst.dtype.element_ty), mask=rm & cm)
         if (n_ra + n_rb + n_ca + n_cb) > 0:
@@ -344,7 +351,7 @@ def _pad_backward_kernel(
     REFLECT: tl.constexpr, CROP: tl.constexpr, BH: tl.constexpr, BW: tl.constexpr, SH: tl.constexpr,
     SW: tl.constexpr, ND: tl.constexpr, NXH: tl.constexpr, NXW: tl.constexpr, SIDES_H: tl.constexpr,
     SIDES_W: tl.constexpr, LOOPS: tl.constexpr, PLANES_LOOP: tl.constexpr, ACC: tl.constexpr, I64: tl.constexpr,
-    VEC: tl.constexpr, PREFETCH: tl.constexpr, EARLY: tl.constexpr,
+    VEC: tl.constexpr, PREFETCH: tl.constexpr, EARLY: tl.constexpr, EDGES: tl.constexpr,
 ):
     # grad_output's plane and row strides and the left W pad come divided by VEC, a power of two that divides them
     # all: multiplied back here, the compiler knows every direct source row starts VEC-aligned and loads VEC
@@ -381,12 +388,12 @@ def _pad_backward_kernel(
             _plane_tile(gi, g, first + i, h, rm, w, cm, h0, h1, w0, n_ra, n_rb, ra, rb, n_ca, n_cb, ca, cb, Q1, D_in,
                         H_in, W_in, D_out, H_out, W_out, gs0, gs1, gsD, gsH, gsW, is0, is1, isD, isH, isW, pd_lo,
                         ph_lo, ph_hi, pw_lo, pw_hi, hs0, hs1, hs2, hs3, ws0, ws1, ws2, ws3, REFLECT, CROP, SH, SW, ND,
-                        NXH, NXW, SIDES_H, SIDES_W, LOOPS, ACC, BW, PREFETCH, EARLY)
+                        NXH, NXW, SIDES_H, SIDES_W, LOOPS, ACC, BW, PREFETCH, EARLY, EDGES)
     else:
         _plane_tile(gi, g, first, h, rm, w, cm, h0, h1, w0, n_ra, n_rb, ra, rb, n_ca, n_cb, ca, cb, Q1, D_in, H_in,
                     W_in, D_out, H_out, W_out, gs0, gs1, gsD, gsH, gsW, is0, is1, isD, isH, isW, pd_lo, ph_lo, ph_hi,
                     pw_lo, pw_hi, hs0, hs1, hs2, hs3, ws0, ws1, ws2, ws3, REFLECT, CROP, SH, SW, ND, NXH, NXW,
-                    SIDES_H, SIDES_W, LOOPS, ACC, BW, PREFETCH, EARLY)
+                    SIDES_H, SIDES_W, LOOPS, ACC, BW, PREFETCH, EARLY, EDGES)
 
 
 # ----------------------------------------------------------------------------------------------- host
@@ -432,6 +439,10 @@ _PREFETCH = True  # where H is padded, a program first asks L2 for its pad rows 
 # 81.2; reflect within 1%; the cap of 80 alone (strips after the barrier): within 1%. Split tiles (3d pad 1, 1d/2d)
 # keep the barrier-first order: gathering every part, the ones a tile lacks masked off, cost 1d/2d bf16 up to 1.4x
 _EARLY_STRIPS = True
+# where the tile is its whole plane and the column strips are one column a side (replicate), their values are
+# selected into the bulk tile before its store, for these element sizes. H200, 8x32x32x64x64 pad 2 (two runs each):
+# f32 0.0809-0.0814 -> 0.0788-0.0793 ms; 16-bit 0.0479-0.0486 -> 0.0497-0.0501 (0.0476-0.0481 uncapped: no gain)
+_EDGES = (4,)
 _WAYS = ("left", "right", "top", "bottom", "front", "back")
 
 
@@ -565,12 +576,15 @@ def _plan(spec: _Spec, g_shape, g_strides, self_shape, pads, out_strides, dtype:
     # replicate's extra sources of both ends along a dim share one load per source, but in a dim of size 1
     sides_h, sides_w = 2 if h_in == 1 else 1, 2 if w_in == 1 else 1
     vec = _vec(gstr, pw_lo, dtype.itemsize)
+    early = _EARLY_STRIPS and n_hb == n_wb == 1 and hs[1] + hs[3] > 0 and ws[1] + ws[3] > 0
+    edges = early and dtype.itemsize in _EDGES and ws[1] - ws[0] == 1 and ws[3] - ws[2] == 1  # (so sw == 2)
     values = (spec.reflect, crop, bh, bw, sh, sw, nd, nxh, nxw, sides_h, sides_w, loops, per_program > 1, acc, i64,
               vec, _PREFETCH and not _runtime.INTERPRET and (ph_lo > 0 or ph_hi > 0),
-              _EARLY_STRIPS and n_hb == n_wb == 1 and hs[1] + hs[3] > 0 and ws[1] + ws[3] > 0)
+              early, edges)
     cap = _MAXNREG.get((spec.dims, dtype.itemsize, spec.reflect))
     consts = launch_consts(dict(zip(("REFLECT", "CROP", "BH", "BW", "SH", "SW", "ND", "NXH", "NXW", "SIDES_H",
-                                     "SIDES_W", "LOOPS", "PLANES_LOOP", "ACC", "I64", "VEC", "PREFETCH", "EARLY"),
+                                     "SIDES_W", "LOOPS", "PLANES_LOOP", "ACC", "I64", "VEC", "PREFETCH", "EARLY",
+                                     "EDGES"),
                                     values, strict=True)), _WARPS, **({"maxnreg": cap} if cap else {}))
     args = (planes, per_program, n_hb, n_wb, q1, d_in, h_in, w_in, *gsize[2:], *(s // vec for s in gstr[:4]),
             gstr[4], *istr, pd_lo, ph_lo, ph_hi, pw_lo // vec, pw_hi, *hs, *ws)
