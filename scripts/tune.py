@@ -77,8 +77,11 @@ GROUPS = {  # name: (ops, dtypes, configs); each config overrides only what it n
              "segment_max_forward", "segment_max_backward"], [F32, BF16],
             [DEFAULTS, (elementwise, {"PDL": False}), DEFAULTS]),  # kernels with and without PDL
     "multi": (["lerp_backward", "where_backward"], [F32, BF16],
-              [DEFAULTS] + [(multi_pointwise, {"FLAT_BLOCK": b, "FLAT_WARPS": w})
+              [DEFAULTS] + [(multi_pointwise, {"FLAT_BLOCK": dict.fromkeys((2, 4, 8), b), "FLAT_WARPS": w})
                             for b, w in ((2048, 4), (2048, 8), (4096, 8), (512, 4), (1024, 8), (4096, 4))]),
+    "flat": (["lerp_backward", "where_backward"], [F32, BF16],
+             [DEFAULTS] + [(multi_pointwise, {"FLAT_BLOCK": dict.fromkeys((2, 4, 8), b), "FLAT_WARPS": w})
+                           for b, w in ((1024, 4), (512, 4), (512, 2), (256, 2))] + [DEFAULTS]),
     "rows": (["lerp_backward", "where_backward"], [F32, BF16],
              [DEFAULTS] + [(multi_pointwise, {"ROWS_TILE": t, "ROWS_MAX_BC": c, "ROWS_WARPS": w})
                            for t, c, w in ((2048, 2048, 4), (8192, 8192, 8), (4096, 4096, 4), (4096, 1024, 4),

@@ -58,7 +58,11 @@ __all__ = ["MultiPointwise", "check_output_mask", "MAX_INPUTS", "MAX_OUTPUTS", "
 
 MAX_INPUTS, MAX_OUTPUTS, MAX_RANK = 4, 3, 8
 _I32_MAX = 2**31 - 1
-FLAT_BLOCK, FLAT_WARPS = 1024, 4
+# the flat kernel's elements a program by the widest operand's element size (16 bytes a thread for 2- and 4-byte
+# ones), warps. H200, 8192x8192, against 1024 for all (tune.py `flat`, two runs each): f32 512 lerp scalar weight
+# 0.1993-0.1999 -> 0.1974 ms, tensor weight 0.4453 -> 0.4436-0.4439, where 0.2136-0.2140 -> 0.2123-0.2128; bf16 512:
+# lerp within 0.5%, where 0.1159-0.1165 -> 0.1172 (so 1024); 512 x 2 warps and 256 x 2 no better
+FLAT_BLOCK, FLAT_WARPS = {2: 1024, 4: 512, 8: 1024}, 4
 STRIDED_BLOCK, STRIDED_WARPS = 1024, 4
 # the summing pass's tile, its widest column block, warps: summing over columns (H200, 8192x8192 with an (8192, 1)
 # operand: against 4096 / 4096 / 8, lerp 1.03-1.17x, where 1.00-1.01x; 8192-element tiles and 1024-wide blocks no
@@ -293,7 +297,8 @@ class MultiPointwise:
                          run=self._sum_run(summing, common, flag, i64, math_torch))
         base = {"FN": self.math_fn, "INS": ins_mask, "OUTS": outs_mask, "FLAG": flag, "MATH": mdt}
         if same and (present[0].is_contiguous() or _dense_strides(present[0])):
-            consts = launch_consts({**base, "BLOCK": FLAT_BLOCK, "I64": n + FLAT_BLOCK > _I32_MAX}, FLAT_WARPS)
+            block = FLAT_BLOCK[max(t.element_size() for t in present)]
+            consts = launch_consts({**base, "BLOCK": block, "I64": n + block > _I32_MAX}, FLAT_WARPS)
             return _Plan(**common, flat=True, dense_like=-1 if present[0].is_contiguous() else 0, consts=consts)
         operands = [torch.empty(shape, device="meta").stride()]
         operands += [_broadcast_strides(t, shape) if t is not None else None for t in ins]
@@ -393,7 +398,7 @@ class MultiPointwise:
         bits = _scalar_args(scalars)
         device = first.get_device()
         if plan.flat:
-            launch(_flat_kernel, (cdiv(plan.n, FLAT_BLOCK),), (*o, *x), (*bits, plan.n), plan.consts, device,
+            launch(_flat_kernel, (cdiv(plan.n, plan.consts["BLOCK"]),), (*o, *x), (*bits, plan.n), plan.consts, device,
                    self._relaunch_key(plan, bits))
             return
         launch(_strided_kernel, (cdiv(plan.n, STRIDED_BLOCK),), (*o, *x),
