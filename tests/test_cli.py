@@ -1,11 +1,14 @@
 """`python -m gradkern list | check | bench`: arguments (bug hunt: bad values ran or crashed late) and the
 registry's lookups."""
 
+import dataclasses
+
 import pytest
 import torch
 
 import gradkern
 from gradkern import cli
+from gradkern.registry import REGISTRY
 
 
 def test_list_runs(capfd):
@@ -19,6 +22,9 @@ def test_list_runs(capfd):
     ["check", "--dtypes", ""],  # was "0 passed, 0 failed", exit 0
     ["check", "--ops", "no_such_op"],
     ["check", "--dtypes", "f8"],
+    # bug (audit): an output path in a missing folder failed only after every case ran (a traceback, exit 1)
+    ["bench", "--ops", "hardshrink", "--dtypes", "f32", "--json", "/nonexistent-gradkern-dir/bench.json"],
+    ["bench", "--ops", "hardshrink", "--dtypes", "f32", "--plot", "/nonexistent-gradkern-dir/bench.png"],
 ])
 def test_bad_arguments_are_usage_errors(argv):
     with pytest.raises(SystemExit) as e:
@@ -29,3 +35,16 @@ def test_bad_arguments_are_usage_errors(argv):
 def test_guarantee_of_an_unhashable_name_is_a_named_error():
     with pytest.raises(gradkern.InvalidProblem, match="op_name"):  # was a raw TypeError (unhashable type)
         gradkern.guarantee(["hardsigmoid_backward"], torch.float32)
+
+
+def test_check_passes_and_fails_with_the_exit_status(capfd, monkeypatch):
+    """`check` compares each op with stock: exit 0 and 'N passed, 0 failed' as it is; a wrong result is a FAIL
+    row and exit 1 (nothing tested the command itself)."""
+    argv = ["check", "--ops", "hardshrink", "--dtypes", "f32"]
+    assert cli.main(argv) == 0
+    assert "1 passed, 0 failed" in capfd.readouterr().out
+    info = REGISTRY["hardshrink"]
+    monkeypatch.setitem(REGISTRY, "hardshrink", dataclasses.replace(info, fn=lambda x, lambd: info.fn(x, lambd) + 1))
+    assert cli.main(argv) == 1
+    out = capfd.readouterr().out
+    assert "FAIL" in out and "0 passed, 1 failed" in out

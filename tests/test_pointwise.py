@@ -414,3 +414,25 @@ def test_elu_backward_refuses_what_aten_refuses():
             call()
     # float64 inputs take double scalars, as ATen does
     ops.elu_backward(g.double(), 1e300, 1e-300, 1.0, False, r.double())
+
+
+def test_scalar_arguments_that_are_not_numbers_are_named_errors():
+    """Bug (audit): a scalar argument that is not a real number (None, a string, a complex, a tensor of several
+    elements) raised float()'s bare TypeError/ValueError, which names neither the op nor the argument."""
+    g, x = torch.randn(3, device=DEVICE), torch.randn(3, device=DEVICE)
+    out = poison_like(g)
+    calls = {
+        ("elu_backward", "alpha"): lambda v: ops.elu_backward(g, v, 1.0, 1.0, False, x, grad_input=out),
+        ("elu_backward", "scale"): lambda v: ops.elu_backward(g, 1.0, v, 1.0, False, x, grad_input=out),
+        ("elu_backward", "input_scale"): lambda v: ops.elu_backward(g, 1.0, 1.0, v, False, x, grad_input=out),
+        ("softshrink_backward", "lambd"): lambda v: ops.softshrink_backward(g, x, v, grad_input=out),
+        ("hardshrink_backward", "lambd"): lambda v: ops.hardshrink_backward(g, x, v, grad_input=out),
+        ("hardshrink", "lambd"): lambda v: ops.hardshrink(x, v, out=out),
+    }
+    for (op, arg), call in calls.items():
+        out.fill_(math.nan)
+        for bad in (None, "0.5", 1j, torch.ones(2, device=DEVICE)):
+            with pytest.raises(gradkern.Unsupported, match=rf"^{op}: argument '{arg}': expected a real number"):
+                call(bad)
+        assert torch.isnan(out).all(), f"{op}: a rejected call wrote its output"
+        call(torch.tensor(0.5, device=DEVICE))  # a one-element tensor is a number, as before

@@ -244,6 +244,10 @@ def test_bad_inputs_raise_named_errors_before_running():
         (gradkern.InvalidProblem, "dim", lambda: ops.sparsemax_forward(x, -3)),
         (gradkern.InvalidProblem, "dim", lambda: gradkern.sparsemax(x, 5)),
         (gradkern.InvalidProblem, "dim", lambda: ops.sparsemax_forward(x, 1.0)),
+        # bug (audit): a bool dim was taken as 0 or 1, where torch's dims refuse bools (as segment_max's axis does)
+        (gradkern.InvalidProblem, "dim", lambda: ops.sparsemax_forward(x, True)),
+        (gradkern.InvalidProblem, "dim", lambda: ops.sparsemax_backward(g, y, False)),
+        (gradkern.InvalidProblem, "dim", lambda: gradkern.sparsemax(x, True)),
         (gradkern.InvalidProblem, "dim", lambda: ops.sparsemax_forward(torch.tensor(1.0, device=DEVICE), 1)),
         (gradkern.InvalidProblem, "dim", lambda: ops.sparsemax_backward(g, y, 2)),
         (gradkern.Unsupported, "dtype", lambda: ops.sparsemax_forward(x.to(torch.int32), -1)),

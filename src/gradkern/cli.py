@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import traceback
 
@@ -120,6 +121,9 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_list(args)
     if args.cmd == "check":
         return cmd_check(args)
+    for opt, path in (("--json", args.json), ("--plot", args.plot)):  # (written at the end: check before the run)
+        if path is not None and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+            p.error(f"argument {opt}: the folder of {path!r} does not exist")
     from .bench import run_bench
 
     return run_bench(args)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import math
+from numbers import Real
 
 import torch
 import triton
@@ -15,11 +16,24 @@ import triton.language as tl
 from .._cases import pointwise_cases, randn
 from .._runtime import FLOAT_DTYPES
 from ..elementwise import Pointwise, result_dtype, round_to_dtype
-from ..errors import InvalidProblem
+from ..errors import InvalidProblem, Unsupported
 from ..registry import register_op
 
 # ATen multiplies by the float literal 1.0f/6.0f in every dtype (fp64 included), not by 1/6.
 _ONE_SIXTH_F32 = 0.1666666716337204
+
+
+def _real(op: str, name: str, value) -> float:
+    """A scalar argument as a float: a real number or a one-element real tensor (read now), else a named error."""
+    if isinstance(value, torch.Tensor):
+        if value.numel() == 1 and not value.is_complex():
+            return float(value)
+        given = f"a tensor of {value.numel()} elements and dtype {value.dtype}"
+    elif isinstance(value, Real):
+        return float(value)
+    else:
+        given = type(value).__name__
+    raise Unsupported(op, name, "a real number", given)
 
 
 # ------------------------------------------------------------------------------------------------- elu
@@ -54,7 +68,8 @@ def elu_backward(grad_output: torch.Tensor, alpha: float, scale: float, input_sc
                  self_or_result: torch.Tensor, *, grad_input: torch.Tensor | None = None) -> torch.Tensor:
     """Gradient of elu/celu/selu: x <= 0 -> g*input_scale*alpha*scale*exp(x*input_scale) (or, with is_result,
     g*input_scale*(r + alpha*scale)), else g*scale."""
-    alpha, scale, input_scale = float(alpha), float(scale), float(input_scale)
+    alpha, scale, input_scale = (_real("elu_backward", n, v) for n, v in
+                                 (("alpha", alpha), ("scale", scale), ("input_scale", input_scale)))
     if is_result and not alpha >= 0:  # (NaN too, as ATen: its test is "alpha < 0" negated the other way round)
         raise InvalidProblem("elu_backward", "alpha", "alpha >= 0 when is_result=True (in-place elu)", alpha)
     if getattr(self_or_result, "dtype", torch.float64) != torch.float64:  # ATen reads them as float: it refuses
@@ -83,7 +98,8 @@ _HARDSHRINK = Pointwise("hardshrink", _hardshrink_math, ("self",), "out")
 
 def _lambd(op: str, lambd, dtype: torch.dtype, nonneg: bool) -> float:
     """lambd cast to the inputs' dtype, as ATen does (which also rejects a value the dtype cannot hold)."""
-    return _lambd_value(op, float(lambd), dtype, nonneg)  # (a 0-d tensor's value, read now: not cached by identity)
+    # (a 0-d tensor's value, read now: not cached by identity)
+    return _lambd_value(op, _real(op, "lambd", lambd), dtype, nonneg)
 
 
 @functools.lru_cache(maxsize=1024)

@@ -423,7 +423,9 @@ class _Plan:
 
 
 def _norm_dim(op: str, t: torch.Tensor, dim) -> int:
-    try:
+    try:  # (not a bool: torch's dims refuse them)
+        if isinstance(dim, bool):
+            raise TypeError
         d = operator.index(dim)
     except TypeError:
         raise InvalidProblem(op, "dim", "an int", repr(dim)) from None
