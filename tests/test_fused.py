@@ -460,6 +460,7 @@ def test_bad_inputs_raise_named_errors_before_any_launch(monkeypatch):
         ("where_backward", gradkern.Unsupported, "other", lambda: ops.where_backward(a, c, a, 0.5)),
         ("where_backward", gradkern.Unsupported, "self", lambda: ops.where_backward(a, c, c.int(), b)),
         ("where_backward", gradkern.InvalidProblem, "output_mask", lambda: ops.where_backward(a, c, a, b, (1, 1, 1))),
+        ("where_backward", gradkern.InvalidProblem, "output_mask", lambda: ops.where_backward(a, c, a, b, "ab")),
     ]
     for op, err, word, call in cases:
         with pytest.raises(err, match=word) as info:

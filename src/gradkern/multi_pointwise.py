@@ -76,8 +76,8 @@ _TL_MATH = {torch.float32: tl.float32, torch.float64: tl.float64}
 
 def check_output_mask(op: str, output_mask, n: int) -> tuple[bool, ...]:
     """`output_mask` (which gradients a fused backward computes, as in ATen's multi-output backwards) as n bools."""
-    try:
-        mask = tuple(bool(m) for m in output_mask)
+    try:  # (bools, or what bool() takes, as ATen's bool[n]; not the characters of a string)
+        mask = () if isinstance(output_mask, (str, bytes)) else tuple(bool(m) for m in output_mask)
     except TypeError:
         mask = ()
     if len(mask) != n:
