@@ -56,9 +56,10 @@ GROUPS = {  # name: (ops, dtypes, configs); each config overrides only what it n
                (pad, {"_MAXNREG": _caps(d1e2=96, d2e2=96)}), (pad, {"_MAXNREG": _caps(d1e2=80, d2e2=80)})]),
     "pad_early": (_PAD3D_OPS + ["replication_pad2d_backward", "reflection_pad1d_backward"], [F32, BF16, F16],
                   [DEFAULTS, _PAD_LATE, (pad, {"_MAXNREG": _caps(d3e2=96)}), DEFAULTS, _PAD_LATE]),
-    "pad_edges": (_PAD3D_OPS + ["replication_pad2d_backward"], [F32, BF16, F16],
-                  [DEFAULTS, (pad, {"_EDGES": ()}), (pad, {"_EDGES": (2, 4)}),
-                   (pad, {"_EDGES": (2, 4), "_MAXNREG": {}})]),
+    "pad_edges": (_PAD3D_OPS + ["replication_pad2d_backward", "reflection_pad2d_backward"], [F32, BF16],
+                  [DEFAULTS, (pad, {"_EDGES": ()}), (pad, {"_EDGES": (2, 4)}), DEFAULTS, (pad, {"_EDGES": ()})]),
+    "pad_edges32": (_PAD3D_OPS + ["replication_pad2d_backward", "reflection_pad2d_backward"], [F32],
+                    [DEFAULTS, (pad, {"_EDGES": ()}), DEFAULTS, (pad, {"_EDGES": ()})]),  # (f32 alone, faster)
     "segment": (["_segment_reduce_backward", "segment_max_forward", "segment_max_backward"], [F32, F16],
                 [DEFAULTS, DEFAULTS]),  # the defaults twice: the spread
     "segred": (["_segment_reduce_backward"], [F32, F16],

@@ -260,10 +260,11 @@ def test_strip_values_gathered_before_or_after_the_bulk_store_agree(op, monkeypa
 @pytest.mark.parametrize("op", ["replication_pad2d_backward", "replication_pad3d_backward",
                                 "reflection_pad2d_backward", "reflection_pad3d_backward"])
 @pytest.mark.parametrize("w_in, w_pads", [(7, (1, 1)), (7, (2, 2)), (7, (1, 3)), (7, (6, 5)), (3, (1, 1))])
-def test_edge_columns_in_the_bulk_agree_with_their_own_part(op, w_in, w_pads, monkeypatch):
-    """Where a whole-plane tile's column strips are one column a side (replicate; reflect with pads of 1), their
-    values are selected into the bulk tile (EDGES) instead of stored after the barrier: forced both ways, the same
-    bits, and the reference's values."""
+@pytest.mark.parametrize("split", [False, True])  # whole-plane tiles (EARLY), or tiles of a few rows
+def test_edge_columns_in_the_bulk_agree_with_their_own_part(op, w_in, w_pads, split, monkeypatch):
+    """Where a tile holds every column and the column strips are one column a side (replicate; reflect with pads of
+    1), their values are selected into the bulk tile (EDGES) instead of stored after the barrier: forced both ways,
+    the same bits, and the reference's values."""
     d = _dims(op)
     reflect = op.startswith("reflection")
     if reflect and (max(w_pads) > 1 or w_in < 5):  # ((6, 5): replicate's wide-pad loops)
@@ -271,13 +272,15 @@ def test_edge_columns_in_the_bulk_agree_with_their_own_part(op, w_in, w_pads, mo
     shape = (2, 3, 5, 6, w_in)[-(d + 2):]
     pads = (*w_pads, 2, 1, 1, 2)[:2 * d]
     problem = _problem(op, shape, pads, torch.float32)
+    if split:  # tiles of 16 elements: 2 (or 4) rows of the 7 (or 3) columns
+        monkeypatch.setattr(padmod, "_TILE", dict.fromkeys((1, 2, 3), 16))
     results = {}
     for edges in ((4,), ()):
         padmod._plan.cache_clear()
         monkeypatch.setattr(padmod, "_EDGES", edges)
         plan = padmod._plan(padmod._Spec(op, d, reflect), tuple(problem[0].shape), problem[0].stride(), shape,
                             tuple(pads), problem[1].stride(), torch.float32)
-        assert plan.consts["EDGES"] is bool(edges) and plan.consts["EARLY"]
+        assert plan.consts["EDGES"] is bool(edges) and plan.consts["EARLY"] is not split
         results[edges] = check_case(op, problem, what=f"{op} pad {pads} EDGES={bool(edges)}")
     padmod._plan.cache_clear()
     assert_bitwise_equal(results[(4,)], results[()], op)

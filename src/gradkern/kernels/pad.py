@@ -28,8 +28,9 @@ for all but the border planes). Along H and W, the indices with extra sources fo
   (replicate's extra rows and columns up to _UNROLL per side, wider pads loop), so they are in flight together.
   The pad rows they read (which no bulk load touched) were asked of L2 before the bulk (a prefetch, on a GPU).
   Where a tile is its whole plane (so it holds every strip), the strip parts' values are gathered before the bulk
-  store and only stored after the barrier; there, column strips of one column a side (replicate) are selected
-  into the bulk tile before its store instead (f32, `_EDGES`).
+  store and only stored after the barrier. Where a tile holds every column and the column strips are one column a
+  side (replicate; reflect with pads of 1), those are selected into the bulk tile before its store instead (f32,
+  `_EDGES`).
 
 Border work is thus proportional to the border data, and never widens the bulk's per-element work (the kernel is
 instruction-bound where every element carries border masks: measured on an H200). The grid is 1-D (planes x row
@@ -271,6 +272,18 @@ def _prefetch_pad_rows(plane, ok, gsH, h0, h1, w0, H_in, H_out, W_out, ph_lo, BW
 
 
 @triton.jit
+def _with_edges(acc, vc, w, ca, cb, DT: tl.constexpr, EDGES: tl.constexpr):
+    """The bulk tile to store: `acc` in the output dtype; with EDGES (the tile's column strips are one column a side,
+    ca and cb), their values (`vc`, [rows, 2]) selected into it, so that they need no store of their own after the
+    barrier (a 4-byte store a row, each an L2 request)."""
+    out = cast_out(acc, DT)
+    if EDGES:
+        c_a, c_b = tl.split(vc)
+        out = tl.where(w == ca, c_a[:, None], tl.where(w == cb, c_b[:, None], out))
+    return out
+
+
+@triton.jit
 def _plane_tile(gi, g, p, h, rm, w, cm, h0, h1, w0, n_ra, n_rb, ra, rb, n_ca, n_cb, ca, cb, Q1, D_in, H_in, W_in,
                 D_out, H_out, W_out, gs0, gs1, gsD, gsH, gsW, is0, is1, isD, isH, isW, pd_lo, ph_lo, ph_hi, pw_lo,
                 pw_hi, hs0, hs1, hs2, hs3, ws0, ws1, ws2, ws3, REFLECT: tl.constexpr, CROP: tl.constexpr,
@@ -304,24 +317,27 @@ def _plane_tile(gi, g, p, h, rm, w, cm, h0, h1, w0, n_ra, n_rb, ra, rb, n_ca, n_
         vc, pc, mc = _strip_chunk(src, dst, gsD, o0, o1, o2, v0, v01, count, 0, 0, n_ra, n_rb, ra, rb, n_ca, n_cb, ca,
             cb, h, rm, w, cm, hs0, hs1, hs2, hs3, ws0, ws1, ws2, ws3, H_in, H_out, W_in, W_out, gsH, gsW, isH, isW,
             ph_lo, ph_hi, pw_lo, pw_hi, False, True, SH, SW, ND, NXH, NXW, SIDES_H, SIDES_W, LOOPS, REFLECT, CROP, ACC)
-        out = cast_out(acc, dst.dtype.element_ty)
-        if EDGES:  # two strip columns of one column each (ca, cb): their values go into the bulk tile before its
-            # store (no store of their own after the barrier: a 4-byte store a row, each an L2 request)
-            c_a, c_b = tl.split(vc)
-            out = tl.where(w == ca, c_a[:, None], tl.where(w == cb, c_b[:, None], out))
-        tl.store(dst + h * isH + w * isW, out, mask=rm & cm)
+        tl.store(dst + h * isH + w * isW, _with_edges(acc, vc, w, ca, cb, dst.dtype.element_ty, EDGES), mask=rm & cm)
         tl.debug_barrier()  # every thread's bulk store is done: the strips below overwrite some of them
         tl.store(pr, vr, mask=mr)
         tl.store(px, vx, mask=mx)
         if not EDGES:
             tl.store(pc, vc, mask=mc)
     else:
-        tl.store(dst + h * isH + w * isW, cast_out(acc, dst.dtype.element_ty), mask=rm & cm)
-        if (n_ra + n_rb + n_ca + n_cb) > 0:
+        if EDGES:
+            vc, _pc, _mc = _strip_chunk(src, dst, gsD, o0, o1, o2, v0, v01, count, 0, 0, n_ra, n_rb, ra, rb, n_ca,
+                n_cb, ca, cb, h, rm, w, cm, hs0, hs1, hs2, hs3, ws0, ws1, ws2, ws3, H_in, H_out, W_in, W_out, gsH, gsW,
+                isH, isW, ph_lo, ph_hi, pw_lo, pw_hi, False, True, SH, SW, ND, NXH, NXW, SIDES_H, SIDES_W, LOOPS,
+                REFLECT, CROP, ACC)
+        else:
+            vc = acc
+        tl.store(dst + h * isH + w * isW, _with_edges(acc, vc, w, ca, cb, dst.dtype.element_ty, EDGES), mask=rm & cm)
+        if (n_ra + n_rb + (0 if EDGES else n_ca + n_cb)) > 0:
             tl.debug_barrier()  # as above
             # three disjoint parts: strip rows x other columns (all H sources), other rows x strip columns (all W
-            # sources), strip rows x strip columns (all sources). (Two parts, the strip rows over every column with
-            # all their sources: H200 3d pad 2 f32 0.90-0.93x, bf16 0.93x, 1d/2d reflect bf16 pad 2 0.87-0.90x)
+            # sources; unless EDGES), strip rows x strip columns (all sources). (Two parts, the strip rows over every
+            # column with all their sources: H200 3d pad 2 f32 0.90-0.93x, bf16 0.93x, 1d/2d reflect bf16 pad 2
+            # 0.87-0.90x)
             for t0 in range(0, n_ra + n_rb, SH):
                 vs, ps, ms = _strip_chunk(src, dst, gsD, o0, o1, o2, v0, v01, count, t0, 0, n_ra, n_rb, ra, rb, n_ca,
                     n_cb, ca, cb, h, rm, w, cm, hs0, hs1, hs2, hs3, ws0, ws1, ws2, ws3, H_in, H_out, W_in, W_out, gsH,
@@ -334,12 +350,13 @@ def _plane_tile(gi, g, p, h, rm, w, cm, h0, h1, w0, n_ra, n_rb, ra, rb, n_ca, n_
                         W_out, gsH, gsW, isH, isW, ph_lo, ph_hi, pw_lo, pw_hi, True, True, SH, SW, ND, NXH, NXW,
                         SIDES_H, SIDES_W, LOOPS, REFLECT, CROP, ACC)
                     tl.store(px, vx, mask=mx)
-            for c0 in range(0, n_ca + n_cb, SW):
-                vs, ps, ms = _strip_chunk(src, dst, gsD, o0, o1, o2, v0, v01, count, 0, c0, n_ra, n_rb, ra, rb, n_ca,
-                    n_cb, ca, cb, h, rm, w, cm, hs0, hs1, hs2, hs3, ws0, ws1, ws2, ws3, H_in, H_out, W_in, W_out, gsH,
-                    gsW, isH, isW, ph_lo, ph_hi, pw_lo, pw_hi, False, True, SH, SW, ND, NXH, NXW, SIDES_H, SIDES_W,
-                    LOOPS, REFLECT, CROP, ACC)
-                tl.store(ps, vs, mask=ms)
+            if not EDGES:
+                for c0 in range(0, n_ca + n_cb, SW):
+                    vs, ps, ms = _strip_chunk(src, dst, gsD, o0, o1, o2, v0, v01, count, 0, c0, n_ra, n_rb, ra, rb,
+                        n_ca, n_cb, ca, cb, h, rm, w, cm, hs0, hs1, hs2, hs3, ws0, ws1, ws2, ws3, H_in, H_out, W_in,
+                        W_out, gsH, gsW, isH, isW, ph_lo, ph_hi, pw_lo, pw_hi, False, True, SH, SW, ND, NXH, NXW,
+                        SIDES_H, SIDES_W, LOOPS, REFLECT, CROP, ACC)
+                    tl.store(ps, vs, mask=ms)
 
 
 @triton.jit
@@ -439,9 +456,13 @@ _PREFETCH = True  # where H is padded, a program first asks L2 for its pad rows 
 # 81.2; reflect within 1%; the cap of 80 alone (strips after the barrier): within 1%. Split tiles (3d pad 1, 1d/2d)
 # keep the barrier-first order: gathering every part, the ones a tile lacks masked off, cost 1d/2d bf16 up to 1.4x
 _EARLY_STRIPS = True
-# where the tile is its whole plane and the column strips are one column a side (replicate), their values are
-# selected into the bulk tile before its store, for these element sizes. H200, 8x32x32x64x64 pad 2 (two runs each):
-# f32 0.0809-0.0814 -> 0.0788-0.0793 ms; 16-bit 0.0479-0.0486 -> 0.0497-0.0501 (0.0476-0.0481 uncapped: no gain)
+# where a tile holds every column and the column strips are one column a side (replicate; reflect with pads of 1),
+# their values are selected into the bulk tile before its store, for these element sizes. H200, f32 (tune.py group
+# pad_edges32, two runs each, against none): 3d 8x32x32x64x64 replicate pad 2 0.0813-0.0818 -> 0.0792-0.0793 ms,
+# 3d 16x64x16x128x128 pad 1 replicate 0.5777 -> 0.5577-0.5579, reflect 0.5614-0.5618 -> 0.5506; 2d 32x64x128x128
+# pad 1 replicate 0.0741-0.0742 -> 0.0730-0.0734, reflect 0.0748-0.0749 -> 0.0716-0.0717; the rest within 1%.
+# 16-bit (group pad_edges): 3d replicate pad 2 0.0480-0.0485 -> 0.0476 (0.0497-0.0501 under the first form's order),
+# 2d replicate 0.0400-0.0407 -> 0.0490 (pad 2) and 0.0431-0.0438 -> 0.0462 (pad 1): not for 16-bit
 _EDGES = (4,)
 _WAYS = ("left", "right", "top", "bottom", "front", "back")
 
@@ -577,7 +598,8 @@ def _plan(spec: _Spec, g_shape, g_strides, self_shape, pads, out_strides, dtype:
     sides_h, sides_w = 2 if h_in == 1 else 1, 2 if w_in == 1 else 1
     vec = _vec(gstr, pw_lo, dtype.itemsize)
     early = _EARLY_STRIPS and n_hb == n_wb == 1 and hs[1] + hs[3] > 0 and ws[1] + ws[3] > 0
-    edges = early and dtype.itemsize in _EDGES and ws[1] - ws[0] == 1 and ws[3] - ws[2] == 1  # (so sw == 2)
+    # a tile holds every column (so both strips) and they are one column a side (so sw == 2)
+    edges = dtype.itemsize in _EDGES and n_wb == 1 and ws[1] - ws[0] == 1 and ws[3] - ws[2] == 1
     values = (spec.reflect, crop, bh, bw, sh, sw, nd, nxh, nxw, sides_h, sides_w, loops, per_program > 1, acc, i64,
               vec, _PREFETCH and not _runtime.INTERPRET and (ph_lo > 0 or ph_hi > 0),
               early, edges)
