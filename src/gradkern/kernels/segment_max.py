@@ -602,13 +602,13 @@ class _SegmentMax(torch.autograd.Function):
 
 
 def _backward_composite(g: torch.Tensor, idxs: torch.Tensor, num_rows: int, axis: int) -> torch.Tensor:
-    """grad_data = scatter of g to rows idxs (empty segments, idx == num_rows, add nothing); differentiable."""
+    """grad_data = scatter of g to rows idxs, each g as it is (-0.0 too: a scatter, not a sum onto zeros; the rows
+    are distinct), empty segments (idx == num_rows) into one extra row, dropped; differentiable."""
     shape = (*g.shape[:axis], num_rows, *g.shape[axis + 1:])
     if num_rows == 0 or g.numel() == 0:
         return g.new_zeros(shape)
-    valid = idxs < num_rows
-    src = torch.where(valid, g, torch.zeros((), dtype=g.dtype, device=g.device))
-    return g.new_zeros(shape).scatter_add(axis, idxs.clamp(max=num_rows - 1), src)
+    extra = (*g.shape[:axis], num_rows + 1, *g.shape[axis + 1:])
+    return g.new_zeros(extra).scatter(axis, idxs, g).narrow(axis, 0, num_rows).contiguous()
 
 
 def segment_max(data: torch.Tensor, offsets: torch.Tensor | None = None, *, lengths: torch.Tensor | None = None,
