@@ -287,6 +287,25 @@ def test_prelu_backward_layouts(case, dtype):
                 assert_bitwise_equal(got, full, f"prelu {case} mask {mask}")
 
 
+@pytest.mark.parametrize("case", ["x NCHW, g channels_last", "x channels_last, g NCHW", "x NCHW, g expanded",
+                                  "one weight: x NCHW, g channels_last", "one weight: x channels_last, g NCHW"])
+def test_prelu_backward_mixed_layouts(case):
+    """x and grad in different layouts: each is read through its own strides (no fused kernel reads g by x's)."""
+    c = 1 if case.startswith("one weight") else 4
+    x = _rand((3, 4, 5, 6), torch.float32, 2.0)
+    g = _rand((3, 4, 5, 6), torch.float32)
+    if "x channels_last" in case:
+        x = x.contiguous(memory_format=torch.channels_last)
+    if "g channels_last" in case:
+        g = g.contiguous(memory_format=torch.channels_last)
+    if "g expanded" in case:
+        g = g[:1].expand(3, 4, 5, 6)
+    w = _rand((c,), torch.float32, 0.25)
+    gi, gw = ops.prelu_backward(g, x, w)
+    _compare((gi, gw), run_reference(REGISTRY["prelu_backward"].reference, (g, x, w)), torch.float32, case)
+    assert_bitwise_equal(gi, torch.where(x > 0, g, w.view(1, c, 1, 1) * g), f"prelu {case} grad_input")
+
+
 def test_prelu_c_equals_w_takes_the_channel_from_dim_1():
     """FlagGems' prelu backward took the channel from the last dim; with C == W that is silently wrong. Here each
     channel's weight is distinct and x is negative everywhere, so grad_input = w[c] * g must follow dim 1."""
@@ -313,6 +332,15 @@ def test_prelu_boundary_values():
     full_gi, full_gw = ops._prelu_kernel_backward(g, x, w)
     assert_bitwise_equal((full_gi, full_gw), run_reference(torch.ops.aten._prelu_kernel_backward, (g, x, w),
                                                            dtype=None))
+    # the same values through the column kernel ((N, C) and channels_last: C innermost), two channels
+    w2 = torch.tensor([0.5, 0.25], device=DEVICE)
+    for xs, gs in ((x.view(4, 2), g.view(4, 2)),
+                   (x.view(1, 4, 1, 2).permute(0, 3, 1, 2), g.view(1, 4, 1, 2).permute(0, 3, 1, 2))):
+        gi3, gw3 = ops.prelu_backward(gs, xs, w2)
+        wb = w2.view([1, 2] + [1] * (xs.dim() - 2))
+        assert_bitwise_equal(gi3, torch.where(xs > 0, gs, wb * gs), f"column kernel {xs.shape}")
+        ref = run_reference(REGISTRY["prelu_backward"].reference, (gs, xs, w2), dtype=None)[1]
+        assert torch.equal(torch.isnan(gw3), torch.isnan(ref)) and gw3[1].item() == ref[1].item()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)

@@ -41,11 +41,14 @@ SEMANTICS = {
     3: [((1, 2, 3, 5, 6), (2, 1, 1, 3, 2, 1)), ((2, 4, 5, 7), (1, -1, 0, 2, -2, 2)),
         ((1, 1, 4, 4, 4), (3, 3, 3, 3, 3, 3)), ((1, 2, 1, 3, 1), (2, 0, 1, 1, 0, 2))],
 }
-# replicate-only shapes: pads far beyond the input, and crops that leave one output element per dim
+# replicate-only shapes: pads far beyond the input, crops that leave one output element per dim, and a crop past
+# the whole input (lo < -n) that the other side's pad brings back: every output replicates the last element
 REPLICATE_ONLY = {
-    1: [((1, 2, 2), (7, 9)), ((1, 2, 4), (-3, 0))],
-    2: [((1, 1, 2, 3), (5, 6, 7, 3)), ((1, 1, 4, 5), (-2, -2, 0, -3))],
-    3: [((1, 1, 2, 2, 3), (4, 5, 3, 6, 2, 3)), ((1, 3, 3, 2), (-1, -1, 0, 0, -2, 0))],
+    1: [((1, 2, 2), (7, 9)), ((1, 2, 4), (-3, 0)), ((2, 3), (-5, 4))],
+    2: [((1, 1, 2, 3), (5, 6, 7, 3)), ((1, 1, 4, 5), (-2, -2, 0, -3)), ((1, 2, 3), (-6, 5, -4, 3)),
+        ((2, 1, 4, 3), (0, 0, -6, 5))],
+    3: [((1, 1, 2, 2, 3), (4, 5, 3, 6, 2, 3)), ((1, 3, 3, 2), (-1, -1, 0, 0, -2, 0)),
+        ((1, 2, 2, 3), (-6, 5, 0, 0, -3, 2))],
 }
 
 

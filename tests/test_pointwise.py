@@ -25,6 +25,7 @@ BACKWARDS = {
     "elu_backward": (lambda g, x: (g, 1.0, 1.0, 1.0, False, x), ()),
     "celu": (lambda g, x: (g, 2.0, 1.0, 0.5, False, x), ()),
     "selu_result": (lambda g, x: (g, 1.6732632423543772, 1.0507009873554805, 1.0, True, x), ()),
+    "celu_result": (lambda g, x: (g, 2.0, 1.0, 0.5, True, x), ()),  # in-place celu: input_scale != 1 with a result
     "softshrink_backward": (lambda g, x: (g, x, 0.5), (0.5,)),
     "softshrink_backward_lambd_0.3": (lambda g, x: (g, x, 0.3), (0.3,)),
     "hardshrink_backward": (lambda g, x: (g, x, 0.3), (0.3,)),
@@ -33,7 +34,7 @@ BACKWARDS = {
 
 
 def _op(key):
-    return "elu_backward" if key in ("celu", "selu_result") else key.split("_lambd")[0]
+    return "elu_backward" if key in ("celu", "selu_result", "celu_result") else key.split("_lambd")[0]
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
@@ -145,6 +146,18 @@ def test_mixed_dtypes_promote_like_aten():
                                              torch.tensor(1.0, device=DEVICE, dtype=torch.float16), 0.5),
                      what="two 0-d tensors")
     assert out.dtype == torch.float64
+    # a 0-d operand of another 16-bit dtype is rounded to the common dtype first, as ATen casts it: f16 2.998 is
+    # 3.0 in bf16, so hardsigmoid's open interval gives 0 (not g/6 as the unrounded value would)
+    out = check_case("hardsigmoid_backward", (torch.ones(4, device=DEVICE, dtype=torch.bfloat16),
+                                              torch.tensor(2.998046875, device=DEVICE, dtype=torch.float16)),
+                     what="bf16 grad, f16 0-d x")
+    assert out.dtype == torch.bfloat16 and (out == 0).all()
+    # f64 -> f16 goes through f32 (as c10's Half converts a double): 1 + 2^-11 + 2^-40 is 1 + 2^-11 in f32, a tie
+    # that rounds to 1.0 = lambd (in the band: 0); rounded once it would be the next f16 above 1 (outside: g)
+    out = check_case("hardshrink_backward", (torch.ones(3, device=DEVICE, dtype=torch.float16),
+                                             torch.tensor(1 + 2**-11 + 2**-40, device=DEVICE, dtype=torch.float64),
+                                             1.0), what="f16 grad, f64 0-d x at a double-rounding tie")
+    assert out.dtype == torch.float16 and (out == 0).all()
 
 
 def test_bad_inputs_raise_named_errors_and_write_nothing():
