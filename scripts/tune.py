@@ -44,6 +44,8 @@ def _caps(**by_size):  # pad's register caps {(dims, element size, reflect): cap
 _PAD3D_CAPS = [(pad, {"_MAXNREG": caps}) for caps in ({}, _caps(d3e2=72, d3e4=88), _caps(d3e2=64, d3e4=80))]
 _PAD_LATE = (pad, {"_EARLY_STRIPS": False, "_MAXNREG": _caps(d3e2=96)})  # strip values after the barrier
 _PAD3D_OPS = ["replication_pad3d_backward", "reflection_pad3d_backward"]
+_PAD_EDGE_OPS = _PAD3D_OPS + ["replication_pad2d_backward", "reflection_pad2d_backward"]  # (the EDGES merge's cases)
+_PAD_NO_EDGES = (pad, {"_EDGES": ()})  # column strips stored after the barrier in every dtype
 
 GROUPS = {  # name: (ops, dtypes, configs); each config overrides only what it names, config 0 is the defaults
     "pad3d": (_PAD3D_OPS, [F32, BF16, F16],
@@ -56,10 +58,9 @@ GROUPS = {  # name: (ops, dtypes, configs); each config overrides only what it n
                (pad, {"_MAXNREG": _caps(d1e2=96, d2e2=96)}), (pad, {"_MAXNREG": _caps(d1e2=80, d2e2=80)})]),
     "pad_early": (_PAD3D_OPS + ["replication_pad2d_backward", "reflection_pad1d_backward"], [F32, BF16, F16],
                   [DEFAULTS, _PAD_LATE, (pad, {"_MAXNREG": _caps(d3e2=96)}), DEFAULTS, _PAD_LATE]),
-    "pad_edges": (_PAD3D_OPS + ["replication_pad2d_backward", "reflection_pad2d_backward"], [F32, BF16],
-                  [DEFAULTS, (pad, {"_EDGES": ()}), (pad, {"_EDGES": (2, 4)}), DEFAULTS, (pad, {"_EDGES": ()})]),
-    "pad_edges32": (_PAD3D_OPS + ["replication_pad2d_backward", "reflection_pad2d_backward"], [F32],
-                    [DEFAULTS, (pad, {"_EDGES": ()}), DEFAULTS, (pad, {"_EDGES": ()})]),  # (f32 alone, faster)
+    "pad_edges": (_PAD_EDGE_OPS, [F32, BF16],
+                  [DEFAULTS, _PAD_NO_EDGES, (pad, {"_EDGES": (2, 4)}), DEFAULTS, _PAD_NO_EDGES]),
+    "pad_edges32": (_PAD_EDGE_OPS, [F32], [DEFAULTS, _PAD_NO_EDGES, DEFAULTS, _PAD_NO_EDGES]),  # (f32 alone, faster)
     "segment": (["_segment_reduce_backward", "segment_max_forward", "segment_max_backward"], [F32, F16],
                 [DEFAULTS, DEFAULTS]),  # the defaults twice: the spread
     "segred": (["_segment_reduce_backward"], [F32, F16],

@@ -272,15 +272,12 @@ def _prefetch_pad_rows(plane, ok, gsH, h0, h1, w0, H_in, H_out, W_out, ph_lo, BW
 
 
 @triton.jit
-def _with_edges(acc, vc, w, ca, cb, DT: tl.constexpr, EDGES: tl.constexpr):
-    """The bulk tile to store: `acc` in the output dtype; with EDGES (the tile's column strips are one column a side,
-    ca and cb), their values (`vc`, [rows, 2]) selected into it, so that they need no store of their own after the
-    barrier (a 4-byte store a row, each an L2 request)."""
-    out = cast_out(acc, DT)
-    if EDGES:
-        c_a, c_b = tl.split(vc)
-        out = tl.where(w == ca, c_a[:, None], tl.where(w == cb, c_b[:, None], out))
-    return out
+def _with_edges(out, vc, w, ca, cb):
+    """The bulk tile `out` with the values of the tile's column strips, one column a side (ca and cb; `vc`, [rows,
+    2]), selected into it (EDGES), so that they need no store of their own after the barrier (a 4-byte store a row,
+    each an L2 request)."""
+    c_a, c_b = tl.split(vc)
+    return tl.where(w == ca, c_a[:, None], tl.where(w == cb, c_b[:, None], out))
 
 
 @triton.jit
@@ -317,21 +314,24 @@ def _plane_tile(gi, g, p, h, rm, w, cm, h0, h1, w0, n_ra, n_rb, ra, rb, n_ca, n_
         vc, pc, mc = _strip_chunk(src, dst, gsD, o0, o1, o2, v0, v01, count, 0, 0, n_ra, n_rb, ra, rb, n_ca, n_cb, ca,
             cb, h, rm, w, cm, hs0, hs1, hs2, hs3, ws0, ws1, ws2, ws3, H_in, H_out, W_in, W_out, gsH, gsW, isH, isW,
             ph_lo, ph_hi, pw_lo, pw_hi, False, True, SH, SW, ND, NXH, NXW, SIDES_H, SIDES_W, LOOPS, REFLECT, CROP, ACC)
-        tl.store(dst + h * isH + w * isW, _with_edges(acc, vc, w, ca, cb, dst.dtype.element_ty, EDGES), mask=rm & cm)
+        out = cast_out(acc, dst.dtype.element_ty)
+        if EDGES:
+            out = _with_edges(out, vc, w, ca, cb)
+        tl.store(dst + h * isH + w * isW, out, mask=rm & cm)
         tl.debug_barrier()  # every thread's bulk store is done: the strips below overwrite some of them
         tl.store(pr, vr, mask=mr)
         tl.store(px, vx, mask=mx)
         if not EDGES:
             tl.store(pc, vc, mask=mc)
     else:
+        out = cast_out(acc, dst.dtype.element_ty)
         if EDGES:
             vc, _pc, _mc = _strip_chunk(src, dst, gsD, o0, o1, o2, v0, v01, count, 0, 0, n_ra, n_rb, ra, rb, n_ca,
                 n_cb, ca, cb, h, rm, w, cm, hs0, hs1, hs2, hs3, ws0, ws1, ws2, ws3, H_in, H_out, W_in, W_out, gsH, gsW,
                 isH, isW, ph_lo, ph_hi, pw_lo, pw_hi, False, True, SH, SW, ND, NXH, NXW, SIDES_H, SIDES_W, LOOPS,
                 REFLECT, CROP, ACC)
-        else:
-            vc = acc
-        tl.store(dst + h * isH + w * isW, _with_edges(acc, vc, w, ca, cb, dst.dtype.element_ty, EDGES), mask=rm & cm)
+            out = _with_edges(out, vc, w, ca, cb)
+        tl.store(dst + h * isH + w * isW, out, mask=rm & cm)
         if (n_ra + n_rb + (0 if EDGES else n_ca + n_cb)) > 0:
             tl.debug_barrier()  # as above
             # three disjoint parts: strip rows x other columns (all H sources), other rows x strip columns (all W
