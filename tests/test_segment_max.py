@@ -294,14 +294,20 @@ def _both(data, g, **kw):
     return out
 
 
+@pytest.mark.parametrize("paths", [(True, True), (False, False)], ids=["two-pass", "one-pass"])
 @pytest.mark.parametrize("lengths_read", [True, False], ids=["lengths-read", "lengths-cumsum"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
-def test_segment_reduce_backward_equals_stock(dtype, lengths_read, monkeypatch):
+def test_segment_reduce_backward_equals_stock(dtype, lengths_read, paths, monkeypatch):
     """Both ways the kernel takes lengths: summing each start from the lengths itself (small S) or reading their
-    cumsum."""
+    cumsum; and both ways it takes a segment longer than a tile (40 rows here; ties, NaN): counting in one pass and
+    writing in a second, or writing g while counting and rewriting the columns whose ties divide g, each with and
+    without the branch over empty segments."""
     monkeypatch.setattr(sm, "_plans", {})  # (a plan holds the choice: none made before may serve)
     if not lengths_read:
         monkeypatch.setattr(sm, "_LENS_MAX_S", 0)
+    two_pass, skip_empty = paths
+    monkeypatch.setattr(sm, "_segred_options", lambda tile, esize: ({"TWO_PASS": two_pass, "SKIP_EMPTY": skip_empty},
+                                                                    {}))
     calls = _spy(monkeypatch)
     lengths = [3, 0, 6, 1, 40, 2]
     n = sum(lengths)
@@ -320,6 +326,8 @@ def test_segment_reduce_backward_equals_stock(dtype, lengths_read, monkeypatch):
             assert_bitwise_equal(gx, gxs, f"backward {list(kw)}")
     assert calls, "gradkern's kernel did not run"
     assert {p.consts["LENS"] > 0 for p in sm._plans.values() if p.consts.get("ENDS")} == {lengths_read}
+    assert {(p.consts["TWO_PASS"], p.consts["SKIP_EMPTY"]) for p in sm._plans.values() if "ENDS" in p.consts} == {paths}
+    assert max(p.consts["BLOCK_L"] for p in sm._plans.values() if "ENDS" in p.consts) < 40, "a segment spans tiles"
 
 
 def test_segment_reduce_tie_count_rounding_in_bf16_and_f16():

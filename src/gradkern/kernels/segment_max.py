@@ -172,37 +172,55 @@ def _segment_max_bwd_kernel(g, idxs, offs, gx, S, N, INNER, n_dblk,
 
 
 @triton.jit
+def _selected(xb, ov, r0, end, dmask, sx_n, BLOCK_L: tl.constexpr, MATH: tl.constexpr):
+    """Rows r0 .. r0 + BLOCK_L of a segment ending at `end`: (rows, mask, the elements ATen's rule selects: equal
+    to the segment's max `ov`, or NaN)."""
+    rows = r0 + tl.arange(0, BLOCK_L)
+    m = (rows < end)[:, None] & dmask[None, :]
+    v = tl.load(xb[None, :] + rows[:, None] * sx_n, mask=m, other=0.0).to(MATH)
+    return rows, m, ((v != v) | (v == ov[None, :])) & m
+
+
+@triton.jit
 def _segment_reduce_max_bwd_kernel(g, o, x, offs, gx, S, N, INNER, n_dblk,
                                    sg_o, sg_s, sg_i, so_o, so_s, so_i, sx_o, sx_n, sx_i, soff_o,
                                    BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, MATH: tl.constexpr,
-                                   ENDS: tl.constexpr, LENS: tl.constexpr, PDL: tl.constexpr):
+                                   ENDS: tl.constexpr, LENS: tl.constexpr, TWO_PASS: tl.constexpr,
+                                   SKIP_EMPTY: tl.constexpr, PDL: tl.constexpr):
+    """One program a (segment, inner block). A segment longer than a tile: with TWO_PASS, one pass counts the ties
+    and a second (from L2) writes; without, one pass writes g where selected while counting, and only columns whose
+    ties divide g are rewritten. TWO_PASS holds fewer registers (the short-tile path runs more programs an SM);
+    SKIP_EMPTY branches over empty segments (without, their masks do)."""
     dblk, seg, outer = _ids(n_dblk, S, PDL)
     start, end = _segment(offs, soff_o, outer, seg, N, ENDS, LENS)
     d = dblk * BLOCK_D + tl.arange(0, BLOCK_D)
     dmask = d < INNER
     ob = gx + outer * N * INNER
     xb = x + outer * sx_o + d * sx_i
-    if end > start:
+    if (end > start) or (not SKIP_EMPTY):
         ov = tl.load(o + outer * so_o + seg * so_s + d * so_i, mask=dmask).to(MATH)
         gv = tl.load(g + outer * sg_o + seg * sg_s + d * sg_i, mask=dmask).to(MATH)
         zero = tl.zeros([BLOCK_L, BLOCK_D], gx.dtype.element_ty)
         if end - start <= BLOCK_L:  # one tile: load it once
-            rows = start + tl.arange(0, BLOCK_L)
-            m = (rows < end)[:, None] & dmask[None, :]
-            v = tl.load(xb[None, :] + rows[:, None] * sx_n, mask=m, other=0.0).to(MATH)
-            sel = ((v != v) | (v == ov[None, :])) & m
+            rows, m, sel = _selected(xb, ov, start, end, dmask, sx_n, BLOCK_L, MATH)
             cnt = tl.sum(sel.to(tl.int32), axis=0)
             q = _tie_grad(gv, cnt, gx.dtype.element_ty, MATH)
             tl.store(ob + rows[:, None] * INNER + d[None, :], tl.where(sel, q[None, :], zero), mask=m)
+        elif TWO_PASS:
+            cnt = tl.zeros([BLOCK_D], tl.int32)
+            for r0 in range(start, end, BLOCK_L):
+                _rows, _m, sel = _selected(xb, ov, r0, end, dmask, sx_n, BLOCK_L, MATH)
+                cnt += tl.sum(sel.to(tl.int32), axis=0)
+            q = _tie_grad(gv, cnt, gx.dtype.element_ty, MATH)
+            for r0 in range(start, end, BLOCK_L):
+                rows, m, sel = _selected(xb, ov, r0, end, dmask, sx_n, BLOCK_L, MATH)
+                tl.store(ob + rows[:, None] * INNER + d[None, :], tl.where(sel, q[None, :], zero), mask=m)
         else:  # write g where selected while counting the ties; where a column has ties that divide g (k >= 2
             # and g > 0, rare in real data), rewrite its selected elements with g / k (a second read, from L2)
             g1 = cast_out(gv, gx.dtype.element_ty)
             cnt = tl.zeros([BLOCK_D], tl.int32)
             for r0 in range(start, end, BLOCK_L):
-                rows = r0 + tl.arange(0, BLOCK_L)
-                m = (rows < end)[:, None] & dmask[None, :]
-                v = tl.load(xb[None, :] + rows[:, None] * sx_n, mask=m, other=0.0).to(MATH)
-                sel = ((v != v) | (v == ov[None, :])) & m
+                rows, m, sel = _selected(xb, ov, r0, end, dmask, sx_n, BLOCK_L, MATH)
                 cnt += tl.sum(sel.to(tl.int32), axis=0)
                 tl.store(ob + rows[:, None] * INNER + d[None, :], tl.where(sel, g1[None, :], zero), mask=m)
             fix = (cnt >= 2) & (gv > 0)
@@ -210,10 +228,7 @@ def _segment_reduce_max_bwd_kernel(g, o, x, offs, gx, S, N, INNER, n_dblk,
                 q = _tie_grad(gv, cnt, gx.dtype.element_ty, MATH)
                 tl.debug_barrier()  # every first-pass store of this program is done before its rewrite
                 for r0 in range(start, end, BLOCK_L):
-                    rows = r0 + tl.arange(0, BLOCK_L)
-                    m = (rows < end)[:, None] & (dmask & fix)[None, :]
-                    v = tl.load(xb[None, :] + rows[:, None] * sx_n, mask=m, other=0.0).to(MATH)
-                    sel = ((v != v) | (v == ov[None, :])) & m
+                    rows, _m, sel = _selected(xb, ov, r0, end, dmask & fix, sx_n, BLOCK_L, MATH)
                     tl.store(ob + rows[:, None] * INNER + d[None, :], q[None, :] + zero, mask=sel)
     if seg == 0:
         _zero_rows(ob, 0, start, d, dmask, INNER, gx.dtype.element_ty, BLOCK_L, BLOCK_D)
@@ -276,19 +291,29 @@ _TILE = 4096
 _SMALL_TILE = 2048  # tiles up to this many elements get _WARPS_SMALL[kernel][element size] warps, larger ones 4
 _WARPS_SMALL = {"forward": {2: 1, 4: 1, 8: 1}, "backward": {2: 2, 4: 2, 8: 2}, "segment_reduce": {2: 1, 4: 2, 8: 2}}
 _WARPS_LARGE = 4
-# the segment_reduce backward's register cap on small tiles, per element size: more programs an SM (it took 69
-# registers, 14 two-warp programs an SM). Segments of 16: f32 2.70x -> 2.95x stock with 40 (32 spills: 2.29x),
-# f16 3.29x -> 3.91x with 56. Larger tiles (the loop path) stay uncapped: capped, they spill (1-256: 3.1x -> 1.3x)
-_SEGRED_MAXNREG = {2: 56, 4: 40}
+# the segment_reduce backward's register caps, by (small tile, element size): more programs an SM. Small tiles
+# (it took 69 registers, 14 two-warp programs an SM): segments of 16, f32 2.70x -> 2.95x stock with 40 (32 spills:
+# 2.29x), f16 3.29x -> 3.91x with 56. Large 16-bit tiles (two passes, 89 registers): bf16 segments of 1-256,
+# 122 -> 107 us with 64. Large f32 tiles (the one-pass write, 115 registers) stay uncapped: capped at 64, they
+# spill (143.9 -> 170 us)
+_SEGRED_MAXNREG = {(True, 2): 56, (True, 4): 40, (False, 2): 64}
 # _segment_reduce_backward with lengths: up to this many segments (and lengths re-read by all programs together),
 # each program sums its start from the lengths instead of a cumsum kernel reading them first
 _LENS_MAX_S = 1024
 _LENS_MAX_READS = 1 << 20
 
 
-def _segred_regs(tile: int, esize: int) -> dict:
-    cap = _SEGRED_MAXNREG.get(esize) if tile <= _SMALL_TILE else None
-    return {"maxnreg": cap} if cap else {}
+def _segred_options(tile: int, esize: int) -> tuple[dict, dict]:
+    """The segment_reduce backward's (TWO_PASS and SKIP_EMPTY constexprs, compile options) for a tile of `tile`
+    elements of `esize` bytes. Measured on an H200 (N = 2^20, D = 64; segments of 16, of 1-256 rows): two passes
+    over segments longer than a tile hold fewer registers, which lets the small tiles' plain path run more programs
+    (f32 segments of 16: 144.8 -> 138.9 us, bf16 103.5 -> 99.4) and 16-bit large tiles too (bf16 1-256: 141.5 ->
+    107.2 us); f32 large tiles keep the one-pass write (two passes: 143.9 -> 197.6 us). Small 16-bit tiles skip
+    the branch over empty segments (bf16 segments of 16: 99.4 -> 94.2 us; f32 138.9 -> 140.0, kept)."""
+    small = tile <= _SMALL_TILE
+    consts = {"TWO_PASS": small or esize <= 2, "SKIP_EMPTY": not (small and esize <= 2)}
+    cap = _SEGRED_MAXNREG.get((small, esize))
+    return consts, ({"maxnreg": cap} if cap else {})
 
 
 def _blocks(inner: int, n: int, s: int, kernel: str, esize: int) -> tuple[int, int, int]:
@@ -500,10 +525,11 @@ def _segment_reduce_backward(grad: torch.Tensor, output: torch.Tensor, data: tor
         bl, bd, warps = _blocks(inner, n, s, "segment_reduce", data.element_size())
         n_dblk = cdiv(inner, bd)
         lens = ends and _reads_lengths(data, axis, s)
+        paths, options = _segred_options(bl * bd, data.element_size())
         consts = {"BLOCK_L": bl, "BLOCK_D": bd, "MATH": _TL[_runtime.math_dtype(data.dtype)], "ENDS": ends,
-                  "LENS": _npow2(s) if lens else 0}
+                  "LENS": _npow2(s) if lens else 0, **paths}
         return _new_plan(outer * s * n_dblk, (s, n, inner, n_dblk, *strides, _offsets_stride(seg)), copies, consts,
-                         warps, pdl, **_segred_regs(bl * bd, data.element_size()))
+                         warps, pdl, **options)
 
     plan = _planned(("segment_reduce", data.shape, data.stride(), grad.stride(), output.stride(), data.dtype,
                      seg.shape, seg.dtype, ends, device, pdl), make)
