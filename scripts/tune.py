@@ -31,7 +31,8 @@ def _sm(row_tile, warp):
 
 def _sr(r2, r4, w2, w4):  # segment_reduce's small tiles: register caps and warps, 2- and 4-byte elements
     warps = {"forward": {2: 1, 4: 1, 8: 1}, "backward": {2: 2, 4: 2, 8: 2}, "segment_reduce": {2: w2, 4: w4, 8: 2}}
-    return (segment_max, {"_SEGRED_MAXNREG": {2: r2, 4: r4}, "_WARPS_SMALL": warps})
+    caps = {**segment_max._SEGRED_MAXNREG, (True, 2): r2, (True, 4): r4}
+    return (segment_max, {"_SEGRED_MAXNREG": caps, "_WARPS_SMALL": warps})
 
 
 DEFAULTS = (None, {})  # the modules' own constants
@@ -92,6 +93,10 @@ GROUPS = {  # name: (ops, dtypes, configs); each config overrides only what it n
              [DEFAULTS] + [(multi_pointwise, {"COLS_TILE": t, "COLS_MAX_BC": c, "COLS_WARPS": w, "COLS_PROGRAMS": p})
                            for t, c, w, p in ((4096, 1024, 4, 1024), (4096, 512, 4, 512), (4096, 1024, 4, 2048),
                                               (2048, 1024, 4, 512), (2048, 2048, 4, 2048))]),
+    "repeat_rows": (["repeat_backward"], [BF16, F32],
+                    [DEFAULTS, (reduction, {"_ROW_BYTES_16": 1024}), (reduction, {"_LONG_TILE_BYTES": 16384}),
+                     (reduction, {"_ROW_BYTES_16": 1024, "_LONG_TILE_BYTES": 16384}), (reduction, {"_O_WARPS": 8}),
+                     (reduction, {"_ROW_BYTES_16": 4096, "_O_WARPS": 8}), DEFAULTS]),
     "repeat": (["repeat_backward"], [F32, BF16],
                [DEFAULTS, (reduction, {"_STEP_SUM": False}), (reduction, {"_MIN_PROGRAMS": 1}),
                 (reduction, {"_STEP_SUM": False, "_MIN_PROGRAMS": 1})]),  # the last: before either
