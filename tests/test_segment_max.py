@@ -434,8 +434,8 @@ def test_segment_reduce_reads_lengths_only_where_cheap():
 
 def test_segment_reduce_plans_follow_the_layout():
     """`_segment_reduce_backward` caches its launch per problem (shapes, strides, dtypes): the same shapes in a
-    layout the kernel walks in place, one it must copy first (inner dims that do not collapse), and back, twice
-    each, all equal stock."""
+    layout the kernel walks in place as one run, one it walks as two (inner dims that do not collapse), and back,
+    twice each, all equal stock."""
     lengths = [5, 0, 11, 4]
     n = sum(lengths)
     base = _data((n, 3, 4), torch.float32, ties=True)
@@ -447,6 +447,52 @@ def test_segment_reduce_plans_follow_the_layout():
         assert_bitwise_equal(gx, gxs, f"strides {data.stride()}")
         (_, gx), (_, gxs) = _both(data, g.transpose(1, 2).contiguous().transpose(1, 2), offsets=_offsets(lengths))
         assert_bitwise_equal(gx, gxs, f"strides {data.stride()}, grad transposed")
+
+
+def _layout_of(kind, lead, rows, dtype, seed):
+    """A tensor of shape (*lead, rows, 3, 4) (the segment axis after `lead`) whose dims before or after the axis
+    merge into: "inner" two strided runs (the trailing pair transposed), "expanded" two (the 3 expanded from 1),
+    "outer" two (lead (2, 3) transposed), "three" three (the trailing (2, 3, 4) reversed in memory)."""
+    if kind == "inner":
+        return _data((*lead, rows, 4, 3), dtype, seed, ties=True).transpose(-1, -2)
+    if kind == "expanded":
+        return _data((*lead, rows, 1, 4), dtype, seed, ties=True).expand(*lead, rows, 3, 4)
+    if kind == "outer":
+        return _data((3, 2, rows, 3, 4), dtype, seed, ties=True).transpose(0, 1)
+    return _data((*lead, rows, 4, 3, 2), dtype, seed, ties=True).permute(0, 1, 4, 3, 2)
+
+
+@pytest.mark.parametrize("kind", ["inner", "expanded", "outer", "three"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
+def test_layouts_of_two_runs_read_in_place(kind, dtype, monkeypatch):
+    """Dims on one side of the axis that merge into two strided runs (a transposed or expanded trailing pair, a
+    transposed leading pair) are walked in place by all three kernels, their index split in two parts; three runs
+    are copied first. Results equal the loop reference, the composite backward and stock segment_reduce."""
+    monkeypatch.setattr(sm, "_plans", {})
+    lengths = [3, 0, 5, 9]
+    n, s = sum(lengths), len(lengths)
+    offs = _offsets(lengths)
+    lead = (2, 3) if kind == "outer" else (6,)
+    axis = len(lead)
+    data = _layout_of(kind, lead, n, dtype, 0)
+    vals, idxs = ops.segment_max_forward(data, offs, axis)
+    rv, ri = _expected(data, offs, axis)
+    assert_bitwise_equal(vals, rv, "forward")
+    assert_bitwise_equal(idxs, ri, "indices")
+    g = _layout_of(kind, lead, s, dtype, 3)
+    assert_bitwise_equal(ops.segment_max_backward(g, idxs, offs, n, axis), sm._backward_composite(g, idxs, n, axis))
+    L = torch.tensor(lengths, device=DEVICE).expand(*lead, s)
+    (_, gx), (_, gxs) = _both(data, g, lengths=L, axis=axis)
+    assert_bitwise_equal(gx, gxs, "segment_reduce")
+    plans = list(sm._plans.values())
+    assert len(plans) == 3
+    copies = {p.copies for p in plans}
+    if kind == "three":
+        assert copies == {(True,), (True, False, True)}, copies
+    else:
+        assert copies == {(False,), (False, False, False)}, f"copied: {copies}"
+        split = "SPLIT_O" if kind == "outer" else "SPLIT_I"
+        assert all(p.consts[split] for p in plans), "walked in two parts"
 
 
 # ------------------------------------------------------------------------------------------------ GPU sizes

@@ -79,6 +79,22 @@ def _ids(n_dblk, S, PDL: tl.constexpr):
 
 
 @triton.jit
+def _offsets(outer, d, s_o, s_i, s_oh, s_ih, O_LO, I_LO, SPLIT_O: tl.constexpr, SPLIT_I: tl.constexpr):
+    """Element offsets of outer index `outer` and inner indices `d` in a tensor whose outer (inner) dims form one
+    strided run, stride s_o (s_i), or with SPLIT_O (SPLIT_I) two: index = hi * O_LO + lo, at hi * s_oh + lo * s_o
+    (hi * s_ih + lo * s_i)."""
+    if SPLIT_O:
+        o_off = (outer // O_LO) * s_oh + (outer % O_LO) * s_o
+    else:
+        o_off = outer * s_o
+    if SPLIT_I:
+        i_off = (d // I_LO) * s_ih + (d % I_LO) * s_i
+    else:
+        i_off = d * s_i
+    return o_off, i_off
+
+
+@triton.jit
 def _zero_rows(out, lo, hi, d, dmask, so_n, dtype: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr):
     """out[lo:hi, d] = 0 (rows no segment covers; empty unless the offsets skip rows)."""
     zero = tl.zeros([BLOCK_L, BLOCK_D], dtype)
@@ -100,9 +116,9 @@ def _order_key(bits, W: tl.constexpr, INF: tl.constexpr, KEY: tl.constexpr):
 
 @triton.jit
 def _segment_max_fwd_kernel(x, offs, vals, idxs, S, N, INNER, n_dblk,
-                            sx_o, sx_n, sx_i, soff_o,
+                            sx_o, sx_n, sx_i, sx_oh, sx_ih, O_LO, I_LO, soff_o,
                             BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, BITS: tl.constexpr, W: tl.constexpr,
-                            INF: tl.constexpr, PDL: tl.constexpr):
+                            INF: tl.constexpr, SPLIT_O: tl.constexpr, SPLIT_I: tl.constexpr, PDL: tl.constexpr):
     # Per tile, the largest order key (_order_key: NaN on top) and the first row holding it: for 16-bit types one
     # int32 max of the key shifted up with BLOCK_L - 1 - row in the low bits (of equal keys the first row wins),
     # for wider ones a max, then a min of the rows holding it (packing 32-bit keys in int64 instead was 1.1-1.4x
@@ -111,7 +127,8 @@ def _segment_max_fwd_kernel(x, offs, vals, idxs, S, N, INNER, n_dblk,
     start, end = _segment(offs, soff_o, outer, seg, N, False)
     d = dblk * BLOCK_D + tl.arange(0, BLOCK_D)
     dmask = d < INNER
-    xb = x + outer * sx_o + d * sx_i
+    xo, xi = _offsets(outer, d, sx_o, sx_i, sx_oh, sx_ih, O_LO, I_LO, SPLIT_O, SPLIT_I)
+    xb = x + xo + xi
     lr = tl.arange(0, BLOCK_L)
     lowest = -(1 << (W - 1))  # below every key: rows past the segment's end
     best_key = tl.full([BLOCK_D], lowest, BITS)  # the lowest: no row seen yet
@@ -150,13 +167,15 @@ def _segment_max_fwd_kernel(x, offs, vals, idxs, S, N, INNER, n_dblk,
 
 @triton.jit
 def _segment_max_bwd_kernel(g, idxs, offs, gx, S, N, INNER, n_dblk,
-                            sg_o, sg_s, sg_i, soff_o,
-                            BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
+                            sg_o, sg_s, sg_i, sg_oh, sg_ih, O_LO, I_LO, soff_o,
+                            BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, SPLIT_O: tl.constexpr,
+                            SPLIT_I: tl.constexpr, PDL: tl.constexpr):
     dblk, seg, outer = _ids(n_dblk, S, PDL)
     start, end = _segment(offs, soff_o, outer, seg, N, False)
     d = dblk * BLOCK_D + tl.arange(0, BLOCK_D)
     dmask = d < INNER
-    gv = tl.load(g + outer * sg_o + seg * sg_s + d * sg_i, mask=dmask)
+    go, gi = _offsets(outer, d, sg_o, sg_i, sg_oh, sg_ih, O_LO, I_LO, SPLIT_O, SPLIT_I)
+    gv = tl.load(g + go + seg * sg_s + gi, mask=dmask)
     iv = tl.load(idxs + (outer * S + seg) * INNER + d, mask=dmask, other=-1)
     zero = tl.zeros([BLOCK_L, BLOCK_D], gv.dtype)
     ob = gx + outer * N * INNER
@@ -183,10 +202,12 @@ def _selected(xb, ov, r0, end, dmask, sx_n, BLOCK_L: tl.constexpr, MATH: tl.cons
 
 @triton.jit
 def _segment_reduce_max_bwd_kernel(g, o, x, offs, gx, S, N, INNER, n_dblk,
-                                   sg_o, sg_s, sg_i, so_o, so_s, so_i, sx_o, sx_n, sx_i, soff_o,
+                                   sg_o, sg_s, sg_i, sg_oh, sg_ih, so_o, so_s, so_i, so_oh, so_ih,
+                                   sx_o, sx_n, sx_i, sx_oh, sx_ih, O_LO, I_LO, soff_o,
                                    BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, MATH: tl.constexpr,
                                    ENDS: tl.constexpr, LENS: tl.constexpr, TWO_PASS: tl.constexpr,
-                                   SKIP_EMPTY: tl.constexpr, PDL: tl.constexpr):
+                                   SKIP_EMPTY: tl.constexpr, SPLIT_O: tl.constexpr, SPLIT_I: tl.constexpr,
+                                   PDL: tl.constexpr):
     """One program a (segment, inner block). A segment longer than a tile: with TWO_PASS, one pass counts the ties
     and a second (from L2) writes; without, one pass writes g where selected while counting, and only columns whose
     ties divide g are rewritten. TWO_PASS holds fewer registers (the short-tile path runs more programs an SM);
@@ -196,10 +217,13 @@ def _segment_reduce_max_bwd_kernel(g, o, x, offs, gx, S, N, INNER, n_dblk,
     d = dblk * BLOCK_D + tl.arange(0, BLOCK_D)
     dmask = d < INNER
     ob = gx + outer * N * INNER
-    xb = x + outer * sx_o + d * sx_i
+    xo, xi = _offsets(outer, d, sx_o, sx_i, sx_oh, sx_ih, O_LO, I_LO, SPLIT_O, SPLIT_I)
+    xb = x + xo + xi
     if (end > start) or (not SKIP_EMPTY):
-        ov = tl.load(o + outer * so_o + seg * so_s + d * so_i, mask=dmask).to(MATH)
-        gv = tl.load(g + outer * sg_o + seg * sg_s + d * sg_i, mask=dmask).to(MATH)
+        oo, oi = _offsets(outer, d, so_o, so_i, so_oh, so_ih, O_LO, I_LO, SPLIT_O, SPLIT_I)
+        ov = tl.load(o + oo + seg * so_s + oi, mask=dmask).to(MATH)
+        go, gi = _offsets(outer, d, sg_o, sg_i, sg_oh, sg_ih, O_LO, I_LO, SPLIT_O, SPLIT_I)
+        gv = tl.load(g + go + seg * sg_s + gi, mask=dmask).to(MATH)
         zero = tl.zeros([BLOCK_L, BLOCK_D], gx.dtype.element_ty)
         if end - start <= BLOCK_L:  # one tile: load it once
             rows, m, sel = _selected(xb, ov, start, end, dmask, sx_n, BLOCK_L, MATH)
@@ -257,29 +281,34 @@ def _npow2(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
 
 
-def _collapse(sizes, strides) -> tuple[int, int] | None:
-    """(size, stride) of dims that form one strided run, or None."""
-    dims = [(s, st) for s, st in zip(sizes, strides, strict=True) if s != 1]
-    if not dims:
-        return (1, 0) if math.prod(sizes) else (0, 0)
-    size, stride = dims[-1]
-    for s, st in reversed(dims[:-1]):
-        if st != stride * size:
-            return None
-        size *= s
-    return size, stride
+def _runs(sizes, strides) -> list[tuple[int, int]]:
+    """The (size, stride) runs that dims of these sizes and strides merge into, outermost first (size-1 dims
+    dropped; a run steps evenly over its elements)."""
+    runs: list[tuple[int, int]] = []
+    for size, stride in zip(sizes, strides, strict=True):
+        if size == 1:
+            continue
+        if runs and runs[-1][1] == stride * size:
+            runs[-1] = (runs[-1][0] * size, stride)
+        else:
+            runs.append((size, stride))
+    return runs
 
 
-def _layout(t: torch.Tensor, axis: int) -> tuple[torch.Tensor, tuple[int, int, int]]:
-    """t (maybe made contiguous) and its (outer, axis, inner) strides, outer/inner dims collapsed."""
-    outer = _collapse(t.shape[:axis], t.stride()[:axis])
-    inner = _collapse(t.shape[axis + 1:], t.stride()[axis + 1:])
-    if outer is None or inner is None:
-        # (a tensor without elements counts as contiguous, so contiguous() would keep its strides: new ones)
-        t = t.contiguous() if t.numel() else t.new_empty(t.shape)
-        outer = _collapse(t.shape[:axis], t.stride()[:axis])
-        inner = _collapse(t.shape[axis + 1:], t.stride()[axis + 1:])
-    return t, (outer[1], t.stride(axis) if t.dim() else 0, inner[1])
+def _split(side: list[list[tuple[int, int]]]) -> tuple[int, list[bool]]:
+    """For one side (the dims before or after the axis) of several tensors, given as each tensor's runs: the size
+    of the low part of a two-part index shared by all (0: no split needed) and which tensors must be copied (more
+    than two runs, or two split elsewhere)."""
+    lo = next((runs[1][0] for runs in side if len(runs) == 2), 0)
+    return lo, [len(runs) > 2 or (len(runs) == 2 and runs[1][0] != lo) for runs in side]
+
+
+def _strides(runs: list[tuple[int, int]], lo: int) -> tuple[int, int]:
+    """(low, high) strides of a side with these runs for the index split hi * lo + lo_part (lo 0: no split)."""
+    if len(runs) == 2:
+        return runs[1][1], runs[0][1]
+    stride = runs[0][1] if runs else 0
+    return stride, stride * max(lo, 1)
 
 
 # tiles: [BLOCK_L rows of a segment, BLOCK_D of the inner dims]; launch constants measured on an H200 (N = 2^20,
@@ -376,12 +405,29 @@ def _new_plan(grid: int, ints: tuple, copies: tuple, consts: dict, warps: int, p
     return _Plan(grid, ints, copies, launch_consts(consts, warps, pdl=pdl, **options), next(_plan_uids))
 
 
-def _layouts(tensors, axis: int) -> tuple[tuple[int, ...], tuple[bool, ...]]:
-    """The (outer, axis, inner) strides of each of `tensors` as the kernels walk them, one after the other, and
-    which of them `_layout` must make contiguous first."""
-    walked = [_layout(t, axis) for t in tensors]
-    return (tuple(st for _, sts in walked for st in sts),
-            tuple(w is not t for (w, _), t in zip(walked, tensors, strict=True)))
+def _layouts(tensors, axis: int) -> tuple[tuple[int, ...], tuple[bool, ...], dict]:
+    """How the kernels walk `tensors` (of one shape on each side of `axis`) in place: each one's strides (outer,
+    axis, inner, outer high part, inner high part), then the low parts' sizes O_LO and I_LO; which of them must be
+    made contiguous first (a side whose dims merge into more than two strided runs, or into two split elsewhere
+    than another tensor's: rare); and the SPLIT_O / SPLIT_I constexprs (a side indexed in two parts)."""
+    def runs(t):
+        return _runs(t.shape[:axis], t.stride()[:axis]), _runs(t.shape[axis + 1:], t.stride()[axis + 1:])
+
+    # (a tensor without elements is never read: walked as contiguous)
+    walked = [t if t.numel() else torch.empty(t.shape, device="meta") for t in tensors]
+    sides = [runs(t) for t in walked]
+    o_lo, o_copy = _split([o for o, _ in sides])
+    i_lo, i_copy = _split([i for _, i in sides])
+    copies = tuple(a or b for a, b in zip(o_copy, i_copy, strict=True))
+    ints: list[int] = []
+    for t, copy, (o_runs, i_runs) in zip(walked, copies, sides, strict=True):
+        if copy:  # walked as the contiguous copy `_walk` makes
+            t = torch.empty(t.shape, device="meta")
+            o_runs, i_runs = runs(t)
+        s_o, s_oh = _strides(o_runs, o_lo)
+        s_i, s_ih = _strides(i_runs, i_lo)
+        ints += [s_o, t.stride(axis) if t.dim() else 0, s_i, s_oh, s_ih]
+    return (*ints, o_lo or 1, i_lo or 1), copies, {"SPLIT_O": o_lo > 0, "SPLIT_I": i_lo > 0}
 
 
 def _walk(tensors, plan: _Plan) -> list[torch.Tensor]:
@@ -405,13 +451,13 @@ def _fwd(data: torch.Tensor, offsets: torch.Tensor, axis: int, op: str):
     pdl = pdl_ok(device)
 
     def make():
-        strides, copies = _layouts((data,), axis)
+        strides, copies, split = _layouts((data,), axis)
         outer, inner = math.prod(data.shape[:axis]), math.prod(data.shape[axis + 1:])
         bl, bd, warps = _blocks(inner, n, s, "forward", data.element_size())
         n_dblk = cdiv(inner, bd)
         return _new_plan(outer * s * n_dblk, (s, n, inner, n_dblk, *strides, _offsets_stride(offsets)), copies,
                          {"BLOCK_L": bl, "BLOCK_D": bd, "BITS": _BITS[data.element_size()],
-                          "W": 8 * data.element_size(), "INF": _INF_BITS[data.dtype]}, warps, pdl)
+                          "W": 8 * data.element_size(), "INF": _INF_BITS[data.dtype], **split}, warps, pdl)
 
     plan = _planned(("forward", data.shape, data.stride(), data.dtype, offsets.shape, offsets.dtype, axis, device,
                      pdl), make)
@@ -432,11 +478,11 @@ def _bwd(grad: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor, num_r
     pdl = pdl_ok(device)
 
     def make():
-        strides, copies = _layouts((grad,), axis)
+        strides, copies, split = _layouts((grad,), axis)
         bl, bd, warps = _blocks(inner, num_rows, s, "backward", grad.element_size())
         n_dblk = cdiv(inner, bd)
         return _new_plan(outer * s * n_dblk, (s, num_rows, inner, n_dblk, *strides, _offsets_stride(offsets)),
-                         copies, {"BLOCK_L": bl, "BLOCK_D": bd}, warps, pdl)
+                         copies, {"BLOCK_L": bl, "BLOCK_D": bd, **split}, warps, pdl)
 
     plan = _planned(("backward", grad.shape, grad.stride(), grad.dtype, offsets.shape, offsets.dtype, num_rows,
                      axis, device, pdl), make)
@@ -521,13 +567,13 @@ def _segment_reduce_backward(grad: torch.Tensor, output: torch.Tensor, data: tor
     def make():
         n = data.shape[axis]
         outer, inner = math.prod(data.shape[:axis]), math.prod(data.shape[axis + 1:])
-        strides, copies = _layouts((grad, output, data), axis)
+        strides, copies, split = _layouts((grad, output, data), axis)
         bl, bd, warps = _blocks(inner, n, s, "segment_reduce", data.element_size())
         n_dblk = cdiv(inner, bd)
         lens = ends and _reads_lengths(data, axis, s)
         paths, options = _segred_options(bl * bd, data.element_size())
         consts = {"BLOCK_L": bl, "BLOCK_D": bd, "MATH": _TL[_runtime.math_dtype(data.dtype)], "ENDS": ends,
-                  "LENS": _npow2(s) if lens else 0, **paths}
+                  "LENS": _npow2(s) if lens else 0, **paths, **split}
         return _new_plan(outer * s * n_dblk, (s, n, inner, n_dblk, *strides, _offsets_stride(seg)), copies, consts,
                          warps, pdl, **options)
 
