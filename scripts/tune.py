@@ -14,6 +14,8 @@ import time
 import traceback
 
 import torch
+import triton
+import triton.language as tl
 
 from gradkern import _runtime, elementwise, multi_pointwise, reduction
 from gradkern.dispatch import use
@@ -129,8 +131,9 @@ def _apply(config) -> None:
 
 
 def refs(out_dir: str) -> None:
-    """Copies to compare with: the copy ceiling (2 GB moved), a copy as large as each op case, and for pad the
-    strided copy of grad_output's interior (the direct sources alone) by ATen."""
+    """Copies to compare with: the copy ceiling (2 GB moved), a copy as large as each op case, for pad the
+    strided copy of grad_output's interior (the direct sources alone) by ATen, and for repeat (64, 1) a plain read
+    of its grad (a read-only stream: no kernel that reads those bytes can take less)."""
     recs = []
 
     def rec(what, nbytes, fn):
@@ -150,8 +153,25 @@ def refs(out_dir: str) -> None:
             interior = g[:, :, p:-p, p:-p, p:-p]
             rec(f"pad3d interior copy {dtype} {shape} pad {p}", (g.numel() + gi.numel()) * g.element_size(),
                 lambda: gi.copy_(interior))
+    for dtype in (F32, BF16):  # plain reads of repeat (64, 1)'s grad: what reading it alone takes
+        x = torch.randn(64 * 4096 * 256, device="cuda").to(dtype)
+        for chunk, block, w in ((1 << 14, 2048, 4), (1 << 14, 4096, 8), (1 << 15, 4096, 8), (1 << 16, 4096, 8)):
+            out = torch.empty(x.numel() // chunk, device="cuda")
+            rec(f"read alone {dtype} {x.numel() * x.element_size() >> 20} MB (repeat (64, 1)'s grad) chunk {chunk} "
+                f"block {block} warps {w}", x.numel() * x.element_size(),
+                lambda: _read[(x.numel() // chunk,)](x, out, BLOCK=block, CHUNK=chunk, num_warps=w))
     with open(os.path.join(out_dir, "tune-refs.json"), "w") as f:
         json.dump(recs, f, indent=0)
+
+
+@triton.jit
+def _read(x, out, BLOCK: tl.constexpr, CHUNK: tl.constexpr):
+    """Sum each CHUNK of x into one fp32 value: reads x once, writes almost nothing."""
+    pid = tl.program_id(0).to(tl.int64)
+    acc = tl.zeros([BLOCK], tl.float32)
+    for s in range(0, CHUNK, BLOCK):
+        acc += tl.load(x + pid * CHUNK + s + tl.arange(0, BLOCK)).to(tl.float32)
+    tl.store(out + pid, tl.sum(acc, 0))
 
 
 def _cases(group):
