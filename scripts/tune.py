@@ -81,6 +81,10 @@ GROUPS = {  # name: (ops, dtypes, configs); each config overrides only what it n
               [DEFAULTS] + [(prelu, {"_ROWS_MAX_PARTIALS": {2: p, 4: p}}) for p in (1 << 30, 4096, 8192, 16384)]
               + [(prelu, {"_COLS_TILE": t, "_COLS_TARGET_PROGRAMS": p, "_COLS_MIN_ROWS": r})
                  for t, p, r in ((4096, 4096, 0), (4096, 4096, 1024), (2048, 4096, 256), (4096, 792, 0))]),
+    "prelu_cols": (["prelu_backward"], [BF16, F32],  # the column kernel's warps and tiles
+                   [DEFAULTS] + [(prelu, dict(zip(("_COLS_WARPS", "_COLS_TILE", "_COLS_MIN_ROWS"), c)))
+                                 for c in ((8, 4096, 256), (2, 2048, 256), (8, 8192, 256), (4, 4096, 512),
+                                           (2, 4096, 256), (4, 2048, 128))] + [DEFAULTS]),
     "pdl": (["prelu_backward", "where_backward", "lerp_backward", "repeat_backward", "_segment_reduce_backward",
              "segment_max_forward", "segment_max_backward"], [F32, BF16],
             [DEFAULTS, (elementwise, {"PDL": False}), DEFAULTS]),  # kernels with and without PDL
