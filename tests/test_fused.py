@@ -558,6 +558,32 @@ def check_autograd(fn, inputs, needs, *, exact=False, fused=True):
 NEEDS2 = [(True, True), (True, False), (False, True)]
 
 
+@pytest.mark.parametrize("shapes", [((2, 0), (0,)), ((0, 3), (0, 1)), ((0, 3), (3,)), ((3, 2, 0, 7), (0, 7))],
+                         ids=["kept-empty", "rows-empty", "rows-empty-row", "prelu-like"])
+def test_empty_broadcast_shapes(shapes):
+    """Empty problems whose summed-back operand has another shape (the summing pass's view of an empty B): where,
+    lerp (scalar and tensor weight) and _prelu_kernel give stock's empty or zero gradients (a ZeroDivisionError
+    when planning the summing pass's tiles before)."""
+    big, small = shapes
+    c = torch.ones(big, dtype=torch.bool, device=DEVICE)
+    cases = [(lambda a, b: torch.where(c, a, b), (_rand(big, torch.float32), _rand(small, torch.float32))),
+             (lambda a, b: torch.lerp(b, a, 0.5), (_rand(big, torch.float32), _rand(small, torch.float32))),
+             (lambda a, b, w: torch.lerp(b, a, w), (_rand(big, torch.float32), _rand(small, torch.float32),
+                                                     _rand(small, torch.float32)))]
+    if len(big) == 4:
+        cases.append((torch.ops.aten._prelu_kernel, (_rand(big, torch.float32), _rand(small, torch.float32))))
+    for fn, inputs in cases:
+        outs = []
+        for enabled in (False, True):
+            with gradkern.use(enabled):
+                outs.append(_grads(fn, inputs, [True] * len(inputs))[2])
+        for o, st in zip(outs[1], outs[0], strict=True):
+            assert o.shape == st.shape and o.dtype == st.dtype
+            assert_bitwise_equal(o, st)
+    g = _rand(big, torch.float32)
+    assert [t.shape for t in ops.where_backward(g, c, g, _rand(small, torch.float32))] == [big, small]
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("needs", NEEDS2, ids=["both", "self", "other"])
 def test_torch_where_autograd(needs, dtype):

@@ -459,15 +459,16 @@ def _summing_view(shape: tuple[int, ...], ins: list, reduce_to: tuple):
             pair.append(cst[0] if cshape else 0)
         istrides.append(tuple(pair))
     tile, max_bc = (COLS_TILE, COLS_MAX_BC) if axis == 0 else (ROWS_TILE, ROWS_MAX_BC)
-    bc = min(triton.next_power_of_2(M), max_bc)
-    br = min(triton.next_power_of_2(R), max(1, tile // bc))
-    n_cb = cdiv(M, bc)
+    rt, mt = max(R, 1), max(M, 1)  # (an empty B is tiled as one element, never launched: _run_summing returns
+    bc = min(triton.next_power_of_2(mt), max_bc)  # zeros first)
+    br = min(triton.next_power_of_2(rt), max(1, tile // bc))
+    n_cb = cdiv(mt, bc)
     if axis == 1:
-        rpp, n_p = br, cdiv(R, br)
+        rpp, n_p = br, cdiv(rt, br)
     else:  # a program walks a chunk of rows
-        n_p = max(1, min(cdiv(R, br), cdiv(COLS_PROGRAMS, n_cb)))
-        rpp = cdiv(cdiv(R, n_p), br) * br
-        n_p = cdiv(R, rpp)
+        n_p = max(1, min(cdiv(rt, br), cdiv(COLS_PROGRAMS, n_cb)))
+        rpp = cdiv(cdiv(rt, n_p), br) * br
+        n_p = cdiv(rt, rpp)
     return axis, R, M, br, bc, n_cb, rpp, n_p, tuple(istrides)
 
 
