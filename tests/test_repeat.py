@@ -249,3 +249,25 @@ def test_cached_plans_keep_validation_and_read_tensor_values():
     r.fill_(1)
     s.fill_(4)
     assert_bitwise_equal(ops.repeat_backward(g4, [r, 1], [s, 4]), g4, "values changed in place")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_negative_zero_where_nothing_is_summed(dtype):
+    """autograd's repeat_backward sums nothing when there are no leading dims and every repeat is 1: the gradient is
+    grad itself, -0.0 included (a sum from +0.0 would give +0.0). Where it does sum (a leading dim of 1, a repeat
+    of 2), stock's sums give +0.0; gradkern's equal them bit for bit (found by scripts/fuzz.py: -0.0 came back
+    +0.0 with one term)."""
+    for reps, shape in (((1,), (3,)), ((1, 1), (2, 3)), ((), ()), ((1, 1), (3,)), ((2, 1), (3, 1))):
+        g = torch.full([r * s for r, s in zip(reps, (1,) * (len(reps) - len(shape)) + shape, strict=True)], -0.0,
+                       dtype=dtype, device=DEVICE)
+        expected = _stock_repeat_backward(g, reps, shape).reshape(shape)
+        assert_bitwise_equal(ops.repeat_backward(g, reps, shape), expected, f"{reps} {shape}")
+        x = torch.zeros(shape, dtype=dtype, device=DEVICE, requires_grad=True)
+        with gradkern.use():
+            (gx,) = torch.autograd.grad(x.repeat(list(reps)), x, g)
+        (ref,) = torch.autograd.grad(x.repeat(list(reps)), x, g)
+        assert_bitwise_equal(gx, ref, f"enable() {reps} {shape}")
+    t = torch.full((2, 3), -0.0, dtype=dtype, device=DEVICE).t()  # a strided grad: a fresh contiguous copy
+    out = ops.repeat_backward(t, (1, 1), (3, 2))
+    assert out.is_contiguous() and out.data_ptr() != t.data_ptr()
+    assert_bitwise_equal(out, t)

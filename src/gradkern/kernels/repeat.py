@@ -48,7 +48,8 @@ def _ints(name: str, values, what: str) -> tuple[int, ...]:
 
 
 def _plan(grad: torch.Tensor, repeats, input_shape):
-    """(the reduction plan reading grad in place as (r0, s0, r1, s1, ...), input_shape), after validation."""
+    """(the reduction plan reading grad in place as (r0, s0, r1, s1, ...), input_shape, whether there is nothing to
+    sum: no leading dims and every repeat 1), after validation."""
     check_tensor(_OP, "grad", grad)
     reps = _ints("repeats", repeats, "non-negative ints")
     shape = _ints("input_shape", input_shape, "non-negative sizes")
@@ -69,7 +70,8 @@ def _plan(grad: torch.Tensor, repeats, input_shape):
         vshape += [r, s]
         vstride += [s * g, g]
     dims = tuple(range(0, 2 * len(reps), 2))
-    return plan_view(tuple(vshape), tuple(vstride), grad.dtype, dims, op=_OP), shape
+    identity = len(reps) == len(shape) and all(r == 1 for r in reps)
+    return plan_view(tuple(vshape), tuple(vstride), grad.dtype, dims, op=_OP), shape, identity
 
 
 def repeat_backward(grad: torch.Tensor, repeats: Sequence[int], input_shape: Sequence[int]) -> torch.Tensor:
@@ -84,6 +86,8 @@ def repeat_backward(grad: torch.Tensor, repeats: Sequence[int], input_shape: Seq
         key, plan = None, None
     if plan is None:
         plan = remember(_views, key, _plan(grad, repeats, input_shape))
+    if plan[2]:  # nothing to sum: autograd's formula returns grad itself (a sum would turn -0.0 into +0.0)
+        return grad.clone(memory_format=torch.contiguous_format)
     return run_plan(plan[0], grad, plan[1])
 
 
