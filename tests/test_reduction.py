@@ -421,3 +421,89 @@ def test_zero_dim_tensor_dims_are_read_on_every_call():
     assert_bitwise_equal(reduce_sum(x, [d], op="test"), x.sum(0), "dim 0")
     d.fill_(1)
     assert_bitwise_equal(reduce_sum(x, [d], op="test"), x.sum(1), "dim 1")
+
+
+# ------------------------------------------------------------------------------------------------ mutation-found gaps
+def test_reduced_dims_merge_once_sorted_by_stride():
+    """Reduced dims are ordered by stride before merging, whatever order `dims` names them in: 10 dims of a
+    reversed permutation (strides increasing with the dim) merge into one, within the 8-dim limit."""
+    base = _ints((2,) * 10, torch.float32)
+    x = base.permute(*reversed(range(10)))
+    assert_bitwise_equal(reduce_sum(x, tuple(range(10)), op="test"), base.sum(), "all 10 dims")
+    assert_bitwise_equal(reduce_sum(x, tuple(range(9)), op="test"), _reference(x, tuple(range(9))).float(), "9 dims")
+
+
+def test_size_one_dims_with_any_stride_are_dropped():
+    """A size-1 dim's stride is arbitrary (unsqueeze, transposes, as_strided): such dims must not stop the others
+    from merging, kept or reduced: 9 size-2 dims of a contiguous block, interleaved with 9 size-1 dims of
+    unrelated strides, are one dim each way."""
+    base = _ints((2,) * 9, torch.float32)
+    shape = (2, 1) * 9
+    strides = tuple(v for i in range(9) for v in (2 ** (8 - i), 1000 + i))
+    x = base.as_strided(shape, strides)
+    assert torch.equal(x.reshape(base.shape), base)
+    assert_bitwise_equal(reduce_sum(x, (), op="test"), x.clone(), "no dims")
+    assert_bitwise_equal(reduce_sum(x, tuple(range(18)), op="test"), base.sum(), "all dims")
+    odd = tuple(range(1, 18, 2))  # only the size-1 dims
+    assert_bitwise_equal(reduce_sum(x, odd, op="test"), base, "the size-1 dims")
+
+
+def test_exactly_eight_unmergeable_dims_each_way():
+    """MAX_RANK is inclusive: 8 kept and 8 reduced dims that do not merge are summed (9 are refused)."""
+    x = _ints((2,) * 16, torch.float32)
+    red = tuple(range(1, 16, 2))  # kept and reduced dims alternate: neither kind merges
+    p = _plan(x, red).passes[0]
+    assert len(p.kshape) == 8 and len(p.rshape) == 8
+    assert_bitwise_equal(reduce_sum(x, red, op="test"), _reference(x, red).float(), "8 + 8 dims")
+
+
+def _offsets(shape, stride, n):
+    """_flat_offsets on the host: element offsets of flat indices 0..n-1 (the outermost dim unbounded)."""
+    idx = torch.arange(n, dtype=torch.int64)
+    off = torch.zeros(n, dtype=torch.int64)
+    for size, st in list(zip(shape, stride, strict=True))[:0:-1]:
+        off += (idx % size) * st
+        idx = idx // size
+    return off + idx * stride[0]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_contiguity_and_alignment_hints_hold(dtype):
+    """The hints a pass gives the compiler (O/R_CONTIG: runs of consecutive offsets, O/R_DIV: the first offset of
+    each run a multiple of it) are promises the interpreter never checks, and a false one reads wrong elements
+    on a GPU: verified here on the offsets every block (masked tail included) computes."""
+    cases = [(x, dims) for _name, x in _layouts(dtype, _randn) for dims in [(0,), (1,), (x.dim() - 1,), (0, 2)]]
+    cases += [
+        (_randn((3, 5, 17), dtype)[:, :, :16], (0,)),  # rows of 16 at an odd row stride
+        (_randn((3, 5, 17), dtype)[:, :, :16], (1,)),
+        (_randn((6, 40), dtype)[:, 4:36], (0,)),
+        (_randn((40, 6), dtype)[4:36], (1,)),
+        (_randn((4, 3, 4, 8), dtype), (0, 2)),  # repeat-like
+        (_randn((20000, 3), dtype), (0,)),  # split: the second pass over the workspace too
+        (_randn((3, 24), dtype).t(), (1,)),
+    ]
+    esize = torch.empty((), dtype=dtype).element_size()
+    checked = 0
+    for x, dims in cases:
+        for p in _plan(x, dims).passes:
+            for shape, stride, block, contig, div in ((p.kshape, p.kstride, p.block_o, p.o_contig, p.o_div),
+                                                      (p.rshape, p.rstride, p.block_r, p.r_contig, p.r_div)):
+                what = f"{tuple(x.shape)} {x.stride()} over {dims}: {shape} {stride}, block {block}"
+                assert block % contig == 0 and div * esize <= 16, what
+                n = math.prod(shape)
+                off = _offsets(shape, stride, -(-n // block) * block).view(-1, contig)
+                assert torch.equal(off - off[:, :1], torch.arange(contig).expand_as(off)), f"{what}: contig {contig}"
+                assert bool((off[:, 0] % div == 0).all()), f"{what}: div {div}"
+                checked += contig > 1 or div > 1
+    assert checked >= 10
+
+
+def test_view_plans_are_keyed_by_result_dtype():
+    """plan_view's cache holds one plan per result dtype: prelu sums its fp32 partials into a bf16 weight gradient
+    for a bf16 input and an f16 one for an f16 input of the same shape, from the same view."""
+    x = _ints((6, 5), torch.float32)
+    for out_dtype in (torch.bfloat16, torch.float16, torch.float32, torch.bfloat16):
+        plan = reduction.plan_view((6, 5), (5, 1), torch.float32, (1,), op="test", out_dtype=out_dtype)
+        out = reduction.run_plan(plan, x)
+        assert out.dtype == out_dtype
+        assert_bitwise_equal(out, _reference(x, (1,)).to(out_dtype), f"-> {out_dtype}")

@@ -271,3 +271,24 @@ def test_negative_zero_where_nothing_is_summed(dtype):
     out = ops.repeat_backward(t, (1, 1), (3, 2))
     assert out.is_contiguous() and out.data_ptr() != t.data_ptr()
     assert_bitwise_equal(out, t)
+
+
+# ------------------------------------------------------------------------------------------------ mutation-found gaps
+def test_negative_repeats_and_sizes_whose_products_fit_the_grad_are_refused():
+    """Negative repeats (or sizes) are refused before the shape check: (-1) x (-2) = 2 matches a grad of 2
+    elements, which would otherwise reach the planner with negative sizes."""
+    g = _grad_for((2,), (1,), torch.float32)
+    with pytest.raises(InvalidProblem, match="repeats"):
+        ops.repeat_backward(g, (-1,), (-2,))
+    with pytest.raises(InvalidProblem, match="repeats"):
+        ops.repeat_backward(_grad_for((2, 3), (1, 1), torch.float32), (-1, 1), (-2, 3))
+
+
+def test_complex_repeat_backward_under_enable_is_stock():
+    """A dtype the kernel does not take (complex, which can require grad) gets autograd's own formula."""
+    x = torch.randn(3, 4, device=DEVICE, dtype=torch.complex64, requires_grad=True)
+    g = torch.randn(6, 4, device=DEVICE, dtype=torch.complex64)
+    with gradkern.use():
+        (gx,) = torch.autograd.grad(x.repeat(2, 1), x, g)
+    (ref,) = torch.autograd.grad(x.repeat(2, 1), x, g)
+    assert torch.equal(gx, ref)
