@@ -62,8 +62,9 @@ _BLOCK_MAX = 16384  # the longest row one program keeps in registers (8192 in fp
 # a program takes several short contiguous rows, up to _ROW_TILE elements, with one warp per _WARP_ELEMS of them (1 to
 # 16 warps), per direction (forward, backward): measured on an H200 at 32768 x 1024, the forward 1.3x (f32) faster
 # with 2048-element tiles than with 4096; the backward one 1024-element row a program in 4 warps (tune group smbwd1,
-# two runs each): bf16 3,846-3,848 GB/s against 3,756-3,795 with 4096-element tiles at 512 a warp, f32 4,102-4,108
-# against 4,036-4,037 (the long-row and strided cases, 16 warps either way, unchanged)
+# four runs each): bf16 3,826-3,848 GB/s against 3,756-3,795 with 4096-element tiles at 512 a warp, 3,788-3,790 in
+# 2 warps, 3,262-3,282 in 1; f32 4,077-4,108 against 4,036-4,056 (the long-row and strided cases, 16 warps either
+# way, unchanged)
 _ROW_TILE = {"forward": 2048, "backward": 1024}
 _COL_ROWS = 16  # rows a program takes when the reduced dim is strided (rows adjacent in memory)
 _KB = 64  # chunk partials combined per step, in a fixed order
