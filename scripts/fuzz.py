@@ -933,6 +933,38 @@ def leaf(t, rg):
     return t.detach().requires_grad_(rg) if t.is_floating_point() else t
 
 
+@contextlib.contextmanager
+def routing(entry: str, routed: bool):
+    """gradkern's routing around one autograd call: `gradkern.use()` or enable() ... disable() (`entry`), where
+    `routed`; none for the stock call."""
+    if not routed:
+        yield
+    elif entry == "use":
+        with gradkern.use():
+            yield
+    else:
+        gradkern.enable()
+        try:
+            yield
+        finally:
+            gradkern.disable()
+
+
+def run_autograd_both(ctx, name, tensors, stock_fn, gk_fn):
+    """Run an autograd case's stock and routed calls ((forward, gradients) each): None where their errors decide
+    the case (judged), else (stock, gradkern) after checking that neither wrote to `tensors` and that the forwards
+    agree bit for bit."""
+    snap = snapshot(tensors)
+    s, s_err, gk, g_err = run_both(stock_fn, gk_fn)
+    if judge_errors(ctx, s_err, g_err):
+        return None
+    check_untouched(snap)
+    d = bit_diff(gk[0], s[0], f"{name} forward")
+    if d is not None:
+        raise Mismatch("forward-bits", d)
+    return s, gk
+
+
 def run_autograd(ctx, name, fwd, inputs, needs, exact, summed_from=0, g_layouts=LAYOUTS, thresholds=(),
                  adjust=None):
     """fwd(*inputs) under stock / gradkern; gradients of the inputs flagged in `needs`. `exact(i)`: whether
@@ -944,19 +976,12 @@ def run_autograd(ctx, name, fwd, inputs, needs, exact, summed_from=0, g_layouts=
 
     def one(tensors, g=None, routed=False):
         leaves = [leaf(t, n) if isinstance(t, torch.Tensor) else t for t, n in zip(tensors, needs)]
-        cm = gradkern.use() if routed and entry == "use" else contextlib.nullcontext()
-        if routed and entry == "enable":
-            gradkern.enable()
-        try:
-            with cm, torch.enable_grad():
-                out = fwd(*leaves)
-                if g is None:
-                    return out, None
-                want = [lf for lf, n in zip(leaves, needs) if n]
-                grads = torch.autograd.grad(out, want, g, allow_unused=True) if want else ()
-        finally:
-            if routed and entry == "enable":
-                gradkern.disable()
+        with routing(entry, routed), torch.enable_grad():
+            out = fwd(*leaves)
+            if g is None:
+                return out, None
+            want = [lf for lf, n in zip(leaves, needs) if n]
+            grads = torch.autograd.grad(out, want, g, allow_unused=True) if want else ()
         it = iter(grads)
         return out, [next(it) if n else None for n in needs]
 
@@ -975,14 +1000,11 @@ def run_autograd(ctx, name, fwd, inputs, needs, exact, summed_from=0, g_layouts=
     if not out0.is_floating_point():
         raise Skip
     g = make(ctx, tuple(out0.shape), out0.dtype, name="grad_output", layouts=g_layouts, thresholds=thresholds)
-    snap = snapshot([t for t in inputs if isinstance(t, torch.Tensor)] + [g])
-    s, s_err, gk, g_err = run_both(lambda: one(inputs, g), lambda: one(inputs, g, routed=True))
-    if judge_errors(ctx, s_err, g_err):
+    both = run_autograd_both(ctx, name, [t for t in inputs if isinstance(t, torch.Tensor)] + [g],
+                             lambda: one(inputs, g), lambda: one(inputs, g, routed=True))
+    if both is None:
         return
-    check_untouched(snap)
-    d = bit_diff(gk[0], s[0], f"{name} forward")
-    if d is not None:
-        raise Mismatch("forward-bits", d)
+    s, gk = both
     with stock():
         f64 = [t.detach().double() if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in inputs]
         _, s64 = one(f64, g.double())
@@ -1165,25 +1187,15 @@ def run_autograd_nan(ctx, fn, fwd, x):
 
     def one(routed):
         lf = x.detach().requires_grad_(True)
-        if routed and entry == "enable":
-            gradkern.enable()
-        try:
-            with gradkern.use(routed) if entry == "use" else contextlib.nullcontext(), torch.enable_grad():
-                out = fwd(lf)
-                (gx,) = torch.autograd.grad(out, lf, g)
-        finally:
-            if routed and entry == "enable":
-                gradkern.disable()
+        with routing(entry, routed), torch.enable_grad():
+            out = fwd(lf)
+            (gx,) = torch.autograd.grad(out, lf, g)
         return out, gx
 
-    snap = snapshot([x, g])
-    s, s_err, gk, g_err = run_both(lambda: one(False), lambda: one(True))
-    if judge_errors(ctx, s_err, g_err):
+    both = run_autograd_both(ctx, fn, [x, g], lambda: one(False), lambda: one(True))
+    if both is None:
         return
-    check_untouched(snap)
-    d = bit_diff(gk[0], s[0], f"{fn} forward")
-    if d is not None:
-        raise Mismatch("forward-bits", d)
+    s, gk = both
     exp = s[1]
     if fn != "hardsigmoid":
         adj = torch.where(torch.isnan(x), g, exp)
