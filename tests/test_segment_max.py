@@ -450,9 +450,10 @@ def test_segment_reduce_plans_follow_the_layout():
 
 
 def _layout_of(kind, lead, rows, dtype, seed):
-    """A tensor of shape (*lead, rows, 3, 4) (the segment axis after `lead`) whose dims before or after the axis
-    merge into: "inner" two strided runs (the trailing pair transposed), "expanded" two (the 3 expanded from 1),
-    "outer" two (lead (2, 3) transposed), "three" three (the trailing (2, 3, 4) reversed in memory)."""
+    """A tensor of shape (*lead, rows, 3, 4) ("three": (*lead, rows, 2, 3, 4); the segment axis after `lead`) whose
+    dims before or after the axis merge into: "inner" two strided runs (the trailing pair transposed), "expanded"
+    two (the 3 expanded from 1), "outer" two (lead (2, 3) transposed), "three" three (the trailing (2, 3, 4)
+    reversed in memory)."""
     if kind == "inner":
         return _data((*lead, rows, 4, 3), dtype, seed, ties=True).transpose(-1, -2)
     if kind == "expanded":
