@@ -130,6 +130,27 @@ def test_special_values_backward(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_backward_vector_path(dtype):
+    """Rows contiguous in y, g and dx take the vector kernel, which reads g only in the 16-byte vectors that hold
+    some y > 0: with NaN and inf in g wherever y == 0 (in vectors it reads and in ones it skips), dx is 0 there and
+    equals the row kernel's (g strided along dim, read in full), for rows shorter than a vector, of several and of
+    a ragged number."""
+    for n in (5, 40, 300):
+        y = ops.sparsemax_forward(_x((6, n), dtype, seed=n), -1)
+        g = _x((6, n), dtype, scale=1.0, seed=n + 1)
+        g[y == 0] = nan
+        g[:, ::3][y[:, ::3] == 0] = inf
+        plan = sm._check_backward(g, y, -1)[0]
+        assert plan.vec == min(16 // dtype.itemsize, plan.B) > 0, (n, plan)
+        g_strided = torch.full((6, 2 * n), -1.0, dtype=dtype, device=DEVICE)[:, ::2]
+        g_strided.copy_(g)
+        assert sm._check_backward(g_strided, y, -1)[0].vec == 0
+        dx = check_case("sparsemax_backward", (g, y, -1), what=f"vector path n={n}")
+        assert not dx[y == 0].any(), n
+        assert_close(dx, ops.sparsemax_backward(g_strided, y, -1), dtype, f"vector path vs row kernel n={n}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 def test_ties_at_the_threshold(dtype):
     """Entries equal to tau get exactly 0 whatever their count, in rows long enough to need several programs'
     worth of iterations too."""
