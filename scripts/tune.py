@@ -78,6 +78,8 @@ GROUPS = {  # name: (ops, dtypes, configs); each config overrides only what it n
     "smbwd1": (["sparsemax_backward"], [F32, BF16],  # the defaults against the earlier 4096-element tiles
                [DEFAULTS, _sm((2048, 4096), (256, 512)), _sm((2048, 1024), (256, 512)),
                 _sm((2048, 1024), (256, 1024))] * 2),
+    "smbwd_cap": (["sparsemax_backward"], [BF16, F32],  # the vector path's register cap: 32, none, 40
+                  [DEFAULTS, (sparsemax, {"_VEC_MAXNREG": 0}), (sparsemax, {"_VEC_MAXNREG": 40}), DEFAULTS]),
     "prelu": (["prelu_backward"], [F32, BF16],
               [DEFAULTS] + [(prelu, {"_ROWS_MAX_PARTIALS": {2: p, 4: p}}) for p in (1 << 30, 4096, 8192, 16384)]
               + [(prelu, {"_COLS_TILE": t, "_COLS_TARGET_PROGRAMS": p, "_COLS_MIN_ROWS": r})

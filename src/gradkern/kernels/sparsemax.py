@@ -71,7 +71,9 @@ _BLOCK_MAX = 16384  # the longest row one program keeps in registers (8192 in fp
 _ROW_TILE = {"forward": 2048, "backward": 1024}
 # The backward's vector kernel waits for y before it reads g, so it needs every warp the SM can hold: 32 registers
 # (64 warps of 128 threads) where a thread holds at most 8 elements (of 4 bytes or less) of each tile. Uncapped,
-# Triton 3.6 gives the bf16 one 35 (48 warps): 3,726 against 4,289 GB/s at 32768 x 1024 (f32 takes 32 either way).
+# Triton 3.6 gives the bf16 one 35 (48 warps). Tune group smbwd_cap (H200, 32768 x 1024): bf16 4,218-4,299 GB/s
+# capped at 32, 3,740 uncapped, 3,739 at 40 (dense support 3,675-3,718 / 3,403 / 3,379); f32 5,704-5,712, the same
+# uncapped (32 either way), 5,450 at 40.
 _VEC_MAXNREG = 32
 _VEC_CAP_ELEMS = 8
 _COL_ROWS = 16  # rows a program takes when the reduced dim is strided (rows adjacent in memory)
