@@ -1346,6 +1346,8 @@ def error_structured(ctx):
             shape = (2,) * r.choice([dims, dims + 3]) if r.random() < 0.7 else ()
         elif bad == "pad-len":
             pads = pads + [1, 1] if r.random() < 0.5 else pads[:-1]
+            if reflect and dims < 3 and len(pads) > 2 * dims:  # (issue #4 asks for a named error)
+                deliberate = "pad-len-checked(README: stock's reflection_pad1d/2d backwards ignore extra entries)"
         elif bad == "dtype":
             deliberate = "pad-dtype-mismatch(stock's backward does not check it)"
         elif bad == "big-pad":
