@@ -454,7 +454,12 @@ _PREFETCH = True  # where H is padded, a program first asks L2 for its pad rows 
 # 80 -> 94, Triton 3.9), so 16-bit 3d replicate is capped at 80. H200, 8x32x32x64x64 pad 2, against after the
 # barrier with the cap of 96 (two runs each): replicate bf16 49.3-49.4 -> 47.7 us, f16 49.2 -> 48.3, f32 82.0-82.1 ->
 # 81.2; reflect within 1%; the cap of 80 alone (strips after the barrier): within 1%. Split tiles (3d pad 1, 1d/2d)
-# keep the barrier-first order: gathering every part, the ones a tile lacks masked off, cost 1d/2d bf16 up to 1.4x
+# keep the barrier-first order: gathering every part, the ones a tile lacks masked off, cost 1d/2d bf16 up to 1.4x.
+# Where 16-bit 3d pad 2 loses its time (H200, 8x32x32x64x64 replicate bf16, 48.0-48.9 us): without strips (the bulk
+# and the D border planes alone) 41.7-43.0 us; the row strips alone add 0.5-1.1, the column strips alone 0.3-0.4
+# (selected in, EDGES) or 3-4 (stored after the barrier), both 5-7, the corners at most 1 of that. Not kept: no
+# barrier at all (the bulk store masked off the strip rows, the row part writing them whole with every source, the
+# column strips selected in): 48.6-49.5 us, reflect pad 1 331.7 -> 349.5
 _EARLY_STRIPS = True
 # where a tile holds every column and the column strips are one column a side (replicate; reflect with pads of 1),
 # their values are selected into the bulk tile before its store, for these element sizes. H200, f32 (tune.py group
