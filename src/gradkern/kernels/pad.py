@@ -459,7 +459,8 @@ _PREFETCH = True  # where H is padded, a program first asks L2 for its pad rows 
 # and the D border planes alone) 41.7-43.0 us; the row strips alone add 0.5-1.1, the column strips alone 0.3-0.4
 # (selected in, EDGES) or 3-4 (stored after the barrier), both 5-7, the corners at most 1 of that. Not kept: no
 # barrier at all (the bulk store masked off the strip rows, the row part writing them whole with every source, the
-# column strips selected in): 48.6-49.5 us, reflect pad 1 331.7 -> 349.5
+# column strips selected in): 48.6-49.5 us, reflect pad 1 331.7 -> 349.5; both strips selected into the bulk tile,
+# stored once (the row part with every source, so the corners too): bf16 51.1-53.9 us (caps 64-96), f32 78.8 -> 83.1
 _EARLY_STRIPS = True
 # where a tile holds every column and the column strips are one column a side (replicate; reflect with pads of 1),
 # their values are selected into the bulk tile before its store, for these element sizes. H200, f32 (tune.py group
