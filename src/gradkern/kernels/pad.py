@@ -461,16 +461,18 @@ _PREFETCH = True  # where H is padded, a program first asks L2 for its pad rows 
 # barrier at all (the bulk store masked off the strip rows, the row part writing them whole with every source, the
 # column strips selected in): 48.6-49.5 us, reflect pad 1 331.7 -> 349.5; both strips selected into the bulk tile,
 # stored once (the row part with every source, so the corners too): bf16 51.1-53.9 us (caps 64-96), f32 78.8 -> 83.1.
-# Nsight Compute (same case; its runs flush the caches: 44.4-45.0 us, 34.5-34.9 without strips): the strips double
-# the executed instructions (10.3M -> 20.9M warp instructions), add 1.09M L2 write sectors (each column strip element
-# its own) and L2 tag requests 2.73M -> 4.16M; DRAM bytes are the same. Not kept either, with the column strips
-# selected in (EDGES) for 16-bit: the corners as their own part 49.5-50.3 us; selected into the row part (a layout
-# conversion) 52.3-53.1; the row part over every column with all W sources 50.6-51.5 (f32 79.1 -> 88.0); the column
-# part over every row with all H sources 47.7-48.2 (f32 78.5-79.0: within 1%). Without any corners (wrong results,
-# timing only): 44.6-46.0. The bulk stored only as wide as its loads (a max_contiguous hint on its offsets, so that
-# each load instruction covers whole rows rather than a quarter of each 16-byte group): 16-bit within 2% (L1 already
-# merges the quarter loads: L2 read sectors unchanged), f32 2d replicate pad 2 73.9 -> 90.9 us, odd pads (VEC 1)
-# about 10x slower on an H100
+# Nsight Compute (same case; its runs flush the caches: 44.4-45.0 us, 34.5-34.9 without strips): the strips double the
+# executed instructions (10.3M -> 20.9M warp instructions), add 1.09M L2 write sectors (each column strip element its
+# own) and L2 tag requests 2.73M -> 4.16M; DRAM bytes are the same. Not kept either, with the column strips selected in
+# (EDGES) for 16-bit: the corners as their own part 49.5-50.3 us; selected into the row part (a layout conversion)
+# 52.3-53.1; the row part over every column with all W sources 50.6-51.5 (f32 79.1 -> 88.0); the column part over every
+# row with all H sources 47.7-48.2 (f32 78.5-79.0: within 1%); the corners loaded and stored after a second barrier, the
+# row part over every column 49.1-49.7. Without any corners (wrong results, timing only): 44.6-46.0. The column strips'
+# extra sources loaded in the bulk tile's own layout (addresses constant along each row, selected in): the PTX keeps 116
+# of the 128 per-element loads and spills at the cap. The bulk stored only as wide as its loads (a max_contiguous hint
+# on its offsets, so that each load instruction covers whole rows rather than a quarter of each 16-byte group): 16-bit
+# within 2% (L1 already merges the quarter loads: L2 read sectors unchanged), f32 2d replicate pad 2 73.9 -> 90.9 us,
+# odd pads (VEC 1) about 10x slower on an H100
 _EARLY_STRIPS = True
 # where a tile holds every column and the column strips are one column a side (replicate; reflect with pads of 1),
 # their values are selected into the bulk tile before its store, for these element sizes. H200, f32 (tune.py group
