@@ -469,12 +469,13 @@ _PREFETCH = True  # where H is padded, a program first asks L2 for its pad rows 
 # 88.0-88.8); the column part over every row with all H sources 47.7-48.2 (f32 78.5-79.0: within 1%); the corners loaded
 # and stored after a second barrier, the row part over every column 49.1-49.7; two programs a plane, one for the rows
 # outside the strips (column strips selected in), one for the strip rows and corners, so no barrier: 48.8-49.4 (f32 79.2
-# -> 83.9). Without any corners (wrong results, timing only): 44.6-46.0. The column strips' extra sources loaded in the
-# bulk tile's own layout (addresses constant along each row, selected in): the PTX keeps 116 of the 128 per-element
-# loads and spills at the cap. The bulk stored only as wide as its loads (a max_contiguous hint on its offsets, so that
-# each load instruction covers whole rows rather than a quarter of each 16-byte group): 16-bit within 2% (L1 already
-# merges the quarter loads: L2 read sectors unchanged), f32 2d replicate pad 2 73.9 -> 90.9 us, odd pads (VEC 1) about
-# 10x slower on an H100
+# -> 83.9). Without any corners (wrong results, timing only): 44.6-46.0, so with EDGES every form of the corners above
+# costs about 2-5 us (without EDGES, dropping them saves nothing). The column strips' extra sources loaded in the bulk
+# tile's own layout (addresses constant along each row, selected in): the PTX keeps 116 of the 128 per-element loads and
+# spills at the cap. The bulk stored only as wide as its loads (a max_contiguous hint on its offsets, so that each load
+# instruction covers whole rows rather than a quarter of each 16-byte group): 16-bit 0.97-1.02x (L1 already merges the
+# quarter loads: L2 read sectors unchanged), f32 2d replicate pad 2 73.9 -> 90.9 us, odd pads (VEC 1) about 10x slower
+# on an H100
 _EARLY_STRIPS = True
 # where a tile holds every column and the column strips are one column a side (replicate; reflect with pads of 1),
 # their values are selected into the bulk tile before its store, for these element sizes. H200, f32 (tune.py group
