@@ -47,8 +47,11 @@ def _caps(**by_size):  # pad's register caps {(dims, element size, reflect): cap
 _PAD3D_CAPS = [(pad, {"_MAXNREG": caps}) for caps in ({}, _caps(d3e2=72, d3e4=88), _caps(d3e2=64, d3e4=80))]
 _PAD_LATE = (pad, {"_EARLY_STRIPS": False, "_MAXNREG": _caps(d3e2=96)})  # strip values after the barrier
 _PAD3D_OPS = ["replication_pad3d_backward", "reflection_pad3d_backward"]
+_PAD_OPS = [f"{mode}_pad{d}d_backward" for mode in ("replication", "reflection") for d in (1, 2, 3)]
 _PAD_EDGE_OPS = _PAD3D_OPS + ["replication_pad2d_backward", "reflection_pad2d_backward"]  # (the EDGES merge's cases)
-_PAD_NO_EDGES = (pad, {"_EDGES": ()})  # column strips stored after the barrier in every dtype
+_PAD_NO_EDGES = (pad, {"_EDGES": set()})  # column strips stored after the barrier in every dtype
+_PAD_EDGES_ALL = (pad, {"_EDGES": {(d, e) for d in (1, 2, 3) for e in (2, 4)}})  # ... selected in, every dtype
+_PAD_BEFORE_LANES = (pad, {"_EDGES": {(d, 4) for d in (1, 2, 3)}, "_CORNER_LANES": 0})  # f32 alone; corners per element
 
 GROUPS = {  # name: (ops, dtypes, configs); each config overrides only what it names, config 0 is the defaults
     "pad3d": (_PAD3D_OPS, [F32, BF16, F16],
@@ -62,8 +65,10 @@ GROUPS = {  # name: (ops, dtypes, configs); each config overrides only what it n
     "pad_early": (_PAD3D_OPS + ["replication_pad2d_backward", "reflection_pad1d_backward"], [F32, BF16, F16],
                   [DEFAULTS, _PAD_LATE, (pad, {"_MAXNREG": _caps(d3e2=96)}), DEFAULTS, _PAD_LATE]),
     "pad_edges": (_PAD_EDGE_OPS, [F32, BF16],
-                  [DEFAULTS, _PAD_NO_EDGES, (pad, {"_EDGES": (2, 4)}), DEFAULTS, _PAD_NO_EDGES]),
+                  [DEFAULTS, _PAD_NO_EDGES, _PAD_EDGES_ALL, DEFAULTS, _PAD_NO_EDGES]),
     "pad_edges32": (_PAD_EDGE_OPS, [F32], [DEFAULTS, _PAD_NO_EDGES, DEFAULTS, _PAD_NO_EDGES]),  # (f32 alone, faster)
+    "pad_lanes": (_PAD_OPS, [F32, BF16, F16],  # replicate's corners a source a lane, 16-bit 3d's column strips
+                  [DEFAULTS, _PAD_BEFORE_LANES, DEFAULTS, _PAD_BEFORE_LANES]),  # selected in: against neither
     "segment": (["_segment_reduce_backward", "segment_max_forward", "segment_max_backward"], [F32, F16],
                 [DEFAULTS, DEFAULTS]),  # the defaults twice: the spread
     "segred": (["_segment_reduce_backward"], [F32, F16],

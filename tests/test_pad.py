@@ -278,15 +278,41 @@ def test_edge_columns_in_the_bulk_agree_with_their_own_part(op, w_in, w_pads, sp
     if split:  # tiles of 16 elements: 2 (or 4) rows of the 7 (or 3) columns
         monkeypatch.setattr(padmod, "_TILE", dict.fromkeys((1, 2, 3), 16))
     results = {}
-    for edges in ((4,), ()):
+    for edges in ({(d, 4)}, set()):
         padmod._plan.cache_clear()
         monkeypatch.setattr(padmod, "_EDGES", edges)
         plan = padmod._plan(padmod._Spec(op, d, reflect), tuple(problem[0].shape), problem[0].stride(), shape,
                             tuple(pads), problem[1].stride(), torch.float32)
         assert plan.consts["EDGES"] is bool(edges) and plan.consts["EARLY"] is not split
-        results[edges] = check_case(op, problem, what=f"{op} pad {pads} EDGES={bool(edges)}")
+        results[bool(edges)] = check_case(op, problem, what=f"{op} pad {pads} EDGES={bool(edges)}")
     padmod._plan.cache_clear()
-    assert_bitwise_equal(results[(4,)], results[()], op)
+    assert_bitwise_equal(results[True], results[False], op)
+
+
+# replicate shapes whose corners have several sources: pads of 1-3, a crop, a dim of size 1 (both ends' pads)
+CORNERS = {2: [((2, 2, 7, 9), (2, 1, 0, 3)), ((1, 3, 5, 4), (3, 3, 2, 1)), ((1, 2, 1, 6), (1, 2, 2, 1))],
+           3: [((1, 2, 3, 5, 6), (2, 1, 1, 3, 2, 1)), ((2, 4, 5, 7), (1, -1, 0, 2, -2, 2)),
+               ((1, 2, 1, 3, 1), (2, 0, 1, 1, 0, 2))]}
+
+
+@pytest.mark.parametrize("op", ["replication_pad2d_backward", "replication_pad3d_backward"])
+@pytest.mark.parametrize("split", [False, True])  # whole-plane tiles (EARLY), or tiles of a few rows
+def test_corners_a_source_a_lane_and_per_element_match_stock(op, split, monkeypatch):
+    """Replicate's corners (strip rows x strip columns) summed a source a lane (`_corner_lanes`) and each element's
+    sources in turn (`_CORNER_LANES = 0`) both match stock."""
+    d = _dims(op)
+    if split:  # tiles of 16 elements
+        monkeypatch.setattr(padmod, "_TILE", dict.fromkeys((1, 2, 3), 16))
+    for shape, pads in CORNERS[d]:
+        problem = _problem(op, shape, pads, torch.float32)
+        for lanes in (1024, 0):
+            padmod._plan.cache_clear()
+            monkeypatch.setattr(padmod, "_CORNER_LANES", lanes)
+            plan = padmod._plan(padmod._Spec(op, d, False), tuple(problem[0].shape), problem[0].stride(), shape,
+                                tuple(pads), problem[1].stride(), torch.float32)
+            assert (plan.consts["CS"] > 0) is (lanes > 0) and (split or plan.consts["EARLY"])
+            check_case(op, problem, what=f"{op} {shape} pad {pads} lanes {lanes} split {split}")
+    padmod._plan.cache_clear()
 
 
 def test_bad_inputs_raise_named_errors_and_write_nothing():

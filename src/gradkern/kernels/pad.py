@@ -24,13 +24,14 @@ for all but the border planes). Along H and W, the indices with extra sources fo
   grad_output's strides and the left W pad allow (`_vec`);
 * if the tile holds part of a strip, after a barrier, its strip elements are rewritten in three disjoint parts:
   strip rows x other columns with all their H sources ([SH, BW] chunks), other rows x strip columns with all
-  their W sources ([BH, SW]), and the corners with all sources ([SH, SW]). The loads of a part are unrolled
-  (replicate's extra rows and columns up to _UNROLL per side, wider pads loop), so they are in flight together.
+  their W sources ([BH, SW]), and the corners with all sources ([SH, SW]; replicate's a source a lane, each
+  element's lanes summed). The loads of a part are unrolled (replicate's extra rows and columns up to _UNROLL per
+  side, wider pads loop), so they are in flight together.
   The pad rows they read (which no bulk load touched) were asked of L2 before the bulk (a prefetch, on a GPU).
   Where a tile is its whole plane (so it holds every strip), the strip parts' values are gathered before the bulk
   store and only stored after the barrier. Where a tile holds every column and the column strips are one column a
   side (replicate; reflect with pads of 1), those are selected into the bulk tile before its store instead (f32,
-  `_EDGES`).
+  and 16-bit 3d: `_EDGES`).
 
 Border work is thus proportional to the border data, and never widens the bulk's per-element work (the kernel is
 instruction-bound where every element carries border masks: measured on an H200). The grid is 1-D (planes x row
@@ -257,6 +258,60 @@ def _strip_chunk(src, dst, gsD, o0, o1, o2, v0, v01, count, t0, c0, n_ra, n_rb, 
 
 
 @triton.jit
+def _replicate_source(x, j, n_in, n_out, lo):
+    """Replicate's source j of index x along one dim, as (output index, valid): x's sources are the outputs [start,
+    end) (the direct one, and for the first / last index the pad before / after it)."""
+    start = tl.maximum(tl.where(x == 0, 0, x + lo), 0)
+    end = tl.minimum(tl.where(x == n_in - 1, n_out, x + lo + 1), n_out)
+    return start + j, j < end - start
+
+
+@triton.jit
+def _corner_lanes(src, dst, gsD, o0, count, t0, c0, n_ra, n_rb, ra, rb, n_ca, n_cb, ca, cb, H_in, H_out, W_in, W_out,
+                  sH, sW, isH, isW, ph_lo, pw_lo, SH: tl.constexpr, SW: tl.constexpr, NXH: tl.constexpr,
+                  NXW: tl.constexpr, SIDES_H: tl.constexpr, SIDES_W: tl.constexpr, CS: tl.constexpr,
+                  ACC: tl.constexpr):
+    """Replicate's corner chunk (strip rows [t0, t0 + SH) x strip columns [c0, c0 + SW)) with all their sources, a
+    source a lane: element e owns lanes [e*CS, (e+1)*CS), lane s loads its source (plane k, row j, column i), and
+    each element's lanes are summed (a reduction in one fixed order). As (values, grad_input pointers, mask), like
+    `_strip_chunk`, whose per-element form spends its instructions on each source's index and mask in turn."""
+    NH: tl.constexpr = 1 + SIDES_H * NXH  # (at most this many sources a row, NW a column, ND a plane)
+    NW: tl.constexpr = 1 + SIDES_W * NXW
+    e = tl.arange(0, SH * SW)[:, None]
+    s = tl.arange(0, CS)[None, :]
+    ts = t0 + e // SW
+    tc = c0 + e % SW
+    hh = _strip_index(ts, n_ra, ra, rb)
+    ww = _strip_index(tc, n_ca, ca, cb)
+    em = (ts < n_ra + n_rb) & (tc < n_ca + n_cb)
+    k = s // (NH * NW)
+    oh, hm = _replicate_source(hh, (s // NW) % NH, H_in, H_out, ph_lo)
+    ow, wm = _replicate_source(ww, s % NW, W_in, W_out, pw_lo)
+    m = em & hm & wm & (k < count)  # (a lane past its element's sources has k >= count)
+    val = tl.sum(tl.load(src + (o0 + k).to(tl.int64) * gsD + oh * sH + ow * sW, mask=m, other=0.0).to(ACC), axis=1,
+                 keep_dims=True)
+    return cast_out(val, dst.dtype.element_ty), dst + hh * isH + ww * isW, em
+
+
+@triton.jit
+def _corner_chunk(src, dst, gsD, o0, o1, o2, v0, v01, count, t0, c0, n_ra, n_rb, ra, rb, n_ca, n_cb, ca, cb, h, rm, w,
+                  cm, hs0, hs1, hs2, hs3, ws0, ws1, ws2, ws3, H_in, H_out, W_in, W_out, sH, sW, isH, isW, ph_lo,
+                  ph_hi, pw_lo, pw_hi, SH: tl.constexpr, SW: tl.constexpr, ND: tl.constexpr, NXH: tl.constexpr,
+                  NXW: tl.constexpr, SIDES_H: tl.constexpr, SIDES_W: tl.constexpr, LOOPS: tl.constexpr,
+                  CS: tl.constexpr, REFLECT: tl.constexpr, CROP: tl.constexpr, ACC: tl.constexpr):
+    """The corner chunk: a source a lane where the plan gives lanes (CS > 0: replicate with every source unrolled),
+    else `_strip_chunk`'s per-element form."""
+    if CS > 0:
+        return _corner_lanes(src, dst, gsD, o0, count, t0, c0, n_ra, n_rb, ra, rb, n_ca, n_cb, ca, cb, H_in, H_out,
+                             W_in, W_out, sH, sW, isH, isW, ph_lo, pw_lo, SH, SW, NXH, NXW, SIDES_H, SIDES_W, CS, ACC)
+    else:
+        return _strip_chunk(src, dst, gsD, o0, o1, o2, v0, v01, count, t0, c0, n_ra, n_rb, ra, rb, n_ca, n_cb, ca, cb,
+                            h, rm, w, cm, hs0, hs1, hs2, hs3, ws0, ws1, ws2, ws3, H_in, H_out, W_in, W_out, sH, sW,
+                            isH, isW, ph_lo, ph_hi, pw_lo, pw_hi, True, True, SH, SW, ND, NXH, NXW, SIDES_H, SIDES_W,
+                            LOOPS, REFLECT, CROP, ACC)
+
+
+@triton.jit
 def _prefetch_pad_rows(plane, ok, gsH, h0, h1, w0, H_in, H_out, W_out, ph_lo, BW: tl.constexpr):
     """Ask L2 for the pad rows of a source plane that only the strip part reads (the outputs above input row 0 and
     below row H_in - 1, at most 4 a side), over the tile's columns and pads, one prefetch every 8 elements: they
@@ -286,7 +341,7 @@ def _plane_tile(gi, g, p, h, rm, w, cm, h0, h1, w0, n_ra, n_rb, ra, rb, n_ca, n_
                 pw_hi, hs0, hs1, hs2, hs3, ws0, ws1, ws2, ws3, REFLECT: tl.constexpr, CROP: tl.constexpr,
                 SH: tl.constexpr, SW: tl.constexpr, ND: tl.constexpr, NXH: tl.constexpr, NXW: tl.constexpr,
                 SIDES_H: tl.constexpr, SIDES_W: tl.constexpr, LOOPS: tl.constexpr, ACC: tl.constexpr, BW: tl.constexpr,
-                PREFETCH: tl.constexpr, EARLY: tl.constexpr, EDGES: tl.constexpr):
+                PREFETCH: tl.constexpr, EARLY: tl.constexpr, EDGES: tl.constexpr, CS: tl.constexpr):
     """The tile (rows h, columns w) of plane p of grad_input: the bulk, then the strip parts."""
     d = p % D_in
     q = p // D_in
@@ -308,9 +363,9 @@ def _plane_tile(gi, g, p, h, rm, w, cm, h0, h1, w0, n_ra, n_rb, ra, rb, n_ca, n_
         vr, pr, mr = _strip_chunk(src, dst, gsD, o0, o1, o2, v0, v01, count, 0, 0, n_ra, n_rb, ra, rb, n_ca, n_cb, ca,
             cb, h, rm, w, cm, hs0, hs1, hs2, hs3, ws0, ws1, ws2, ws3, H_in, H_out, W_in, W_out, gsH, gsW, isH, isW,
             ph_lo, ph_hi, pw_lo, pw_hi, True, False, SH, SW, ND, NXH, NXW, SIDES_H, SIDES_W, LOOPS, REFLECT, CROP, ACC)
-        vx, px, mx = _strip_chunk(src, dst, gsD, o0, o1, o2, v0, v01, count, 0, 0, n_ra, n_rb, ra, rb, n_ca, n_cb, ca,
-            cb, h, rm, w, cm, hs0, hs1, hs2, hs3, ws0, ws1, ws2, ws3, H_in, H_out, W_in, W_out, gsH, gsW, isH, isW,
-            ph_lo, ph_hi, pw_lo, pw_hi, True, True, SH, SW, ND, NXH, NXW, SIDES_H, SIDES_W, LOOPS, REFLECT, CROP, ACC)
+        vx, px, mx = _corner_chunk(src, dst, gsD, o0, o1, o2, v0, v01, count, 0, 0, n_ra, n_rb, ra, rb, n_ca, n_cb,
+            ca, cb, h, rm, w, cm, hs0, hs1, hs2, hs3, ws0, ws1, ws2, ws3, H_in, H_out, W_in, W_out, gsH, gsW, isH, isW,
+            ph_lo, ph_hi, pw_lo, pw_hi, SH, SW, ND, NXH, NXW, SIDES_H, SIDES_W, LOOPS, CS, REFLECT, CROP, ACC)
         vc, pc, mc = _strip_chunk(src, dst, gsD, o0, o1, o2, v0, v01, count, 0, 0, n_ra, n_rb, ra, rb, n_ca, n_cb, ca,
             cb, h, rm, w, cm, hs0, hs1, hs2, hs3, ws0, ws1, ws2, ws3, H_in, H_out, W_in, W_out, gsH, gsW, isH, isW,
             ph_lo, ph_hi, pw_lo, pw_hi, False, True, SH, SW, ND, NXH, NXW, SIDES_H, SIDES_W, LOOPS, REFLECT, CROP, ACC)
@@ -345,10 +400,10 @@ def _plane_tile(gi, g, p, h, rm, w, cm, h0, h1, w0, n_ra, n_rb, ra, rb, n_ca, n_
                     LOOPS, REFLECT, CROP, ACC)
                 tl.store(ps, vs, mask=ms)
                 for c0 in range(0, n_ca + n_cb, SW):
-                    vx, px, mx = _strip_chunk(src, dst, gsD, o0, o1, o2, v0, v01, count, t0, c0, n_ra, n_rb, ra, rb,
-                        n_ca, n_cb, ca, cb, h, rm, w, cm, hs0, hs1, hs2, hs3, ws0, ws1, ws2, ws3, H_in, H_out, W_in,
-                        W_out, gsH, gsW, isH, isW, ph_lo, ph_hi, pw_lo, pw_hi, True, True, SH, SW, ND, NXH, NXW,
-                        SIDES_H, SIDES_W, LOOPS, REFLECT, CROP, ACC)
+                    vx, px, mx = _corner_chunk(src, dst, gsD, o0, o1, o2, v0, v01, count, t0, c0, n_ra, n_rb, ra,
+                        rb, n_ca, n_cb, ca, cb, h, rm, w, cm, hs0, hs1, hs2, hs3, ws0, ws1, ws2, ws3, H_in, H_out, W_in,
+                        W_out, gsH, gsW, isH, isW, ph_lo, ph_hi, pw_lo, pw_hi, SH, SW, ND, NXH, NXW, SIDES_H, SIDES_W,
+                        LOOPS, CS, REFLECT, CROP, ACC)
                     tl.store(px, vx, mask=mx)
             if not EDGES:
                 for c0 in range(0, n_ca + n_cb, SW):
@@ -368,7 +423,7 @@ def _pad_backward_kernel(
     REFLECT: tl.constexpr, CROP: tl.constexpr, BH: tl.constexpr, BW: tl.constexpr, SH: tl.constexpr,
     SW: tl.constexpr, ND: tl.constexpr, NXH: tl.constexpr, NXW: tl.constexpr, SIDES_H: tl.constexpr,
     SIDES_W: tl.constexpr, LOOPS: tl.constexpr, PLANES_LOOP: tl.constexpr, ACC: tl.constexpr, I64: tl.constexpr,
-    VEC: tl.constexpr, PREFETCH: tl.constexpr, EARLY: tl.constexpr, EDGES: tl.constexpr,
+    VEC: tl.constexpr, PREFETCH: tl.constexpr, EARLY: tl.constexpr, EDGES: tl.constexpr, CS: tl.constexpr,
 ):
     # grad_output's plane and row strides and the left W pad come divided by VEC, a power of two that divides them
     # all: multiplied back here, the compiler knows every direct source row starts VEC-aligned and loads VEC
@@ -405,12 +460,12 @@ def _pad_backward_kernel(
             _plane_tile(gi, g, first + i, h, rm, w, cm, h0, h1, w0, n_ra, n_rb, ra, rb, n_ca, n_cb, ca, cb, Q1, D_in,
                         H_in, W_in, D_out, H_out, W_out, gs0, gs1, gsD, gsH, gsW, is0, is1, isD, isH, isW, pd_lo,
                         ph_lo, ph_hi, pw_lo, pw_hi, hs0, hs1, hs2, hs3, ws0, ws1, ws2, ws3, REFLECT, CROP, SH, SW, ND,
-                        NXH, NXW, SIDES_H, SIDES_W, LOOPS, ACC, BW, PREFETCH, EARLY, EDGES)
+                        NXH, NXW, SIDES_H, SIDES_W, LOOPS, ACC, BW, PREFETCH, EARLY, EDGES, CS)
     else:
         _plane_tile(gi, g, first, h, rm, w, cm, h0, h1, w0, n_ra, n_rb, ra, rb, n_ca, n_cb, ca, cb, Q1, D_in, H_in,
                     W_in, D_out, H_out, W_out, gs0, gs1, gsD, gsH, gsW, is0, is1, isD, isH, isW, pd_lo, ph_lo, ph_hi,
                     pw_lo, pw_hi, hs0, hs1, hs2, hs3, ws0, ws1, ws2, ws3, REFLECT, CROP, SH, SW, ND, NXH, NXW,
-                    SIDES_H, SIDES_W, LOOPS, ACC, BW, PREFETCH, EARLY, EDGES)
+                    SIDES_H, SIDES_W, LOOPS, ACC, BW, PREFETCH, EARLY, EDGES, CS)
 
 
 # ----------------------------------------------------------------------------------------------- host
@@ -483,8 +538,24 @@ _EARLY_STRIPS = True
 # 3d 16x64x16x128x128 pad 1 replicate 0.5777 -> 0.5577-0.5579, reflect 0.5614-0.5618 -> 0.5506; 2d 32x64x128x128
 # pad 1 replicate 0.0741-0.0742 -> 0.0730-0.0734, reflect 0.0748-0.0749 -> 0.0716-0.0717; the rest within 1%.
 # 16-bit (group pad_edges): 3d replicate pad 2 0.0480-0.0485 -> 0.0476 (0.0497-0.0501 under the first form's order),
-# 2d replicate 0.0400-0.0407 -> 0.0490 (pad 2) and 0.0431-0.0438 -> 0.0462 (pad 1): not for 16-bit
-_EDGES = (4,)
+# 2d replicate 0.0400-0.0407 -> 0.0490 (pad 2) and 0.0431-0.0438 -> 0.0462 (pad 1): not for 16-bit 1d/2d. 16-bit 3d
+# with replicate's corners a source a lane (group pad_lanes): replicate bf16 8x32x32x64x64 pad 2 47.7 -> 46.1-46.2 us,
+# 16x64x16x128x128 pad 1 319.0 -> 316.0-316.5; reflect pad 1 331.5 -> 332.7
+_EDGES = {(1, 4), (2, 4), (3, 4), (3, 2)}  # (padded dims, element size)
+# replicate's corner chunk is summed a source a lane (`_corner_lanes`) where its lanes (elements x sources, a power of
+# two each) are at most this many. H200 (tune.py group pad_lanes, against per-element corners and no EDGES for 16-bit
+# 3d; two runs): 3d replicate 8x32x32x64x64 pad 2 bf16 48.6 -> 46.1-46.2 us, 48.0-48.2 -> 46.7-47.4, f16 48.1-48.2 ->
+# 46.6-47.5; 16x64x16x128x128 pad 1 bf16 319.6-322.8 -> 316.0-320.7; f32, 1d and 2d within 1.5%. What the per-element
+# corners cost (probes, 16-bit 3d replicate pad 2, column strips selected in): 49.5-50.7 us; with one source each
+# (wrong results, timing only) 45.4-45.9, without corners 45.0-46.2. Their [2, 2] chunk runs 32 times over in a
+# 128-thread program and needs 80 registers where none needs 63, but that is not the cost: one element a thread
+# 49.8-50.5, capped at 64 registers 48.9-49.7, both 47.7-48.4; the instructions are (each source's index and mask in
+# turn). Not kept:
+# the lanes' sum stored at the lanes' shape (no layout conversion) 46.6-47.4 against 46.6-47.3; the corners after the
+# column part 47.1-47.9; before the bulk loads 49.9-50.7; after the barrier 49.1-50.0. Reflect keeps the per-element
+# form: its corner chunks are larger ([4, 4] at pad 2) and, in split tiles, after the barrier: lanes took 3d bf16 pad 2
+# 57.7 -> 59.9 us, pad 1 331.5 -> 345.5
+_CORNER_LANES = 1024
 _WAYS = ("left", "right", "top", "bottom", "front", "back")
 
 
@@ -618,16 +689,20 @@ def _plan(spec: _Spec, g_shape, g_strides, self_shape, pads, out_strides, dtype:
     # replicate's extra sources of both ends along a dim share one load per source, but in a dim of size 1
     sides_h, sides_w = 2 if h_in == 1 else 1, 2 if w_in == 1 else 1
     vec = _vec(gstr, pw_lo, dtype.itemsize)
+    # replicate's corner chunk a source a lane (`_corner_lanes`): lanes an element, where every source is unrolled and
+    # the chunk's lanes stay few; else 0 (the per-element form)
+    lanes = triton.next_power_of_2(nd * (1 + sides_h * nxh) * (1 + sides_w * nxw))
+    cs = 0 if spec.reflect or loops or sh * sw * lanes > _CORNER_LANES else lanes
     early = _EARLY_STRIPS and n_hb == n_wb == 1 and hs[1] + hs[3] > 0 and ws[1] + ws[3] > 0
     # a tile holds every column (so both strips) and they are one column a side (so sw == 2)
-    edges = dtype.itemsize in _EDGES and n_wb == 1 and ws[1] - ws[0] == 1 and ws[3] - ws[2] == 1
+    edges = (spec.dims, dtype.itemsize) in _EDGES and n_wb == 1 and ws[1] - ws[0] == 1 and ws[3] - ws[2] == 1
     values = (spec.reflect, crop, bh, bw, sh, sw, nd, nxh, nxw, sides_h, sides_w, loops, per_program > 1, acc, i64,
               vec, _PREFETCH and not _runtime.INTERPRET and (ph_lo > 0 or ph_hi > 0),
-              early, edges)
+              early, edges, cs)
     cap = _MAXNREG.get((spec.dims, dtype.itemsize, spec.reflect))
     consts = launch_consts(dict(zip(("REFLECT", "CROP", "BH", "BW", "SH", "SW", "ND", "NXH", "NXW", "SIDES_H",
                                      "SIDES_W", "LOOPS", "PLANES_LOOP", "ACC", "I64", "VEC", "PREFETCH", "EARLY",
-                                     "EDGES"),
+                                     "EDGES", "CS"),
                                     values, strict=True)), _WARPS, **({"maxnreg": cap} if cap else {}))
     args = (planes, per_program, n_hb, n_wb, q1, d_in, h_in, w_in, *gsize[2:], *(s // vec for s in gstr[:4]),
             gstr[4], *istr, pd_lo, ph_lo, ph_hi, pw_lo // vec, pw_hi, *hs, *ws)
