@@ -530,7 +530,8 @@ _PREFETCH = True  # where H is padded, a program first asks L2 for its pad rows 
 # spills at the cap. The bulk stored only as wide as its loads (a max_contiguous hint on its offsets, so that each load
 # instruction covers whole rows rather than a quarter of each 16-byte group): 16-bit 0.97-1.02x (L1 already merges the
 # quarter loads: L2 read sectors unchanged), f32 2d replicate pad 2 73.9 -> 90.9 us, odd pads (VEC 1) about 10x slower
-# on an H100
+# on an H100. Cache hints (H200, against 47.7-48.5 us): direct loads evict_first 55.8-55.9, the bulk store .cs or
+# evict_first 48.6-49.2
 _EARLY_STRIPS = True
 # where a tile holds every column and the column strips are one column a side (replicate; reflect with pads of 1),
 # their values are selected into the bulk tile before its store, for these element sizes. H200, f32 (tune.py group
