@@ -175,7 +175,11 @@ _COLS_MIN_ROWS = 256  # ... but gives each program at least this many rows (each
 # against 13.5M: a step's loop body is 583 SASS instructions a thread against 169 (Triton 3.9, sm_90), of which 116
 # LOP3 and 25 P2R keep 32 predicates packed in a register. Steps without per-element masks (every column block full,
 # every program's rows whole steps: one uniform predicate a step) cut that body to 389 instructions, but the call
-# measured the same: 262144x256 bf16 108.8 against 108.7 us, channels_last 106.6-106.7 against 106.6, f32 within 0.5%)
+# measured the same: 262144x256 bf16 108.8 against 108.7 us, channels_last 106.6-106.7 against 106.6, f32 within 0.5%.
+# Against 262144x256 / channels_last 108.2-108.6 / 106.3-106.5 us: each step's terms folded 4 rows to 1 with the
+# step-ahead loads kept (140 registers, Triton 3.9) 108.4-108.5 / 106.6-106.7, and capped at 128 (4 programs an SM;
+# 48 bytes of spills) 106.9-107.0 / 107.1; folded 8 to 1 and capped: 136-140. Cache hints: x and g loaded
+# evict_first 114.5-114.6 / 113.6-113.7, grad_input stored .cs or evict_first within 0.3%)
 _ROWS_MIN_L = 32  # (A, C, L) inputs with L >= this walk rows of L; smaller L (channels_last: L = 1) walk columns
 # the column kernel's widest column block: 64 (H200, 262144x256, four programs on each range of rows, 64 columns
 # each, against one program of 256: bf16 114.7 -> 108.3 us, f32 206.6 -> 199.5; 128 columns: 111.4 / 204.7; 32:
