@@ -275,7 +275,7 @@ def _corner_lanes(src, dst, gsD, o0, count, t0, c0, n_ra, n_rb, ra, rb, n_ca, n_
     source a lane: element e owns lanes [e*CS, (e+1)*CS), lane s loads its source (plane k, row j, column i), and
     each element's lanes are summed (a reduction in one fixed order). As (values, grad_input pointers, mask), like
     `_strip_chunk`, whose per-element form spends its instructions on each source's index and mask in turn."""
-    NH: tl.constexpr = 1 + SIDES_H * NXH  # (at most this many sources a row, NW a column, ND a plane)
+    NH: tl.constexpr = 1 + SIDES_H * NXH  # (the most sources a row has; NW: a column)
     NW: tl.constexpr = 1 + SIDES_W * NXW
     e = tl.arange(0, SH * SW)[:, None]
     s = tl.arange(0, CS)[None, :]
