@@ -555,7 +555,9 @@ _EDGES = {(1, 4), (2, 4), (3, 4), (3, 2)}  # (padded dims, element size)
 # the lanes' sum stored at the lanes' shape (no layout conversion) 46.6-47.4 against 46.6-47.3; the corners after the
 # column part 47.1-47.9; before the bulk loads 49.9-50.7; after the barrier 49.1-50.0. Reflect keeps the per-element
 # form: its corner chunks are larger ([4, 4] at pad 2) and, in split tiles, after the barrier: lanes took 3d bf16 pad 2
-# 57.7 -> 59.9 us, pad 1 331.5 -> 345.5
+# 57.7 -> 59.9 us, pad 1 331.5 -> 345.5. With the lanes, 16-bit 3d replicate pad 2 still takes 64 registers under the
+# cap of 80 (_MAXNREG) and measures 46.5-47.1 us there, capped at 64 47.6-48.1, at 72 46.8-47.6, at 96 47.5-48.2,
+# without the prefetch (_PREFETCH) 48.3-49.0
 _CORNER_LANES = 1024
 _WAYS = ("left", "right", "top", "bottom", "front", "back")
 
