@@ -547,17 +547,16 @@ _EDGES = {(1, 4), (2, 4), (3, 4), (3, 2)}  # (padded dims, element size)
 # two each) are at most this many. H200 (tune.py group pad_lanes, against per-element corners and no EDGES for 16-bit
 # 3d; two runs): 3d replicate 8x32x32x64x64 pad 2 bf16 48.6 -> 46.1-46.2 us, 48.0-48.2 -> 46.7-47.4, f16 48.1-48.2 ->
 # 46.6-47.5; 16x64x16x128x128 pad 1 bf16 319.6-322.8 -> 316.0-320.7; f32, 1d and 2d within 1.5%. What the per-element
-# corners cost (probes, 16-bit 3d replicate pad 2, column strips selected in): 49.5-50.7 us; with one source each
-# (wrong results, timing only) 45.4-45.9, without corners 45.0-46.2. Their [2, 2] chunk runs 32 times over in a
-# 128-thread program and needs 80 registers where none needs 63, but that is not the cost: one element a thread
-# 49.8-50.5, capped at 64 registers 48.9-49.7, both 47.7-48.4; the instructions are (each source's index and mask in
-# turn). Not kept:
-# the lanes' sum stored at the lanes' shape (no layout conversion) 46.6-47.4 against 46.6-47.3; the corners after the
-# column part 47.1-47.9; before the bulk loads 49.9-50.7; after the barrier 49.1-50.0. Reflect keeps the per-element
-# form: its corner chunks are larger ([4, 4] at pad 2) and, in split tiles, after the barrier: lanes took 3d bf16 pad 2
-# 57.7 -> 59.9 us, pad 1 331.5 -> 345.5. With the lanes, 16-bit 3d replicate pad 2 still takes 64 registers under the
-# cap of 80 (_MAXNREG) and measures 46.5-47.1 us there, capped at 64 47.6-48.1, at 72 46.8-47.6, at 96 47.5-48.2,
-# without the prefetch (_PREFETCH) 48.3-49.0
+# corners cost (probes, 16-bit 3d replicate pad 2, column strips selected in): 49.5-50.7 us; with one source each (wrong
+# results, timing only) 45.4-45.9, without corners 45.0-46.2. Their [2, 2] chunk runs 32 times over in a 128-thread
+# program and needs 80 registers where none needs 63, but that is not the cost: one element a thread 49.8-50.5, capped
+# at 64 registers 48.9-49.7, both 47.7-48.4; the instructions are (each source's index and mask in turn). Not kept: the
+# lanes' sum stored at the lanes' shape (no layout conversion) 46.6-47.4 against 46.6-47.3; the lanes summed only where
+# they are stored 46.6-47.4 against 46.6-47.5; the corners after the column part 47.1-47.9; before the bulk loads
+# 49.9-50.7; after the barrier 49.1-50.0. Reflect keeps the per-element form: its corner chunks are larger ([4, 4] at
+# pad 2) and, in split tiles, after the barrier: lanes took 3d bf16 pad 2 57.7 -> 59.9 us, pad 1 331.5 -> 345.5. With
+# the lanes, 16-bit 3d replicate pad 2 still takes 64 registers under the cap of 80 (_MAXNREG) and measures 46.5-47.1 us
+# there, capped at 64 47.6-48.1, at 72 46.8-47.6, at 96 47.5-48.2, without the prefetch (_PREFETCH) 48.3-49.0
 _CORNER_LANES = 1024
 _WAYS = ("left", "right", "top", "bottom", "front", "back")
 
