@@ -179,7 +179,10 @@ _COLS_MIN_ROWS = 256  # ... but gives each program at least this many rows (each
 # Against 262144x256 / channels_last 108.2-108.6 / 106.3-106.5 us: each step's terms folded 4 rows to 1 with the
 # step-ahead loads kept (140 registers, Triton 3.9) 108.4-108.5 / 106.6-106.7, and capped at 128 (4 programs an SM;
 # 48 bytes of spills) 106.9-107.0 / 107.1; folded 8 to 1 and capped: 136-140. Cache hints: x and g loaded
-# evict_first 114.5-114.6 / 113.6-113.7, grad_input stored .cs or evict_first within 0.3%)
+# evict_first 114.5-114.6 / 113.6-113.7, grad_input stored .cs or evict_first within 0.3%. Against 108.5-108.7 /
+# 106.2-106.3, folded 2 to 1 and capped at 128: 106.9 / 108.0; folded 4 to 1 and capped with 512 rows a program 109.3
+# / 108.9-109.1, with 128 columns 108.1-108.2 / 106.7, with 8192 programs 107.0-107.1 / 106.7-106.8: the (N, C)
+# case's best, 106.9 us, is 89.3% of the copy ceiling)
 _ROWS_MIN_L = 32  # (A, C, L) inputs with L >= this walk rows of L; smaller L (channels_last: L = 1) walk columns
 # the column kernel's widest column block: 64 (H200, 262144x256, four programs on each range of rows, 64 columns
 # each, against one program of 256: bf16 114.7 -> 108.3 us, f32 206.6 -> 199.5; 128 columns: 111.4 / 204.7; 32:
