@@ -533,15 +533,15 @@ _PREFETCH = True  # where H is padded, a program first asks L2 for its pad rows 
 # on an H100. Cache hints (H200, against 47.7-48.5 us): direct loads evict_first 55.8-55.9, the bulk store .cs or
 # evict_first 48.6-49.2
 _EARLY_STRIPS = True
-# where a tile holds every column and the column strips are one column a side (replicate; reflect with pads of 1),
-# their values are selected into the bulk tile before its store, for these element sizes. H200, f32 (tune.py group
-# pad_edges32, two runs each, against none): 3d 8x32x32x64x64 replicate pad 2 0.0813-0.0818 -> 0.0792-0.0793 ms,
-# 3d 16x64x16x128x128 pad 1 replicate 0.5777 -> 0.5577-0.5579, reflect 0.5614-0.5618 -> 0.5506; 2d 32x64x128x128
-# pad 1 replicate 0.0741-0.0742 -> 0.0730-0.0734, reflect 0.0748-0.0749 -> 0.0716-0.0717; the rest within 1%.
-# 16-bit (group pad_edges): 3d replicate pad 2 0.0480-0.0485 -> 0.0476 (0.0497-0.0501 under the first form's order),
-# 2d replicate 0.0400-0.0407 -> 0.0490 (pad 2) and 0.0431-0.0438 -> 0.0462 (pad 1): not for 16-bit 1d/2d. 16-bit 3d
-# with replicate's corners a source a lane (group pad_lanes): replicate bf16 8x32x32x64x64 pad 2 47.7 -> 46.1-46.2 us,
-# 16x64x16x128x128 pad 1 319.0 -> 316.0-316.5; reflect pad 1 331.5 -> 332.7
+# where a tile holds every column and the column strips are one column a side (replicate; reflect with pads of 1), their
+# values are selected into the bulk tile before its store, for these (padded dims, element size). H200, f32 (tune.py
+# group pad_edges32, two runs each, against none): 3d 8x32x32x64x64 replicate pad 2 0.0813-0.0818 -> 0.0792-0.0793 ms,
+# 3d 16x64x16x128x128 pad 1 replicate 0.5777 -> 0.5577-0.5579, reflect 0.5614-0.5618 -> 0.5506; 2d 32x64x128x128 pad 1
+# replicate 0.0741-0.0742 -> 0.0730-0.0734, reflect 0.0748-0.0749 -> 0.0716-0.0717; the rest within 1%. 16-bit (group
+# pad_edges): 3d replicate pad 2 0.0480-0.0485 -> 0.0476 (0.0497-0.0501 under the first form's order), 2d replicate
+# 0.0400-0.0407 -> 0.0490 (pad 2) and 0.0431-0.0438 -> 0.0462 (pad 1): not for 16-bit 1d/2d. 16-bit 3d with replicate's
+# corners a source a lane (group pad_lanes): replicate bf16 8x32x32x64x64 pad 2 47.7 -> 46.1-46.2 us, 16x64x16x128x128
+# pad 1 319.0 -> 316.0-316.5; reflect pad 1 331.5 -> 332.7
 _EDGES = {(1, 4), (2, 4), (3, 4), (3, 2)}  # (padded dims, element size)
 # replicate's corner chunk is summed a source a lane (`_corner_lanes`) where its lanes (elements x sources, a power of
 # two each) are at most this many. H200 (tune.py group pad_lanes, against per-element corners and no EDGES for 16-bit
