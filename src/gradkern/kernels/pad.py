@@ -78,10 +78,17 @@ def _source_planes(d, D_in, D_out, pd_lo, REFLECT: tl.constexpr):
     else:
         v0 = 0
         v01 = 0
-        hi = tl.minimum(tl.where(d == D_in - 1, D_out - 1, o0), D_out - 1)
-        o0 = tl.maximum(tl.where(d == 0, 0, o0), 0)
-        count = tl.maximum(hi - o0 + 1, 0)
+        o0, count = _replicate_range(d, D_in, D_out, pd_lo)
+        count = tl.maximum(count, 0)
     return o0, o1, o2, v0, v01, count
+
+
+@triton.jit
+def _replicate_range(x, n_in, n_out, lo):
+    """Replicate's sources of index x along one dim, as the outputs [start, start + count) (count < 0: none): the
+    direct one, and for the first / last index the pad before / after it."""
+    start = tl.maximum(tl.where(x == 0, 0, x + lo), 0)
+    return start, tl.minimum(tl.where(x == n_in - 1, n_out, x + lo + 1), n_out) - start
 
 
 @triton.jit
@@ -258,15 +265,6 @@ def _strip_chunk(src, dst, gsD, o0, o1, o2, v0, v01, count, t0, c0, n_ra, n_rb, 
 
 
 @triton.jit
-def _replicate_source(x, j, n_in, n_out, lo):
-    """Replicate's source j of index x along one dim, as (output index, valid): x's sources are the outputs [start,
-    end) (the direct one, and for the first / last index the pad before / after it)."""
-    start = tl.maximum(tl.where(x == 0, 0, x + lo), 0)
-    end = tl.minimum(tl.where(x == n_in - 1, n_out, x + lo + 1), n_out)
-    return start + j, j < end - start
-
-
-@triton.jit
 def _corner_lanes(src, dst, gsD, o0, count, t0, c0, n_ra, n_rb, ra, rb, n_ca, n_cb, ca, cb, H_in, H_out, W_in, W_out,
                   sH, sW, isH, isW, ph_lo, pw_lo, SH: tl.constexpr, SW: tl.constexpr, NXH: tl.constexpr,
                   NXW: tl.constexpr, SIDES_H: tl.constexpr, SIDES_W: tl.constexpr, CS: tl.constexpr,
@@ -285,11 +283,13 @@ def _corner_lanes(src, dst, gsD, o0, count, t0, c0, n_ra, n_rb, ra, rb, n_ca, n_
     ww = _strip_index(tc, n_ca, ca, cb)
     em = (ts < n_ra + n_rb) & (tc < n_ca + n_cb)
     k = s // (NH * NW)
-    oh, hm = _replicate_source(hh, (s // NW) % NH, H_in, H_out, ph_lo)
-    ow, wm = _replicate_source(ww, s % NW, W_in, W_out, pw_lo)
-    m = em & hm & wm & (k < count)  # (a lane past its element's sources has k >= count)
-    val = tl.sum(tl.load(src + (o0 + k).to(tl.int64) * gsD + oh * sH + ow * sW, mask=m, other=0.0).to(ACC), axis=1,
-                 keep_dims=True)
+    j = (s // NW) % NH  # (its row and column among the element's sources)
+    i = s % NW
+    h0, nh = _replicate_range(hh, H_in, H_out, ph_lo)
+    w0, nw = _replicate_range(ww, W_in, W_out, pw_lo)
+    m = em & (j < nh) & (i < nw) & (k < count)  # (a lane past its element's sources fails one of these)
+    val = tl.sum(tl.load(src + (o0 + k).to(tl.int64) * gsD + (h0 + j) * sH + (w0 + i) * sW, mask=m, other=0.0).to(ACC),
+                 axis=1, keep_dims=True)
     return cast_out(val, dst.dtype.element_ty), dst + hh * isH + ww * isW, em
 
 
