@@ -315,6 +315,33 @@ def test_corners_a_source_a_lane_and_per_element_match_stock(op, split, monkeypa
     padmod._plan.cache_clear()
 
 
+# power-of-two planes (each a whole tile), one of them strided, and a plane whose W is not (its tile is wider)
+UNMASKED = [((2, 3, 4, 8, 16), (2, 2, 2, 2, 2, 2), False), ((1, 2, 3, 4, 8), (1, 3, 0, 2, 2, -1), True),
+            ((2, 2, 3, 8, 6), (2, 1, 1, 2, 1, 1), False)]
+
+
+@pytest.mark.parametrize("op", ["replication_pad3d_backward", "reflection_pad3d_backward"])
+def test_whole_tiles_unmasked_match_stock_and_masked(op, monkeypatch):
+    """16-bit 3d tiles that are their whole plane run their bulk without masks (EVEN, `_UNMASKED`): that form
+    matches stock and the masked form bit for bit, and a plane that is not exactly its tile keeps its masks."""
+    for shape, pads, strided in UNMASKED:
+        g, x, p = _problem(op, shape, pads, torch.bfloat16)
+        if strided:  # grad_output read in place through its strides
+            g = torch.randn((*g.shape[:-1], 2 * g.shape[-1]), device=DEVICE).to(torch.bfloat16)[..., ::2]
+        outs = []
+        for unmasked in ({(3, 2)}, set()):
+            padmod._plan.cache_clear()
+            monkeypatch.setattr(padmod, "_UNMASKED", unmasked)
+            plan = padmod._plan(padmod._Spec(op, 3, op.startswith("reflection")), tuple(g.shape), g.stride(),
+                                shape, tuple(pads), x.stride(), torch.bfloat16)
+            whole = all(n & (n - 1) == 0 for n in shape[-2:])
+            assert plan.consts["EVEN"] is (bool(unmasked) and whole)
+            check_case(op, (g, x, p), what=f"{op} {shape} pad {pads} unmasked {unmasked}")
+            outs.append(getattr(ops, op)(g, x, p))
+        assert_bitwise_equal(outs[0], outs[1])
+    padmod._plan.cache_clear()
+
+
 def test_bad_inputs_raise_named_errors_and_write_nothing():
     g3, x3, _ = _problem("replication_pad3d_backward", (2, 3, 4, 5, 6), [1] * 6)
     g1, x1, _ = _problem("reflection_pad1d_backward", (2, 3, 5), [1, 1])

@@ -31,7 +31,7 @@ for all but the border planes). Along H and W, the indices with extra sources fo
   Where a tile is its whole plane (so it holds every strip), the strip parts' values are gathered before the bulk
   store and only stored after the barrier. Where a tile holds every column and the column strips are one column a
   side (replicate; reflect with pads of 1), those are selected into the bulk tile before its store instead (f32,
-  and 16-bit 3d: `_EDGES`).
+  and 16-bit 3d: `_EDGES`). Where a tile is exactly its plane, the bulk loads and stores without masks (`_UNMASKED`).
 
 Border work is thus proportional to the border data, and never widens the bulk's per-element work (the kernel is
 instruction-bound where every element carries border masks: measured on an H200). The grid is 1-D (planes x row
@@ -424,6 +424,7 @@ def _pad_backward_kernel(
     SW: tl.constexpr, ND: tl.constexpr, NXH: tl.constexpr, NXW: tl.constexpr, SIDES_H: tl.constexpr,
     SIDES_W: tl.constexpr, LOOPS: tl.constexpr, PLANES_LOOP: tl.constexpr, ACC: tl.constexpr, I64: tl.constexpr,
     VEC: tl.constexpr, PREFETCH: tl.constexpr, EARLY: tl.constexpr, EDGES: tl.constexpr, CS: tl.constexpr,
+    EVEN: tl.constexpr,
 ):
     # grad_output's plane and row strides and the left W pad come divided by VEC, a power of two that divides them
     # all: multiplied back here, the compiler knows every direct source row starts VEC-aligned and loads VEC
@@ -447,8 +448,12 @@ def _pad_backward_kernel(
     w1 = tl.minimum(w0 + BW, W_in)
     h = h0 + tl.arange(0, BH)[:, None]
     w = w0 + tl.arange(0, BW)[None, :]
-    rm = h < H_in
-    cm = w < W_in
+    if EVEN:  # the tile is exactly its plane: masks that are constant true, which the compiler drops (`_UNMASKED`)
+        rm = tl.full([BH, 1], 1, tl.int1)
+        cm = tl.full([1, BW], 1, tl.int1)
+    else:
+        rm = h < H_in
+        cm = w < W_in
     # the tile's parts of the border strips (input rows / columns with more than their direct source)
     ra, n_ra = _overlap(h0, h1, hs0, hs1)
     rb, n_rb = _overlap(h0, h1, hs2, hs3)
@@ -558,6 +563,13 @@ _EDGES = {(1, 4), (2, 4), (3, 4), (3, 2)}  # (padded dims, element size)
 # the lanes, 16-bit 3d replicate pad 2 still takes 64 registers under the cap of 80 (_MAXNREG) and measures 46.5-47.1 us
 # there, capped at 64 47.6-48.1, at 72 46.8-47.6, at 96 47.5-48.2, without the prefetch (_PREFETCH) 48.3-49.0
 _CORNER_LANES = 1024
+# where a tile is exactly its plane (H and W powers of two, the plane within _TILE), the bulk's masks are constant true
+# tensors, which the compiler drops from its loads and stores (EVEN), for these (padded dims, element size). H200
+# (tune.py group pad_even, two runs each, then masked): 3d replicate 8x32x32x64x64 pad 2 bf16 46.3 us against
+# 46.9-47.6, f16 45.5-46.3 against 46.9-47.6 (probe: 45.4-46.2 against 46.9-47.6); reflect within 1%. Not for f32
+# (3d replicate pad 2 78.7-79.2 -> 81.0) nor split tiles whose rows and columns divide (3d pad 1 16-bit reflect
+# 332.0-332.7 -> 344.6-346.5, replicate 316.0-317.1 -> 318.4-318.6; 2d reflect bf16 pad 2 40.5 -> 41.2): slower there
+_UNMASKED = {(3, 2)}
 _WAYS = ("left", "right", "top", "bottom", "front", "back")
 
 
@@ -700,11 +712,11 @@ def _plan(spec: _Spec, g_shape, g_strides, self_shape, pads, out_strides, dtype:
     edges = (spec.dims, dtype.itemsize) in _EDGES and n_wb == 1 and ws[1] - ws[0] == 1 and ws[3] - ws[2] == 1
     values = (spec.reflect, crop, bh, bw, sh, sw, nd, nxh, nxw, sides_h, sides_w, loops, per_program > 1, acc, i64,
               vec, _PREFETCH and not _runtime.INTERPRET and (ph_lo > 0 or ph_hi > 0),
-              early, edges, cs)
+              early, edges, cs, (spec.dims, dtype.itemsize) in _UNMASKED and h_in == bh and w_in == bw)
     cap = _MAXNREG.get((spec.dims, dtype.itemsize, spec.reflect))
     consts = launch_consts(dict(zip(("REFLECT", "CROP", "BH", "BW", "SH", "SW", "ND", "NXH", "NXW", "SIDES_H",
                                      "SIDES_W", "LOOPS", "PLANES_LOOP", "ACC", "I64", "VEC", "PREFETCH", "EARLY",
-                                     "EDGES", "CS"),
+                                     "EDGES", "CS", "EVEN"),
                                     values, strict=True)), _WARPS, **({"maxnreg": cap} if cap else {}))
     args = (planes, per_program, n_hb, n_wb, q1, d_in, h_in, w_in, *gsize[2:], *(s // vec for s in gstr[:4]),
             gstr[4], *istr, pd_lo, ph_lo, ph_hi, pw_lo // vec, pw_hi, *hs, *ws)
