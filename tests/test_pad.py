@@ -315,9 +315,10 @@ def test_corners_a_source_a_lane_and_per_element_match_stock(op, split, monkeypa
     padmod._plan.cache_clear()
 
 
-# power-of-two planes (each a whole tile), one of them strided, and a plane whose W is not (its tile is wider)
+# power-of-two planes (each a whole tile), one of them strided, and a plane whose W is not (its tile is wider); the
+# first and the third with their column strips selected into the bulk (EDGES: replicate, reflect with W pads of 1)
 UNMASKED = [((2, 3, 4, 8, 16), (2, 2, 2, 2, 2, 2), False), ((1, 2, 3, 4, 8), (1, 3, 0, 2, 2, -1), True),
-            ((2, 2, 3, 8, 6), (2, 1, 1, 2, 1, 1), False)]
+            ((2, 2, 3, 8, 8), (1, 1, 2, 1, 1, 2), False), ((2, 2, 3, 8, 6), (2, 1, 1, 2, 1, 1), False)]
 
 
 @pytest.mark.parametrize("op", ["replication_pad3d_backward", "reflection_pad3d_backward"])
@@ -336,6 +337,8 @@ def test_whole_tiles_unmasked_match_stock_and_masked(op, monkeypatch):
                                 shape, tuple(pads), x.stride(), torch.bfloat16)
             whole = all(n & (n - 1) == 0 for n in shape[-2:])
             assert plan.consts["EVEN"] is (bool(unmasked) and whole)
+            # the strip columns of a whole-plane tile are constants there (EA, EB)
+            assert (plan.consts["EA"] >= 0) is (plan.consts["EVEN"] and plan.consts["EDGES"])
             check_case(op, (g, x, p), what=f"{op} {shape} pad {pads} unmasked {unmasked}")
             outs.append(getattr(ops, op)(g, x, p))
         assert_bitwise_equal(outs[0], outs[1])

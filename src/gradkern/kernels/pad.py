@@ -330,7 +330,8 @@ def _prefetch_pad_rows(plane, ok, gsH, h0, h1, w0, H_in, H_out, W_out, ph_lo, BW
 def _with_edges(out, vc, w, ca, cb):
     """The bulk tile `out` with the values of the tile's column strips, one column a side (ca and cb; `vc`, [rows,
     2]), selected into it (EDGES), so that they need no store of their own after the barrier (a 4-byte store a row,
-    each an L2 request)."""
+    each an L2 request). Where ca and cb are constants (EA, EB: a tile that is exactly its plane), the compiler keeps
+    the selects only for the registers that can hold those columns (16-bit, 64x64: 6 of 64 selects a thread)."""
     c_a, c_b = tl.split(vc)
     return tl.where(w == ca, c_a[:, None], tl.where(w == cb, c_b[:, None], out))
 
@@ -341,7 +342,8 @@ def _plane_tile(gi, g, p, h, rm, w, cm, h0, h1, w0, n_ra, n_rb, ra, rb, n_ca, n_
                 pw_hi, hs0, hs1, hs2, hs3, ws0, ws1, ws2, ws3, REFLECT: tl.constexpr, CROP: tl.constexpr,
                 SH: tl.constexpr, SW: tl.constexpr, ND: tl.constexpr, NXH: tl.constexpr, NXW: tl.constexpr,
                 SIDES_H: tl.constexpr, SIDES_W: tl.constexpr, LOOPS: tl.constexpr, ACC: tl.constexpr, BW: tl.constexpr,
-                PREFETCH: tl.constexpr, EARLY: tl.constexpr, EDGES: tl.constexpr, CS: tl.constexpr):
+                PREFETCH: tl.constexpr, EARLY: tl.constexpr, EDGES: tl.constexpr, CS: tl.constexpr,
+                EA: tl.constexpr, EB: tl.constexpr):
     """The tile (rows h, columns w) of plane p of grad_input: the bulk, then the strip parts."""
     d = p % D_in
     q = p // D_in
@@ -371,7 +373,7 @@ def _plane_tile(gi, g, p, h, rm, w, cm, h0, h1, w0, n_ra, n_rb, ra, rb, n_ca, n_
             ph_lo, ph_hi, pw_lo, pw_hi, False, True, SH, SW, ND, NXH, NXW, SIDES_H, SIDES_W, LOOPS, REFLECT, CROP, ACC)
         out = cast_out(acc, dst.dtype.element_ty)
         if EDGES:
-            out = _with_edges(out, vc, w, ca, cb)
+            out = _with_edges(out, vc, w, ca if EA < 0 else EA, cb if EB < 0 else EB)
         tl.store(dst + h * isH + w * isW, out, mask=rm & cm)
         tl.debug_barrier()  # every thread's bulk store is done: the strips below overwrite some of them
         tl.store(pr, vr, mask=mr)
@@ -385,7 +387,7 @@ def _plane_tile(gi, g, p, h, rm, w, cm, h0, h1, w0, n_ra, n_rb, ra, rb, n_ca, n_
                 n_cb, ca, cb, h, rm, w, cm, hs0, hs1, hs2, hs3, ws0, ws1, ws2, ws3, H_in, H_out, W_in, W_out, gsH, gsW,
                 isH, isW, ph_lo, ph_hi, pw_lo, pw_hi, False, True, SH, SW, ND, NXH, NXW, SIDES_H, SIDES_W, LOOPS,
                 REFLECT, CROP, ACC)
-            out = _with_edges(out, vc, w, ca, cb)
+            out = _with_edges(out, vc, w, ca if EA < 0 else EA, cb if EB < 0 else EB)
         tl.store(dst + h * isH + w * isW, out, mask=rm & cm)
         if (n_ra + n_rb + (0 if EDGES else n_ca + n_cb)) > 0:
             tl.debug_barrier()  # as above
@@ -424,7 +426,7 @@ def _pad_backward_kernel(
     SW: tl.constexpr, ND: tl.constexpr, NXH: tl.constexpr, NXW: tl.constexpr, SIDES_H: tl.constexpr,
     SIDES_W: tl.constexpr, LOOPS: tl.constexpr, PLANES_LOOP: tl.constexpr, ACC: tl.constexpr, I64: tl.constexpr,
     VEC: tl.constexpr, PREFETCH: tl.constexpr, EARLY: tl.constexpr, EDGES: tl.constexpr, CS: tl.constexpr,
-    EVEN: tl.constexpr,
+    EVEN: tl.constexpr, EA: tl.constexpr, EB: tl.constexpr,
 ):
     # grad_output's plane and row strides and the left W pad come divided by VEC, a power of two that divides them
     # all: multiplied back here, the compiler knows every direct source row starts VEC-aligned and loads VEC
@@ -465,12 +467,12 @@ def _pad_backward_kernel(
             _plane_tile(gi, g, first + i, h, rm, w, cm, h0, h1, w0, n_ra, n_rb, ra, rb, n_ca, n_cb, ca, cb, Q1, D_in,
                         H_in, W_in, D_out, H_out, W_out, gs0, gs1, gsD, gsH, gsW, is0, is1, isD, isH, isW, pd_lo,
                         ph_lo, ph_hi, pw_lo, pw_hi, hs0, hs1, hs2, hs3, ws0, ws1, ws2, ws3, REFLECT, CROP, SH, SW, ND,
-                        NXH, NXW, SIDES_H, SIDES_W, LOOPS, ACC, BW, PREFETCH, EARLY, EDGES, CS)
+                        NXH, NXW, SIDES_H, SIDES_W, LOOPS, ACC, BW, PREFETCH, EARLY, EDGES, CS, EA, EB)
     else:
         _plane_tile(gi, g, first, h, rm, w, cm, h0, h1, w0, n_ra, n_rb, ra, rb, n_ca, n_cb, ca, cb, Q1, D_in, H_in,
                     W_in, D_out, H_out, W_out, gs0, gs1, gsD, gsH, gsW, is0, is1, isD, isH, isW, pd_lo, ph_lo, ph_hi,
                     pw_lo, pw_hi, hs0, hs1, hs2, hs3, ws0, ws1, ws2, ws3, REFLECT, CROP, SH, SW, ND, NXH, NXW,
-                    SIDES_H, SIDES_W, LOOPS, ACC, BW, PREFETCH, EARLY, EDGES, CS)
+                    SIDES_H, SIDES_W, LOOPS, ACC, BW, PREFETCH, EARLY, EDGES, CS, EA, EB)
 
 
 # ----------------------------------------------------------------------------------------------- host
@@ -569,6 +571,8 @@ _CORNER_LANES = 1024
 # 46.9-47.6, f16 45.5-46.3 against 46.9-47.6 (probe: 45.4-46.2 against 46.9-47.6); reflect within 1%. Not for f32
 # (3d replicate pad 2 78.7-79.2 -> 81.0) nor split tiles whose rows and columns divide (3d pad 1 16-bit reflect
 # 332.0-332.7 -> 344.6-346.5, replicate 316.0-317.1 -> 318.4-318.6; 2d reflect bf16 pad 2 40.5 -> 41.2): slower there
+# There the strip columns selected in (EDGES) are constants too (EA, EB), so `_with_edges` selects only where they can
+# be: H200 probe, bf16 44.5-45.3 us against 45.4-46.0 (f32 with both: 79.2-79.8 against 78.2-78.8 without)
 _UNMASKED = {(3, 2)}
 _WAYS = ("left", "right", "top", "bottom", "front", "back")
 
@@ -710,13 +714,14 @@ def _plan(spec: _Spec, g_shape, g_strides, self_shape, pads, out_strides, dtype:
     early = _EARLY_STRIPS and n_hb == n_wb == 1 and hs[1] + hs[3] > 0 and ws[1] + ws[3] > 0
     # a tile holds every column (so both strips) and they are one column a side (so sw == 2)
     edges = (spec.dims, dtype.itemsize) in _EDGES and n_wb == 1 and ws[1] - ws[0] == 1 and ws[3] - ws[2] == 1
+    even = (spec.dims, dtype.itemsize) in _UNMASKED and h_in == bh and w_in == bw
     values = (spec.reflect, crop, bh, bw, sh, sw, nd, nxh, nxw, sides_h, sides_w, loops, per_program > 1, acc, i64,
               vec, _PREFETCH and not _runtime.INTERPRET and (ph_lo > 0 or ph_hi > 0),
-              early, edges, cs, (spec.dims, dtype.itemsize) in _UNMASKED and h_in == bh and w_in == bw)
+              early, edges, cs, even, *((ws[0], ws[2]) if even and edges else (-1, -1)))
     cap = _MAXNREG.get((spec.dims, dtype.itemsize, spec.reflect))
     consts = launch_consts(dict(zip(("REFLECT", "CROP", "BH", "BW", "SH", "SW", "ND", "NXH", "NXW", "SIDES_H",
                                      "SIDES_W", "LOOPS", "PLANES_LOOP", "ACC", "I64", "VEC", "PREFETCH", "EARLY",
-                                     "EDGES", "CS", "EVEN"),
+                                     "EDGES", "CS", "EVEN", "EA", "EB"),
                                     values, strict=True)), _WARPS, **({"maxnreg": cap} if cap else {}))
     args = (planes, per_program, n_hb, n_wb, q1, d_in, h_in, w_in, *gsize[2:], *(s // vec for s in gstr[:4]),
             gstr[4], *istr, pd_lo, ph_lo, ph_hi, pw_lo // vec, pw_hi, *hs, *ws)
