@@ -323,25 +323,27 @@ UNMASKED = [((2, 3, 4, 8, 16), (2, 2, 2, 2, 2, 2), False), ((1, 2, 3, 4, 8), (1,
 
 @pytest.mark.parametrize("op", ["replication_pad3d_backward", "reflection_pad3d_backward"])
 def test_whole_tiles_unmasked_match_stock_and_masked(op, monkeypatch):
-    """16-bit 3d tiles that are their whole plane run their bulk without masks (EVEN, `_UNMASKED`): that form
-    matches stock and the masked form bit for bit, and a plane that is not exactly its tile keeps its masks."""
+    """16-bit 3d tiles that are exactly their plane run their bulk without masks (EVEN, `_UNMASKED`) and with the
+    plane's geometry as constants (GEOM): that form matches stock and the general one bit for bit, and a plane that
+    is not exactly its tile keeps its masks."""
     for shape, pads, strided in UNMASKED:
         g, x, p = _problem(op, shape, pads, torch.bfloat16)
         if strided:  # grad_output read in place through its strides
             g = torch.randn((*g.shape[:-1], 2 * g.shape[-1]), device=DEVICE).to(torch.bfloat16)[..., ::2]
         outs = []
-        for unmasked in ({(3, 2)}, set()):
+        for unmasked, fixed in (({(3, 2)}, True), ({(3, 2)}, False), (set(), True)):
             padmod._plan.cache_clear()
             monkeypatch.setattr(padmod, "_UNMASKED", unmasked)
+            monkeypatch.setattr(padmod, "_FIXED", fixed)
             plan = padmod._plan(padmod._Spec(op, 3, op.startswith("reflection")), tuple(g.shape), g.stride(),
                                 shape, tuple(pads), x.stride(), torch.bfloat16)
             whole = all(n & (n - 1) == 0 for n in shape[-2:])
             assert plan.consts["EVEN"] is (bool(unmasked) and whole)
-            # the strip columns of a whole-plane tile are constants there (EA, EB)
-            assert (plan.consts["EA"] >= 0) is (plan.consts["EVEN"] and plan.consts["EDGES"])
-            check_case(op, (g, x, p), what=f"{op} {shape} pad {pads} unmasked {unmasked}")
+            assert (plan.consts["GEOM"] is not None) is (plan.consts["EVEN"] and fixed)  # (its geometry as constants)
+            check_case(op, (g, x, p), what=f"{op} {shape} pad {pads} unmasked {unmasked} fixed {fixed}")
             outs.append(getattr(ops, op)(g, x, p))
-        assert_bitwise_equal(outs[0], outs[1])
+        assert_bitwise_equal(outs[0], outs[2])
+        assert_bitwise_equal(outs[1], outs[2])
     padmod._plan.cache_clear()
 
 

@@ -330,7 +330,7 @@ def _prefetch_pad_rows(plane, ok, gsH, h0, h1, w0, H_in, H_out, W_out, ph_lo, BW
 def _with_edges(out, vc, w, ca, cb):
     """The bulk tile `out` with the values of the tile's column strips, one column a side (ca and cb; `vc`, [rows,
     2]), selected into it (EDGES), so that they need no store of their own after the barrier (a 4-byte store a row,
-    each an L2 request). Where ca and cb are constants (EA, EB: a tile that is exactly its plane), the compiler keeps
+    each an L2 request). Where ca and cb are constants (GEOM: a tile that is exactly its plane), the compiler keeps
     the selects only for the registers that can hold those columns (16-bit, 64x64: 6 of 64 selects a thread)."""
     c_a, c_b = tl.split(vc)
     return tl.where(w == ca, c_a[:, None], tl.where(w == cb, c_b[:, None], out))
@@ -342,8 +342,7 @@ def _plane_tile(gi, g, p, h, rm, w, cm, h0, h1, w0, n_ra, n_rb, ra, rb, n_ca, n_
                 pw_hi, hs0, hs1, hs2, hs3, ws0, ws1, ws2, ws3, REFLECT: tl.constexpr, CROP: tl.constexpr,
                 SH: tl.constexpr, SW: tl.constexpr, ND: tl.constexpr, NXH: tl.constexpr, NXW: tl.constexpr,
                 SIDES_H: tl.constexpr, SIDES_W: tl.constexpr, LOOPS: tl.constexpr, ACC: tl.constexpr, BW: tl.constexpr,
-                PREFETCH: tl.constexpr, EARLY: tl.constexpr, EDGES: tl.constexpr, CS: tl.constexpr,
-                EA: tl.constexpr, EB: tl.constexpr):
+                PREFETCH: tl.constexpr, EARLY: tl.constexpr, EDGES: tl.constexpr, CS: tl.constexpr):
     """The tile (rows h, columns w) of plane p of grad_input: the bulk, then the strip parts."""
     d = p % D_in
     q = p // D_in
@@ -373,7 +372,7 @@ def _plane_tile(gi, g, p, h, rm, w, cm, h0, h1, w0, n_ra, n_rb, ra, rb, n_ca, n_
             ph_lo, ph_hi, pw_lo, pw_hi, False, True, SH, SW, ND, NXH, NXW, SIDES_H, SIDES_W, LOOPS, REFLECT, CROP, ACC)
         out = cast_out(acc, dst.dtype.element_ty)
         if EDGES:
-            out = _with_edges(out, vc, w, ca if EA < 0 else EA, cb if EB < 0 else EB)
+            out = _with_edges(out, vc, w, ca, cb)
         tl.store(dst + h * isH + w * isW, out, mask=rm & cm)
         tl.debug_barrier()  # every thread's bulk store is done: the strips below overwrite some of them
         tl.store(pr, vr, mask=mr)
@@ -387,7 +386,7 @@ def _plane_tile(gi, g, p, h, rm, w, cm, h0, h1, w0, n_ra, n_rb, ra, rb, n_ca, n_
                 n_cb, ca, cb, h, rm, w, cm, hs0, hs1, hs2, hs3, ws0, ws1, ws2, ws3, H_in, H_out, W_in, W_out, gsH, gsW,
                 isH, isW, ph_lo, ph_hi, pw_lo, pw_hi, False, True, SH, SW, ND, NXH, NXW, SIDES_H, SIDES_W, LOOPS,
                 REFLECT, CROP, ACC)
-            out = _with_edges(out, vc, w, ca if EA < 0 else EA, cb if EB < 0 else EB)
+            out = _with_edges(out, vc, w, ca, cb)
         tl.store(dst + h * isH + w * isW, out, mask=rm & cm)
         if (n_ra + n_rb + (0 if EDGES else n_ca + n_cb)) > 0:
             tl.debug_barrier()  # as above
@@ -426,7 +425,7 @@ def _pad_backward_kernel(
     SW: tl.constexpr, ND: tl.constexpr, NXH: tl.constexpr, NXW: tl.constexpr, SIDES_H: tl.constexpr,
     SIDES_W: tl.constexpr, LOOPS: tl.constexpr, PLANES_LOOP: tl.constexpr, ACC: tl.constexpr, I64: tl.constexpr,
     VEC: tl.constexpr, PREFETCH: tl.constexpr, EARLY: tl.constexpr, EDGES: tl.constexpr, CS: tl.constexpr,
-    EVEN: tl.constexpr, EA: tl.constexpr, EB: tl.constexpr,
+    EVEN: tl.constexpr, GEOM: tl.constexpr,
 ):
     # grad_output's plane and row strides and the left W pad come divided by VEC, a power of two that divides them
     # all: multiplied back here, the compiler knows every direct source row starts VEC-aligned and loads VEC
@@ -436,6 +435,11 @@ def _pad_backward_kernel(
     gsD = gsD * VEC
     gsH = gsH * VEC
     pw_lo = pw_lo * VEC
+    if GEOM is not None:  # the tile is exactly its plane: the plane's sizes, pads and strips as constants
+        H_in, W_in, H_out, W_out = GEOM[0], GEOM[1], GEOM[2], GEOM[3]
+        ph_lo, ph_hi, pw_lo, pw_hi = GEOM[4], GEOM[5], GEOM[6], GEOM[7]
+        hs0, hs1, hs2, hs3 = GEOM[8], GEOM[9], GEOM[10], GEOM[11]
+        ws0, ws1, ws2, ws3 = GEOM[12], GEOM[13], GEOM[14], GEOM[15]
     pid = tl.program_id(0)
     wb = pid % n_wb
     t = pid // n_wb
@@ -467,12 +471,12 @@ def _pad_backward_kernel(
             _plane_tile(gi, g, first + i, h, rm, w, cm, h0, h1, w0, n_ra, n_rb, ra, rb, n_ca, n_cb, ca, cb, Q1, D_in,
                         H_in, W_in, D_out, H_out, W_out, gs0, gs1, gsD, gsH, gsW, is0, is1, isD, isH, isW, pd_lo,
                         ph_lo, ph_hi, pw_lo, pw_hi, hs0, hs1, hs2, hs3, ws0, ws1, ws2, ws3, REFLECT, CROP, SH, SW, ND,
-                        NXH, NXW, SIDES_H, SIDES_W, LOOPS, ACC, BW, PREFETCH, EARLY, EDGES, CS, EA, EB)
+                        NXH, NXW, SIDES_H, SIDES_W, LOOPS, ACC, BW, PREFETCH, EARLY, EDGES, CS)
     else:
         _plane_tile(gi, g, first, h, rm, w, cm, h0, h1, w0, n_ra, n_rb, ra, rb, n_ca, n_cb, ca, cb, Q1, D_in, H_in,
                     W_in, D_out, H_out, W_out, gs0, gs1, gsD, gsH, gsW, is0, is1, isD, isH, isW, pd_lo, ph_lo, ph_hi,
                     pw_lo, pw_hi, hs0, hs1, hs2, hs3, ws0, ws1, ws2, ws3, REFLECT, CROP, SH, SW, ND, NXH, NXW,
-                    SIDES_H, SIDES_W, LOOPS, ACC, BW, PREFETCH, EARLY, EDGES, CS, EA, EB)
+                    SIDES_H, SIDES_W, LOOPS, ACC, BW, PREFETCH, EARLY, EDGES, CS)
 
 
 # ----------------------------------------------------------------------------------------------- host
@@ -571,9 +575,14 @@ _CORNER_LANES = 1024
 # 46.9-47.6, f16 45.5-46.3 against 46.9-47.6 (probe: 45.4-46.2 against 46.9-47.6); reflect within 1%. Not for f32
 # (3d replicate pad 2 78.7-79.2 -> 81.0) nor split tiles whose rows and columns divide (3d pad 1 16-bit reflect
 # 332.0-332.7 -> 344.6-346.5, replicate 316.0-317.1 -> 318.4-318.6; 2d reflect bf16 pad 2 40.5 -> 41.2): slower there
-# There the strip columns selected in (EDGES) are constants too (EA, EB), so `_with_edges` selects only where they can
-# be: H200 probe, bf16 44.5-45.3 us against 45.4-46.0 (f32 with both: 79.2-79.8 against 78.2-78.8 without)
+# There the strip columns selected in (EDGES) as constants (then two constexprs), so that `_with_edges` selects only
+# where they can be: H200 probe, bf16 44.5-45.3 us against 45.4-46.0 (f32 with both: 79.2-79.8 against 78.2-78.8)
 _UNMASKED = {(3, 2)}
+# and there the plane's sizes, pads and strips are constants (GEOM, a constexpr tuple: a compile per plane shape and
+# pads), folded into every strip index and mask: 16-bit 3d replicate pad 2 at 64x64, 578 -> 461 SASS instructions a
+# thread on a single-source plane (sm_90). H200 probe, bf16 42.1-43.0 us against 45.4-46.1 without; bench: replicate
+# bf16 43.1 us (14.97x ATen, 83.3% of copy), f16 42.3 (15.10x, 84.9%), reflect 48.0 (11.3x, 74.8%; 56.7 before)
+_FIXED = True
 _WAYS = ("left", "right", "top", "bottom", "front", "back")
 
 
@@ -717,11 +726,12 @@ def _plan(spec: _Spec, g_shape, g_strides, self_shape, pads, out_strides, dtype:
     even = (spec.dims, dtype.itemsize) in _UNMASKED and h_in == bh and w_in == bw
     values = (spec.reflect, crop, bh, bw, sh, sw, nd, nxh, nxw, sides_h, sides_w, loops, per_program > 1, acc, i64,
               vec, _PREFETCH and not _runtime.INTERPRET and (ph_lo > 0 or ph_hi > 0),
-              early, edges, cs, even, *((ws[0], ws[2]) if even and edges else (-1, -1)))
+              early, edges, cs, even,
+              (h_in, w_in, *gsize[3:], ph_lo, ph_hi, pw_lo, pw_hi, *hs, *ws) if even and _FIXED else None)
     cap = _MAXNREG.get((spec.dims, dtype.itemsize, spec.reflect))
     consts = launch_consts(dict(zip(("REFLECT", "CROP", "BH", "BW", "SH", "SW", "ND", "NXH", "NXW", "SIDES_H",
                                      "SIDES_W", "LOOPS", "PLANES_LOOP", "ACC", "I64", "VEC", "PREFETCH", "EARLY",
-                                     "EDGES", "CS", "EVEN", "EA", "EB"),
+                                     "EDGES", "CS", "EVEN", "GEOM"),
                                     values, strict=True)), _WARPS, **({"maxnreg": cap} if cap else {}))
     args = (planes, per_program, n_hb, n_wb, q1, d_in, h_in, w_in, *gsize[2:], *(s // vec for s in gstr[:4]),
             gstr[4], *istr, pd_lo, ph_lo, ph_hi, pw_lo // vec, pw_hi, *hs, *ws)
