@@ -35,7 +35,8 @@ def _is_constexpr(param) -> bool:
 
 
 def _encode(value):
-    """A constexpr value as JSON: tl dtypes by name, the rest as is (ints, floats, bools, None, strings)."""
+    """A constexpr value as JSON: tl dtypes by name, tuples as lists of their values, the rest as is (ints, floats,
+    bools, None, strings)."""
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     import triton.language as tl
@@ -43,6 +44,8 @@ def _encode(value):
         return {"tl_dtype": value.name}
     if isinstance(value, tl.constexpr):
         return _encode(value.value)
+    if isinstance(value, tuple):  # (pad's GEOM)
+        return {"tuple": [_encode(v) for v in value]}
     if hasattr(value, "fn") and hasattr(value, "arg_names"):  # a jit function (an op's math), found by name
         return {"jit": [value.fn.__module__, value.fn.__qualname__]}
     raise TypeError(f"constexpr of type {type(value).__name__}: {value!r}")
@@ -196,6 +199,8 @@ _COMPILER = textwrap.dedent("""
         for k, v in spec["constexprs"].items():
             if isinstance(v, dict) and "jit" in v:
                 v = find(*v["jit"])
+            elif isinstance(v, dict) and "tuple" in v:
+                v = tuple(v["tuple"])
             elif isinstance(v, dict):
                 v = tl.dtype(v["tl_dtype"])
             consts[(names.index(k),)] = v
