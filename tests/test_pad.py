@@ -315,10 +315,12 @@ def test_corners_a_source_a_lane_and_per_element_match_stock(op, split, monkeypa
     padmod._plan.cache_clear()
 
 
-# power-of-two planes (each a whole tile), one of them strided, and a plane whose W is not (its tile is wider); the
-# first and the third with their column strips selected into the bulk (EDGES: replicate, reflect with W pads of 1)
+# power-of-two planes (each a whole tile), one of them strided, and a plane whose W is not (its tile is wider); where
+# whole, the column strips are selected into the bulk (EDGES): replicate's, and reflect's up to four columns (pads 2
+# and 2, 1 and 1, 2 and 1)
 UNMASKED = [((2, 3, 4, 8, 16), (2, 2, 2, 2, 2, 2), False), ((1, 2, 3, 4, 8), (1, 3, 0, 2, 2, -1), True),
-            ((2, 2, 3, 8, 8), (1, 1, 2, 1, 1, 2), False), ((2, 2, 3, 8, 6), (2, 1, 1, 2, 1, 1), False)]
+            ((2, 2, 3, 8, 8), (1, 1, 2, 1, 1, 2), False), ((1, 2, 3, 8, 8), (2, 1, 1, 2, 2, 1), False),
+            ((2, 2, 3, 8, 6), (2, 1, 1, 2, 1, 1), False)]
 
 
 @pytest.mark.parametrize("op", ["replication_pad3d_backward", "reflection_pad3d_backward"])

@@ -30,8 +30,9 @@ for all but the border planes). Along H and W, the indices with extra sources fo
   The pad rows they read (which no bulk load touched) were asked of L2 before the bulk (a prefetch, on a GPU).
   Where a tile is its whole plane (so it holds every strip), the strip parts' values are gathered before the bulk
   store and only stored after the barrier. Where a tile holds every column and the column strips are one column a
-  side (replicate; reflect with pads of 1), those are selected into the bulk tile before its store instead (f32,
-  and 16-bit 3d: `_EDGES`). Where a tile is exactly its plane, the bulk loads and stores without masks (`_UNMASKED`).
+  side (replicate; reflect with pads of 1; with GEOM below, up to four columns), those are selected into the bulk
+  tile before its store instead (f32, and 16-bit 3d: `_EDGES`). Where a tile is exactly its plane (16-bit 3d), the
+  bulk loads and stores without masks, and the plane's sizes, pads and strips are compile-time constants (GEOM).
 
 Border work is thus proportional to the border data, and never widens the bulk's per-element work (the kernel is
 instruction-bound where every element carries border masks: measured on an H200). The grid is 1-D (planes x row
@@ -327,13 +328,30 @@ def _prefetch_pad_rows(plane, ok, gsH, h0, h1, w0, H_in, H_out, W_out, ph_lo, BW
 
 
 @triton.jit
-def _with_edges(out, vc, w, ca, cb):
-    """The bulk tile `out` with the values of the tile's column strips, one column a side (ca and cb; `vc`, [rows,
-    2]), selected into it (EDGES), so that they need no store of their own after the barrier (a 4-byte store a row,
-    each an L2 request). Where ca and cb are constants (GEOM: a tile that is exactly its plane), the compiler keeps
-    the selects only for the registers that can hold those columns (16-bit, 64x64: 6 of 64 selects a thread)."""
-    c_a, c_b = tl.split(vc)
-    return tl.where(w == ca, c_a[:, None], tl.where(w == cb, c_b[:, None], out))
+def _with_edges(out, vc, w, n_ca, n_cb, ca, cb, SW: tl.constexpr):
+    """The bulk tile `out` with the values of the tile's column strips (their SW columns in `vc`, [rows, SW], SW 2 or
+    4) selected into it (EDGES), so that they need no store of their own after the barrier (a 2- or 4-byte store a
+    row, each an L2 request). Where the columns are constants (GEOM: a tile that is exactly its plane), the compiler
+    keeps the selects only for the registers that can hold them (16-bit, 64x64, SW 2: 6 of 64 selects a thread)."""
+    if SW == 2:
+        v0, v1 = tl.split(vc)
+        out = _with_column(out, v0, w, 0, n_ca, n_cb, ca, cb)
+        return _with_column(out, v1, w, 1, n_ca, n_cb, ca, cb)
+    else:
+        a, b = tl.split(tl.reshape(vc, [vc.shape[0], 2, 2]))  # (positions 0 and 2, 1 and 3)
+        v0, v2 = tl.split(a)
+        v1, v3 = tl.split(b)
+        out = _with_column(out, v0, w, 0, n_ca, n_cb, ca, cb)
+        out = _with_column(out, v1, w, 1, n_ca, n_cb, ca, cb)
+        out = _with_column(out, v2, w, 2, n_ca, n_cb, ca, cb)
+        return _with_column(out, v3, w, 3, n_ca, n_cb, ca, cb)
+
+
+@triton.jit
+def _with_column(out, v, w, t, n_ca, n_cb, ca, cb):
+    """`out` with the column at position t of the strip list (none past its end) replaced by v ([rows])."""
+    col = tl.where(t < n_ca + n_cb, _strip_index(t, n_ca, ca, cb), -1)
+    return tl.where(w == col, v[:, None], out)
 
 
 @triton.jit
@@ -372,7 +390,7 @@ def _plane_tile(gi, g, p, h, rm, w, cm, h0, h1, w0, n_ra, n_rb, ra, rb, n_ca, n_
             ph_lo, ph_hi, pw_lo, pw_hi, False, True, SH, SW, ND, NXH, NXW, SIDES_H, SIDES_W, LOOPS, REFLECT, CROP, ACC)
         out = cast_out(acc, dst.dtype.element_ty)
         if EDGES:
-            out = _with_edges(out, vc, w, ca, cb)
+            out = _with_edges(out, vc, w, n_ca, n_cb, ca, cb, SW)
         tl.store(dst + h * isH + w * isW, out, mask=rm & cm)
         tl.debug_barrier()  # every thread's bulk store is done: the strips below overwrite some of them
         tl.store(pr, vr, mask=mr)
@@ -386,7 +404,7 @@ def _plane_tile(gi, g, p, h, rm, w, cm, h0, h1, w0, n_ra, n_rb, ra, rb, n_ca, n_
                 n_cb, ca, cb, h, rm, w, cm, hs0, hs1, hs2, hs3, ws0, ws1, ws2, ws3, H_in, H_out, W_in, W_out, gsH, gsW,
                 isH, isW, ph_lo, ph_hi, pw_lo, pw_hi, False, True, SH, SW, ND, NXH, NXW, SIDES_H, SIDES_W, LOOPS,
                 REFLECT, CROP, ACC)
-            out = _with_edges(out, vc, w, ca, cb)
+            out = _with_edges(out, vc, w, n_ca, n_cb, ca, cb, SW)
         tl.store(dst + h * isH + w * isW, out, mask=rm & cm)
         if (n_ra + n_rb + (0 if EDGES else n_ca + n_cb)) > 0:
             tl.debug_barrier()  # as above
@@ -583,6 +601,10 @@ _UNMASKED = {(3, 2)}
 # thread on a single-source plane (sm_90). H200 probe, bf16 42.1-43.0 us against 45.4-46.1 without; bench: replicate
 # bf16 43.1 us (14.97x ATen, 83.3% of copy), f16 42.3 (15.10x, 84.9%), reflect 48.0 (11.3x, 74.8%; 56.7 before)
 _FIXED = True
+# with GEOM, EDGES also selects reflect's column strips of up to four columns (pads of 2) into the bulk tile (their
+# selects cost little with constant columns). H200 probe, 8x32x32x64x64 reflect bf16 pad 2: 47.0-48.0 us against
+# 48.1-48.9 stored after the barrier
+_EDGES_4 = True
 _WAYS = ("left", "right", "top", "bottom", "front", "back")
 
 
@@ -721,13 +743,16 @@ def _plan(spec: _Spec, g_shape, g_strides, self_shape, pads, out_strides, dtype:
     lanes = triton.next_power_of_2(nd * (1 + sides_h * nxh) * (1 + sides_w * nxw))
     cs = 0 if spec.reflect or loops or sh * sw * lanes > _CORNER_LANES else lanes
     early = _EARLY_STRIPS and n_hb == n_wb == 1 and hs[1] + hs[3] > 0 and ws[1] + ws[3] > 0
-    # a tile holds every column (so both strips) and they are one column a side (so sw == 2)
-    edges = (spec.dims, dtype.itemsize) in _EDGES and n_wb == 1 and ws[1] - ws[0] == 1 and ws[3] - ws[2] == 1
+    # EDGES: a tile holds every column (so both strips) and they are one column a side (so sw == 2), or with GEOM
+    # (where the selects cost little) at most four columns in all
     even = (spec.dims, dtype.itemsize) in _UNMASKED and h_in == bh and w_in == bw
+    fixed = even and _FIXED
+    edges = (spec.dims, dtype.itemsize) in _EDGES and n_wb == 1 and (
+        ws[1] - ws[0] == 1 and ws[3] - ws[2] == 1 or fixed and _EDGES_4 and sw == 4)
     values = (spec.reflect, crop, bh, bw, sh, sw, nd, nxh, nxw, sides_h, sides_w, loops, per_program > 1, acc, i64,
               vec, _PREFETCH and not _runtime.INTERPRET and (ph_lo > 0 or ph_hi > 0),
               early, edges, cs, even,
-              (h_in, w_in, *gsize[3:], ph_lo, ph_hi, pw_lo, pw_hi, *hs, *ws) if even and _FIXED else None)
+              (h_in, w_in, *gsize[3:], ph_lo, ph_hi, pw_lo, pw_hi, *hs, *ws) if fixed else None)
     cap = _MAXNREG.get((spec.dims, dtype.itemsize, spec.reflect))
     consts = launch_consts(dict(zip(("REFLECT", "CROP", "BH", "BW", "SH", "SW", "ND", "NXH", "NXW", "SIDES_H",
                                      "SIDES_W", "LOOPS", "PLANES_LOOP", "ACC", "I64", "VEC", "PREFETCH", "EARLY",
