@@ -605,6 +605,10 @@ _FIXED = True
 # selects cost little with constant columns). H200 probe, 8x32x32x64x64 reflect bf16 pad 2: 47.0-48.0 us against
 # 48.1-48.9 stored after the barrier
 _EDGES_4 = True
+# the register cap of a plan with GEOM, both modes. H200 probe, reflect bf16 pad 2: 80 46.2-46.6 us, 72 46.4-47.4,
+# 64 46.2-46.3 (one run 56.5), 88 47.3-48.2, 96 (reflect's otherwise) 47.0-48.1, 112 47.1-48.0, 128 50.0-50.7;
+# replicate (72 registers under 80) 42.1-43.0, at 72 42.1-43.0 (one run 52.7), at 64 42.8-43.6
+_MAXNREG_FIXED = 80
 _WAYS = ("left", "right", "top", "bottom", "front", "back")
 
 
@@ -753,7 +757,7 @@ def _plan(spec: _Spec, g_shape, g_strides, self_shape, pads, out_strides, dtype:
               vec, _PREFETCH and not _runtime.INTERPRET and (ph_lo > 0 or ph_hi > 0),
               early, edges, cs, even,
               (h_in, w_in, *gsize[3:], ph_lo, ph_hi, pw_lo, pw_hi, *hs, *ws) if fixed else None)
-    cap = _MAXNREG.get((spec.dims, dtype.itemsize, spec.reflect))
+    cap = _MAXNREG_FIXED if fixed else _MAXNREG.get((spec.dims, dtype.itemsize, spec.reflect))
     consts = launch_consts(dict(zip(("REFLECT", "CROP", "BH", "BW", "SH", "SW", "ND", "NXH", "NXW", "SIDES_H",
                                      "SIDES_W", "LOOPS", "PLANES_LOOP", "ACC", "I64", "VEC", "PREFETCH", "EARLY",
                                      "EDGES", "CS", "EVEN", "GEOM"),
