@@ -355,19 +355,31 @@ def _with_column(out, v, w, t, n_ca, n_cb, ca, cb):
 
 
 @triton.jit
-def _plane_tile(gi, g, p, h, rm, w, cm, h0, h1, w0, n_ra, n_rb, ra, rb, n_ca, n_cb, ca, cb, Q1, D_in, H_in, W_in,
-                D_out, H_out, W_out, gs0, gs1, gsD, gsH, gsW, is0, is1, isD, isH, isW, pd_lo, ph_lo, ph_hi, pw_lo,
-                pw_hi, hs0, hs1, hs2, hs3, ws0, ws1, ws2, ws3, REFLECT: tl.constexpr, CROP: tl.constexpr,
+def _divmod(x, n, m, s, MAGIC: tl.constexpr):
+    """(x // n, x % n) for x >= 0; with MAGIC (x < 2^30), the quotient as (x * m) >> s, m and s from `_magic`
+    (a multiply and a shift where a division takes some 20 instructions)."""
+    if MAGIC:
+        q = ((x.to(tl.int64) * m) >> s).to(x.dtype)
+    else:
+        q = x // n
+    return q, x - q * n
+
+
+@triton.jit
+def _plane_tile(gi, g, p, h, rm, w, cm, h0, h1, w0, n_ra, n_rb, ra, rb, n_ca, n_cb, ca, cb, Q1, D_m, D_s, Q_m, Q_s,
+                D_in, H_in, W_in, D_out, H_out, W_out, gs0, gs1, gsD, gsH, gsW, is0, is1, isD, isH, isW, pd_lo, ph_lo,
+                ph_hi, pw_lo, pw_hi, hs0, hs1, hs2, hs3, ws0, ws1, ws2, ws3, REFLECT: tl.constexpr, CROP: tl.constexpr,
                 SH: tl.constexpr, SW: tl.constexpr, ND: tl.constexpr, NXH: tl.constexpr, NXW: tl.constexpr,
                 SIDES_H: tl.constexpr, SIDES_W: tl.constexpr, LOOPS: tl.constexpr, ACC: tl.constexpr, BW: tl.constexpr,
-                PREFETCH: tl.constexpr, EARLY: tl.constexpr, EDGES: tl.constexpr, CS: tl.constexpr):
+                PREFETCH: tl.constexpr, EARLY: tl.constexpr, EDGES: tl.constexpr, CS: tl.constexpr,
+                PLANES_LOOP: tl.constexpr):
     """The tile (rows h, columns w) of plane p of grad_input: the bulk, then the strip parts."""
-    d = p % D_in
-    q = p // D_in
-    q1 = q % Q1
-    q0 = q // Q1
+    q, d = _divmod(p, D_in, D_m, D_s, not PLANES_LOOP)
+    q0, q1 = _divmod(q, Q1, Q_m, Q_s, not PLANES_LOOP)
+    q0 = q0.to(tl.int64)  # (p, and so its indices, is 32-bit but in the planes loop)
+    q1 = q1.to(tl.int64)
     src = g + q0 * gs0 + q1 * gs1
-    dst = gi + q0 * is0 + q1 * is1 + d * isD
+    dst = gi + q0 * is0 + q1 * is1 + d.to(tl.int64) * isD
     o0, o1, o2, v0, v01, count = _source_planes(d, D_in, D_out, pd_lo, REFLECT)
     if PREFETCH:  # (the first source plane's; H200 3d pad 2: 1.00-1.05x, pad 1 1.01-1.025x, 1d/2d within 2%)
         od = _plane_k(0, o0, o1, o2, v0, v01, REFLECT).to(tl.int64)
@@ -435,7 +447,7 @@ def _plane_tile(gi, g, p, h, rm, w, cm, h0, h1, w0, n_ra, n_rb, ra, rb, n_ca, n_
 
 @triton.jit
 def _pad_backward_kernel(
-    gi, g, planes, per_program, n_hb, n_wb, Q1,
+    gi, g, planes, per_program, n_hb, n_wb, Q1, D_m, D_s, Q_m, Q_s,
     D_in, H_in, W_in, D_out, H_out, W_out,
     gs0, gs1, gsD, gsH, gsW, is0, is1, isD, isH, isW,
     pd_lo, ph_lo, ph_hi, pw_lo, pw_hi, hs0, hs1, hs2, hs3, ws0, ws1, ws2, ws3,
@@ -483,18 +495,19 @@ def _pad_backward_kernel(
     rb, n_rb = _overlap(h0, h1, hs2, hs3)
     ca, n_ca = _overlap(w0, w1, ws0, ws1)
     cb, n_cb = _overlap(w0, w1, ws2, ws3)
-    first = pg.to(tl.int64) * per_program
     if PLANES_LOOP:  # past 2^30 tiles, several planes a program (a loop: its invariants then hold registers)
+        first = pg.to(tl.int64) * per_program
         for i in range(tl.minimum(planes - first, per_program)):
-            _plane_tile(gi, g, first + i, h, rm, w, cm, h0, h1, w0, n_ra, n_rb, ra, rb, n_ca, n_cb, ca, cb, Q1, D_in,
-                        H_in, W_in, D_out, H_out, W_out, gs0, gs1, gsD, gsH, gsW, is0, is1, isD, isH, isW, pd_lo,
-                        ph_lo, ph_hi, pw_lo, pw_hi, hs0, hs1, hs2, hs3, ws0, ws1, ws2, ws3, REFLECT, CROP, SH, SW, ND,
-                        NXH, NXW, SIDES_H, SIDES_W, LOOPS, ACC, BW, PREFETCH, EARLY, EDGES, CS)
+            _plane_tile(gi, g, first + i, h, rm, w, cm, h0, h1, w0, n_ra, n_rb, ra, rb, n_ca, n_cb, ca, cb, Q1, D_m,
+                        D_s, Q_m, Q_s, D_in, H_in, W_in, D_out, H_out, W_out, gs0, gs1, gsD, gsH, gsW, is0, is1, isD,
+                        isH, isW, pd_lo, ph_lo, ph_hi, pw_lo, pw_hi, hs0, hs1, hs2, hs3, ws0, ws1, ws2, ws3, REFLECT,
+                        CROP, SH, SW, ND, NXH, NXW, SIDES_H, SIDES_W, LOOPS, ACC, BW, PREFETCH, EARLY, EDGES, CS,
+                        PLANES_LOOP)
     else:
-        _plane_tile(gi, g, first, h, rm, w, cm, h0, h1, w0, n_ra, n_rb, ra, rb, n_ca, n_cb, ca, cb, Q1, D_in, H_in,
-                    W_in, D_out, H_out, W_out, gs0, gs1, gsD, gsH, gsW, is0, is1, isD, isH, isW, pd_lo, ph_lo, ph_hi,
-                    pw_lo, pw_hi, hs0, hs1, hs2, hs3, ws0, ws1, ws2, ws3, REFLECT, CROP, SH, SW, ND, NXH, NXW,
-                    SIDES_H, SIDES_W, LOOPS, ACC, BW, PREFETCH, EARLY, EDGES, CS)
+        _plane_tile(gi, g, pg, h, rm, w, cm, h0, h1, w0, n_ra, n_rb, ra, rb, n_ca, n_cb, ca, cb, Q1, D_m, D_s, Q_m,
+                    Q_s, D_in, H_in, W_in, D_out, H_out, W_out, gs0, gs1, gsD, gsH, gsW, is0, is1, isD, isH, isW,
+                    pd_lo, ph_lo, ph_hi, pw_lo, pw_hi, hs0, hs1, hs2, hs3, ws0, ws1, ws2, ws3, REFLECT, CROP, SH, SW,
+                    ND, NXH, NXW, SIDES_H, SIDES_W, LOOPS, ACC, BW, PREFETCH, EARLY, EDGES, CS, PLANES_LOOP)
 
 
 # ----------------------------------------------------------------------------------------------- host
@@ -706,6 +719,13 @@ def _vec(gstr, pw_lo: int, esize: int) -> int:
     return vec
 
 
+def _magic(n: int) -> tuple[int, int]:
+    """(m, s) such that x // n == (x * m) >> s for every 0 <= x < 2^30 (Granlund and Montgomery: with l = ceil(log2
+    n) and m = ceil(2^(30 + l) / n), the error m * n - 2^(30 + l) is below n <= 2^l); m < 2^31."""
+    s = 30 + (n - 1).bit_length()
+    return -(-(1 << s) // n), s
+
+
 @functools.lru_cache(maxsize=4096)
 def _plan(spec: _Spec, g_shape, g_strides, self_shape, pads, out_strides, dtype: torch.dtype) -> _Plan:
     """The launch for one layout (shapes already checked)."""
@@ -762,8 +782,8 @@ def _plan(spec: _Spec, g_shape, g_strides, self_shape, pads, out_strides, dtype:
                                      "SIDES_W", "LOOPS", "PLANES_LOOP", "ACC", "I64", "VEC", "PREFETCH", "EARLY",
                                      "EDGES", "CS", "EVEN", "GEOM"),
                                     values, strict=True)), _WARPS, **({"maxnreg": cap} if cap else {}))
-    args = (planes, per_program, n_hb, n_wb, q1, d_in, h_in, w_in, *gsize[2:], *(s // vec for s in gstr[:4]),
-            gstr[4], *istr, pd_lo, ph_lo, ph_hi, pw_lo // vec, pw_hi, *hs, *ws)
+    args = (planes, per_program, n_hb, n_wb, q1, *_magic(d_in), *_magic(q1), d_in, h_in, w_in, *gsize[2:],
+            *(s // vec for s in gstr[:4]), gstr[4], *istr, pd_lo, ph_lo, ph_hi, pw_lo // vec, pw_hi, *hs, *ws)
     return _Plan(grid, args, consts)
 
 
