@@ -622,6 +622,11 @@ _EDGES_4 = True
 # 64 46.2-46.3 (one run 56.5), 88 47.3-48.2, 96 (reflect's otherwise) 47.0-48.1, 112 47.1-48.0, 128 50.0-50.7;
 # replicate (72 registers under 80) 42.1-43.0, at 72 42.1-43.0 (one run 52.7), at 64 42.8-43.6
 _MAXNREG_FIXED = 80
+# with GEOM, reflect gathers its strips' values after the barrier (EARLY off), replicate before. H200 probe,
+# 8x32x32x64x64 pad 2 bf16, two runs: reflect 43.6-44.4 us (56 registers) against 45.5-46.4 with EARLY (80);
+# replicate 44.6-45.3 without EARLY against 42.3-43.0 with it. (EARLY off, caps 64 and 96: reflect 43.8-44.6 (one run
+# 54.5) and 43.9-44.5, replicate 44.2-45.1 (6 spills) and 44.4-45.3)
+_EARLY_FIXED_REFLECT = False
 _WAYS = ("left", "right", "top", "bottom", "front", "back")
 
 
@@ -766,11 +771,12 @@ def _plan(spec: _Spec, g_shape, g_strides, self_shape, pads, out_strides, dtype:
     # the chunk's lanes stay few; else 0 (the per-element form)
     lanes = triton.next_power_of_2(nd * (1 + sides_h * nxh) * (1 + sides_w * nxw))
     cs = 0 if spec.reflect or loops or sh * sw * lanes > _CORNER_LANES else lanes
-    early = _EARLY_STRIPS and n_hb == n_wb == 1 and hs[1] + hs[3] > 0 and ws[1] + ws[3] > 0
     # EDGES: a tile holds every column (so both strips) and they are one column a side (so sw == 2), or with GEOM
     # (where the selects cost little) at most four columns in all
     even = (spec.dims, dtype.itemsize) in _UNMASKED and h_in == bh and w_in == bw
     fixed = even and _FIXED
+    early = (_EARLY_STRIPS and n_hb == n_wb == 1 and hs[1] + hs[3] > 0 and ws[1] + ws[3] > 0
+             and not (fixed and spec.reflect and not _EARLY_FIXED_REFLECT))
     edges = (spec.dims, dtype.itemsize) in _EDGES and n_wb == 1 and (
         ws[1] - ws[0] == 1 and ws[3] - ws[2] == 1 or fixed and _EDGES_4 and sw == 4)
     values = (spec.reflect, crop, bh, bw, sh, sw, nd, nxh, nxw, sides_h, sides_w, loops, per_program > 1, acc, i64,
