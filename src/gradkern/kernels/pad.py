@@ -357,7 +357,9 @@ def _with_column(out, v, w, t, n_ca, n_cb, ca, cb):
 @triton.jit
 def _divmod(x, n, m, s, MAGIC: tl.constexpr):
     """(x // n, x % n) for x >= 0; with MAGIC (x < 2^30), the quotient as (x * m) >> s, m and s from `_magic`
-    (a multiply and a shift where a division takes some 20 instructions)."""
+    (a multiply and a shift where a division takes some 20 instructions). Not where n is 1: Triton then makes n a
+    constant, and the division folds away (with MAGIC there, H200 reflection_pad1d 64x256x2048 pad 2 bf16 took 63.4
+    us against 38.3, f32 81.0 against 70.0; reflection_pad2d 16x128x128x128 bf16 45.7 against 41.2)."""
     if MAGIC:
         q = ((x.to(tl.int64) * m) >> s).to(x.dtype)
     else:
@@ -372,10 +374,10 @@ def _plane_tile(gi, g, p, h, rm, w, cm, h0, h1, w0, n_ra, n_rb, ra, rb, n_ca, n_
                 SH: tl.constexpr, SW: tl.constexpr, ND: tl.constexpr, NXH: tl.constexpr, NXW: tl.constexpr,
                 SIDES_H: tl.constexpr, SIDES_W: tl.constexpr, LOOPS: tl.constexpr, ACC: tl.constexpr, BW: tl.constexpr,
                 PREFETCH: tl.constexpr, EARLY: tl.constexpr, EDGES: tl.constexpr, CS: tl.constexpr,
-                PLANES_LOOP: tl.constexpr):
+                MAGIC: tl.constexpr):
     """The tile (rows h, columns w) of plane p of grad_input: the bulk, then the strip parts."""
-    q, d = _divmod(p, D_in, D_m, D_s, not PLANES_LOOP)
-    q0, q1 = _divmod(q, Q1, Q_m, Q_s, not PLANES_LOOP)
+    q, d = _divmod(p, D_in, D_m, D_s, MAGIC[0])
+    q0, q1 = _divmod(q, Q1, Q_m, Q_s, MAGIC[1])
     q0 = q0.to(tl.int64)  # (p, and so its indices, is 32-bit but in the planes loop)
     q1 = q1.to(tl.int64)
     src = g + q0 * gs0 + q1 * gs1
@@ -455,7 +457,7 @@ def _pad_backward_kernel(
     SW: tl.constexpr, ND: tl.constexpr, NXH: tl.constexpr, NXW: tl.constexpr, SIDES_H: tl.constexpr,
     SIDES_W: tl.constexpr, LOOPS: tl.constexpr, PLANES_LOOP: tl.constexpr, ACC: tl.constexpr, I64: tl.constexpr,
     VEC: tl.constexpr, PREFETCH: tl.constexpr, EARLY: tl.constexpr, EDGES: tl.constexpr, CS: tl.constexpr,
-    EVEN: tl.constexpr, GEOM: tl.constexpr,
+    EVEN: tl.constexpr, GEOM: tl.constexpr, MAGIC: tl.constexpr,
 ):
     # grad_output's plane and row strides and the left W pad come divided by VEC, a power of two that divides them
     # all: multiplied back here, the compiler knows every direct source row starts VEC-aligned and loads VEC
@@ -502,12 +504,12 @@ def _pad_backward_kernel(
                         D_s, Q_m, Q_s, D_in, H_in, W_in, D_out, H_out, W_out, gs0, gs1, gsD, gsH, gsW, is0, is1, isD,
                         isH, isW, pd_lo, ph_lo, ph_hi, pw_lo, pw_hi, hs0, hs1, hs2, hs3, ws0, ws1, ws2, ws3, REFLECT,
                         CROP, SH, SW, ND, NXH, NXW, SIDES_H, SIDES_W, LOOPS, ACC, BW, PREFETCH, EARLY, EDGES, CS,
-                        PLANES_LOOP)
+                        MAGIC)
     else:
         _plane_tile(gi, g, pg, h, rm, w, cm, h0, h1, w0, n_ra, n_rb, ra, rb, n_ca, n_cb, ca, cb, Q1, D_m, D_s, Q_m,
                     Q_s, D_in, H_in, W_in, D_out, H_out, W_out, gs0, gs1, gsD, gsH, gsW, is0, is1, isD, isH, isW,
                     pd_lo, ph_lo, ph_hi, pw_lo, pw_hi, hs0, hs1, hs2, hs3, ws0, ws1, ws2, ws3, REFLECT, CROP, SH, SW,
-                    ND, NXH, NXW, SIDES_H, SIDES_W, LOOPS, ACC, BW, PREFETCH, EARLY, EDGES, CS, PLANES_LOOP)
+                    ND, NXH, NXW, SIDES_H, SIDES_W, LOOPS, ACC, BW, PREFETCH, EARLY, EDGES, CS, MAGIC)
 
 
 # ----------------------------------------------------------------------------------------------- host
@@ -782,11 +784,12 @@ def _plan(spec: _Spec, g_shape, g_strides, self_shape, pads, out_strides, dtype:
     values = (spec.reflect, crop, bh, bw, sh, sw, nd, nxh, nxw, sides_h, sides_w, loops, per_program > 1, acc, i64,
               vec, _PREFETCH and not _runtime.INTERPRET and (ph_lo > 0 or ph_hi > 0),
               early, edges, cs, even,
-              (h_in, w_in, *gsize[3:], ph_lo, ph_hi, pw_lo, pw_hi, *hs, *ws) if fixed else None)
+              (h_in, w_in, *gsize[3:], ph_lo, ph_hi, pw_lo, pw_hi, *hs, *ws) if fixed else None,
+              (per_program == 1 and d_in > 1, per_program == 1 and q1 > 1))
     cap = _MAXNREG_FIXED if fixed else _MAXNREG.get((spec.dims, dtype.itemsize, spec.reflect))
     consts = launch_consts(dict(zip(("REFLECT", "CROP", "BH", "BW", "SH", "SW", "ND", "NXH", "NXW", "SIDES_H",
                                      "SIDES_W", "LOOPS", "PLANES_LOOP", "ACC", "I64", "VEC", "PREFETCH", "EARLY",
-                                     "EDGES", "CS", "EVEN", "GEOM"),
+                                     "EDGES", "CS", "EVEN", "GEOM", "MAGIC"),
                                     values, strict=True)), _WARPS, **({"maxnreg": cap} if cap else {}))
     args = (planes, per_program, n_hb, n_wb, q1, *_magic(d_in), *_magic(q1), d_in, h_in, w_in, *gsize[2:],
             *(s // vec for s in gstr[:4]), gstr[4], *istr, pd_lo, ph_lo, ph_hi, pw_lo // vec, pw_hi, *hs, *ws)
