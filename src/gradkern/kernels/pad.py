@@ -29,10 +29,11 @@ for all but the border planes). Along H and W, the indices with extra sources fo
   side, wider pads loop), so they are in flight together.
   The pad rows they read (which no bulk load touched) were asked of L2 before the bulk (a prefetch, on a GPU).
   Where a tile is its whole plane (so it holds every strip), the strip parts' values are gathered before the bulk
-  store and only stored after the barrier. Where a tile holds every column and the column strips are one column a
-  side (replicate; reflect with pads of 1; with GEOM below, up to four columns), those are selected into the bulk
-  tile before its store instead (f32, and 16-bit 3d: `_EDGES`). Where a tile is exactly its plane (16-bit 3d), the
-  bulk loads and stores without masks, and the plane's sizes, pads and strips are compile-time constants (GEOM).
+  store and only stored after the barrier (but reflect's with GEOM below). Where a tile holds every column and the
+  column strips are one column a side (replicate; reflect with pads of 1; with GEOM below, up to four columns),
+  those are selected into the bulk tile before its store instead (f32, and 16-bit 3d: `_EDGES`). Where a tile is
+  exactly its plane (16-bit 3d), the bulk loads and stores without masks, and the plane's sizes, pads and strips are
+  compile-time constants (GEOM).
 
 Border work is thus proportional to the border data, and never widens the bulk's per-element work (the kernel is
 instruction-bound where every element carries border masks: measured on an H200). The grid is 1-D (planes x row
@@ -607,9 +608,10 @@ _CORNER_LANES = 1024
 # (tune.py group pad_even, two runs each, then masked): 3d replicate 8x32x32x64x64 pad 2 bf16 46.3 us against
 # 46.9-47.6, f16 45.5-46.3 against 46.9-47.6 (probe: 45.4-46.2 against 46.9-47.6); reflect within 1%. Not for f32
 # (3d replicate pad 2 78.7-79.2 -> 81.0) nor split tiles whose rows and columns divide (3d pad 1 16-bit reflect
-# 332.0-332.7 -> 344.6-346.5, replicate 316.0-317.1 -> 318.4-318.6; 2d reflect bf16 pad 2 40.5 -> 41.2): slower there
-# There the strip columns selected in (EDGES) as constants (then two constexprs), so that `_with_edges` selects only
-# where they can be: H200 probe, bf16 44.5-45.3 us against 45.4-46.0 (f32 with both: 79.2-79.8 against 78.2-78.8)
+# 332.0-332.7 -> 344.6-346.5, replicate 316.0-317.1 -> 318.4-318.6; 2d reflect bf16 pad 2 40.5 -> 41.2): slower there.
+# Making the strip columns selected in (EDGES) constants there (first two constexprs, now part of GEOM below), so that
+# `_with_edges` selects only where they can be: H200 probe, bf16 44.5-45.3 us against 45.4-46.0 (f32 with both:
+# 79.2-79.8 against 78.2-78.8)
 _UNMASKED = {(3, 2)}
 # and there the plane's sizes, pads and strips are constants (GEOM, a constexpr tuple: a compile per plane shape and
 # pads), folded into every strip index and mask: 16-bit 3d replicate pad 2 at 64x64, 578 -> 461 SASS instructions a
