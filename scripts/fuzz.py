@@ -24,7 +24,8 @@ of stock PyTorch in float64 (the tolerance grows with sqrt(terms) for f32/f64, a
 result that misses the tolerance while stock at the same dtype misses it too is reported as "ill-conditioned"
 (not counted as a failure). Documented deliberate differences are applied to stock's result before comparing
 and counted: NaN x in the shrink / elu backwards takes ATen's CUDA convention (g, g*scale) where ATen's vectorised
-CPU kernels give 0 / NaN.
+CPU kernels give 0 / NaN; a pad backward of an empty grad_output is zeros, where stock's CPU reflection_pad1d/3d
+backwards return uninitialised memory.
 """
 
 from __future__ import annotations
@@ -755,6 +756,11 @@ def pad_direct(ctx, op):
         raise Mismatch("out-identity", "gradkern did not return grad_input")
     with stock():
         s64 = aten(g.double(), selfv.double(), pads)
+    if g.numel() == 0 and not (bool((s == 0).all()) and bool((s64 == 0).all())):
+        # stock's CPU reflection_pad{1,3}d_backward returns uninitialised memory for an empty grad_output (its
+        # results vary from call to call); an empty sum is 0, which gradkern returns
+        ctx.counts["deliberate:stock-empty-grad-uninitialised"] += 1
+        s, s64 = torch.zeros_like(s), torch.zeros_like(s64)
     compare(ctx, gk, s, s64, op, exact=False, summed_from=g.numel())
 
 
