@@ -62,6 +62,9 @@ _I32_MAX = 2**31 - 1
 # ones), warps. H200, 8192x8192, against 1024 for all (tune.py `flat`, two runs each): f32 512 lerp scalar weight
 # 0.1993-0.1999 -> 0.1974 ms, tensor weight 0.4453 -> 0.4436-0.4439, where 0.2136-0.2140 -> 0.2123-0.2128; bf16 512:
 # lerp within 0.5%, where 0.1159-0.1165 -> 0.1172 (so 1024); 512 x 2 warps and 256 x 2 no better
+# (H100, tune.py `flat` and `multi`, f32: lerp scalar weight 0.2760-0.2800 ms, tensor weight 0.6282-0.6315, where
+# 0.2964-0.3000 over the 13 configs, but for where 4096 x 8 (0.3147) and lerp scalar 4096 x 4 (0.2810); none reaches
+# torch.compile's lerp, 0.2746 / 0.6249: 0.99x, both at the copy ceiling)
 FLAT_BLOCK, FLAT_WARPS = {2: 1024, 4: 512, 8: 1024}, 4
 STRIDED_BLOCK, STRIDED_WARPS = 1024, 4
 # the summing pass's tile, its widest column block, warps: summing over columns (H200, 8192x8192 with an (8192, 1)

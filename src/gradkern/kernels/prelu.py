@@ -183,6 +183,12 @@ _COLS_MIN_ROWS = 256  # ... but gives each program at least this many rows (each
 # 106.2-106.3, folded 2 to 1 and capped at 128: 106.9 / 108.0; folded 4 to 1 and capped with 512 rows a program 109.3
 # / 108.9-109.1, with 128 columns 108.1-108.2 / 106.7, with 8192 programs 107.0-107.1 / 106.7-106.8: the (N, C)
 # case's best, 106.9 us, is 89.3% of the copy ceiling)
+# (H100, 2026-11-26, bf16: a copy of the same bytes takes 134.5 us, a plain flat kernel writing grad_input alone
+# (no grad_weight, 1024-8192 elements a program) 138.0-139.2, this kernel without grad_weight 143.2 / 144.1
+# (channels_last / 262144x256), with it 144.9-146.7 (bench: 91.9-92.6% of copy); ATen's 0.415 ms a call makes 3x
+# 138.4 us, which the plain kernel that reduces nothing only ties. Swept and not kept: full rows (BK 256) with
+# 32-128 rows a program, 2048-8192 programs, 4 or 8 warps: (N, C) 0.1532-0.1836 ms against 0.1460; BK 128: 0.1967;
+# 8192 programs of 128 rows: 0.1480; 2048-element tiles: 0.1455; channels_last within 0.2% or slower)
 _ROWS_MIN_L = 32  # (A, C, L) inputs with L >= this walk rows of L; smaller L (channels_last: L = 1) walk columns
 # the column kernel's widest column block: 64 (H200, 262144x256, four programs on each range of rows, 64 columns
 # each, against one program of 256: bf16 114.7 -> 108.3 us, f32 206.6 -> 199.5; 128 columns: 111.4 / 204.7; 32:
