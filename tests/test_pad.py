@@ -489,16 +489,24 @@ def test_modules_train_through_gradkern(dtype, deterministic, monkeypatch):
         torch.use_deterministic_algorithms(was)
 
 
-def test_fpad_deterministic_route(monkeypatch):
-    """The wrapper F.pad calls in deterministic mode on CUDA: routed to aten::replication_pad*d (and so to
-    gradkern's backward) only while gradkern is enabled; otherwise, for other devices and while compiling, the
-    original decomposition. Called directly here, since F.pad takes that path only for CUDA tensors."""
+def _spy_on_original_replication_pad(monkeypatch) -> list:
+    """Calls of the decomposition F.pad(replicate) takes in deterministic mode, counted by a spy put in its place
+    before gradkern is enabled (so the route wraps the spy, and disable() puts the spy back)."""
     decomp = torch._decomp.decompositions
-    assert decomp._replication_pad is padmod._replication_pad_routed
-    original_calls = []
-    original = padmod._original_replication_pad
-    monkeypatch.setattr(padmod, "_original_replication_pad",
-                        lambda *a, **k: (original_calls.append(1), original(*a, **k))[1])
+    original = decomp._replication_pad
+    calls = []
+    monkeypatch.setattr(decomp, "_replication_pad", lambda *a, **k: (calls.append(1), original(*a, **k))[1])
+    return calls
+
+
+def test_fpad_deterministic_route(monkeypatch):
+    """The function F.pad calls in deterministic mode on CUDA: while gradkern is enabled (enable() puts the route
+    there, disable() takes it out) routed to aten::replication_pad*d (and so to gradkern's backward); for other
+    devices, while compiling and otherwise, the original decomposition. Called directly here, since F.pad takes
+    that path only for CUDA tensors."""
+    decomp = torch._decomp.decompositions
+    original_calls = _spy_on_original_replication_pad(monkeypatch)
+    spy = decomp._replication_pad
     calls = _spy_on_pad_ops(monkeypatch)
     x = torch.randn(2, 3, 4, 5, device=DEVICE)
     w = torch.randn(2, 3, 7, 8, device=DEVICE)
@@ -506,10 +514,14 @@ def test_fpad_deterministic_route(monkeypatch):
     assert original_calls and not calls
     original_calls.clear()
     with gradkern.use():
+        assert decomp._replication_pad is not spy
         ours = _train_step(lambda t: decomp._replication_pad(t, (1, 2, 0, 3)), x, w)
         assert calls == ["replication_pad2d_backward"] and not original_calls
         assert decomp._replication_pad(x[0].to("meta"), (1, 1)).shape == (3, 4, 7)  # another device: original
         assert original_calls
+        with gradkern.use(False):
+            assert decomp._replication_pad is spy
+    assert decomp._replication_pad is spy
     assert_close(ours, stock.double(), torch.float32, "routed F.pad replicate")
 
 
@@ -520,7 +532,7 @@ def test_fpad_route_leaves_empty_results_to_the_original():
     decomp = torch._decomp.decompositions
     x = torch.randn(2, 3, 5, device=DEVICE)
     for t, pad in ((x, (-3, -2)), (x, (-5, 1)), (torch.randn(2, 0, 5, device=DEVICE), (1, 1))):
-        want = padmod._original_replication_pad(t, pad)
+        want = decomp._replication_pad(t, pad)
         with gradkern.use():
             got = decomp._replication_pad(t, pad)
         assert got.shape == want.shape, pad
@@ -532,10 +544,7 @@ def test_deterministic_mode_ops_and_training_do_not_raise_on_cuda(monkeypatch):
     """On CUDA, ATen's pad backward kernels raise under torch.use_deterministic_algorithms(True) (which ones
     depends on the torch version: replication_pad3d_backward always has; replication_pad1d_backward did not on
     torch 2.11) and F.pad(replicate) falls back to a slow decomposition; with gradkern enabled neither happens."""
-    original_calls = []
-    original = padmod._original_replication_pad
-    monkeypatch.setattr(padmod, "_original_replication_pad",
-                        lambda *a, **k: (original_calls.append(1), original(*a, **k))[1])
+    original_calls = _spy_on_original_replication_pad(monkeypatch)
     was = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True)
     try:

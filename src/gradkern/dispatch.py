@@ -1,10 +1,16 @@
 """`enable()`, `disable()`, `use()`: routing ATen ops through gradkern's kernels.
 
-Registration is derived from the registry: every overload an op lists is registered with torch.library on the
-backend key (CUDA, or CPU under the interpreter) or, for ops that bring their own autograd formula, on the
-autograd key. Overrides never re-enter themselves: while one runs, a nested call of a gradkern-routed op
-(from gradkern's host code or from Triton's interpreter) goes to stock PyTorch. What an override declines, or
-finds has more dims than the kernels index (RankUnsupported, raised before any launch), also goes to stock."""
+Registration is derived from the registry and happens once, at the first `enable()` or `use()`: every overload
+an op lists gets a router with torch.library on the backend key (CUDA, or CPU under the interpreter) or, for ops
+that bring their own autograd formula, on the autograd key. After that, turning routing on or off only flips a
+process-wide flag that each router reads: off, a router calls the stock kernel it captured before registering
+(ATen's own, so stock results are ATen's bit for bit). Routers never re-enter themselves: while an override
+runs, a nested call of a gradkern-routed op in the same thread (from gradkern's host code or from Triton's
+interpreter) goes to stock PyTorch. What an override declines, or finds has more dims than the kernels index
+(RankUnsupported, raised before any launch), also goes to stock.
+
+Python-level interceptions (`intercept`: module functions that PyTorch calls before dispatch, such as the
+decomposition F.pad takes in deterministic mode) are put in place by `enable()` and taken out by `disable()`."""
 
 from __future__ import annotations
 
@@ -13,6 +19,7 @@ import functools
 import threading
 import warnings
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import torch
 
@@ -20,11 +27,12 @@ from . import _runtime
 from .errors import RankUnsupported
 from .registry import REGISTRY, OpInfo
 
-__all__ = ["enable", "disable", "use", "is_enabled", "stock_call", "routed_overloads"]
+__all__ = ["enable", "disable", "use", "is_enabled", "stock_call", "routed_overloads", "intercept", "unregister"]
 
-_lib: torch.library.Library | None = None
-_tls = threading.local()
-_lock = threading.Lock()
+_lib: torch.library.Library | None = None  # the registrations, made once (see unregister)
+_enabled = False  # what every router reads on every call: process-wide, so autograd's own threads see it too
+_tls = threading.local()  # .depth: an override of this thread is running (nested routed calls go to stock)
+_lock = threading.RLock()  # taken to switch, register, or capture a stock kernel
 
 
 def _overload(name: str) -> torch._ops.OpOverload:
@@ -43,38 +51,56 @@ def stock_call(info: OpInfo, overload: str) -> Callable:
             if torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), key):
                 return functools.partial(op._op_dk, key)
         raise RuntimeError(f"gradkern: aten::{overload} has no stock autograd kernel to fall back to")
-    decomp = torch._decomp.decomposition_table.get(op)
-    if decomp is None:
-        raise RuntimeError(f"gradkern: no stock path for {overload} while its override is active")
-    return decomp
+    keyset = torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, _runtime.BACKEND_KEY))
+    return functools.partial(_aten_kernel(overload).call_boxed, keyset)
 
 
-def _wrap(info: OpInfo, overload: str, impl: Callable) -> Callable:
-    fallback: list[Callable] = []
+_captured: dict[str, torch._C._SafeKernelFunction] = {}  # backend overload -> ATen's kernel, taken before ours
 
-    def stock(*args, **kwargs):
-        if not fallback:
-            fallback.append(stock_call(info, overload))
-        return fallback[0](*args, **kwargs)
 
-    def override(*args, **kwargs):
-        if getattr(_tls, "depth", 0):
-            return stock(*args, **kwargs)
+def _aten_kernel(overload: str) -> torch._C._SafeKernelFunction:
+    """ATen's kernel for backend `overload`, captured before gradkern registers its own (and kept after)."""
+    kernel = _captured.get(overload)
+    if kernel is None:
+        with _lock:
+            if _lib is not None:
+                raise RuntimeError(f"gradkern: ATen's kernel for {overload} was not captured before registration")
+            kernel = _captured[overload] = torch.library.get_kernel(f"aten::{overload}", _runtime.BACKEND_KEY)
+    return kernel
+
+
+def _router(info: OpInfo, overload: str, stock: Callable) -> Callable:
+    """The kernel registered for `overload`: the op's implementation of it (read from the registry at each call)
+    while routing is on and this thread is not already inside an override, else `stock`, which takes the dispatch
+    keyset first."""
+    impls = info.aten
+
+    def router(keyset, *args, **kwargs):
+        if not _enabled or getattr(_tls, "depth", 0):
+            return stock(keyset, *args, **kwargs)
         _tls.depth = 1
         try:
-            out = impl(*args, **kwargs)
+            out = impls[overload](*args, **kwargs)
         except RankUnsupported:
             # more dims than the kernels index, found before any launch (nothing written): stock runs it. (Other
-            # errors propagate: stock's path here can be a Python decomposition without ATen's checks, or none.)
+            # errors propagate, as stock's own checks would raise them.)
             out = NotImplemented
         finally:
             _tls.depth = 0
         if out is NotImplemented:  # the op declined these arguments (e.g. a dtype only stock handles)
-            return stock(*args, **kwargs)
+            return stock(keyset, *args, **kwargs)
         return out
 
-    override.__name__ = f"gradkern_{overload.replace('.', '_')}"
-    return override
+    router.__name__ = f"gradkern_{overload.replace('.', '_')}"
+    return router
+
+
+def _stock_for_router(info: OpInfo, overload: str) -> Callable:
+    """Stock's kernel for `overload` as a router calls it (keyset first), captured before gradkern registers."""
+    if info.dispatch == "autograd":
+        call = stock_call(info, overload)
+        return lambda _keyset, *args, **kwargs: call(*args, **kwargs)
+    return _aten_kernel(overload).call_boxed
 
 
 def routed_overloads() -> dict[str, str]:
@@ -82,45 +108,103 @@ def routed_overloads() -> dict[str, str]:
     return {ov: info.name for info in REGISTRY.values() for ov in info.aten}
 
 
+def _register() -> None:
+    """Register every router (once; under _lock)."""
+    global _lib
+    if _lib is not None:
+        return
+    lib = torch.library.Library("aten", "IMPL")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*Overriding a previously registered kernel.*")
+        warnings.filterwarnings("ignore", message=".*Warning only once for all operators.*")
+        for info in REGISTRY.values():
+            key = _runtime.AUTOGRAD_KEY if info.dispatch == "autograd" else _runtime.BACKEND_KEY
+            for overload in info.aten:
+                lib.impl(overload, _router(info, overload, _stock_for_router(info, overload)), key,
+                         with_keyset=True)
+    _lib = lib
+
+
+# ----------------------------------------------------------------------------------------------- interceptions
+@dataclass
+class _Interception:
+    module: object
+    attr: str
+    wrap: Callable[[Callable], Callable]  # the original -> the function put in its place
+    original: Callable | None = None
+
+
+_interceptions: list[_Interception] = []
+
+
+def intercept(module, attr: str, wrap: Callable[[Callable], Callable]) -> None:
+    """Declare that while gradkern is enabled, `module.attr` (a function PyTorch looks up at every call, before
+    dispatch) is replaced by `wrap(original)`. A module without `attr` (another PyTorch version) is left alone."""
+    _interceptions.append(_Interception(module, attr, wrap))
+
+
+def _set_interceptions(on: bool) -> None:
+    for i in _interceptions:
+        current = getattr(i.module, i.attr, None)
+        if current is None:
+            continue
+        if on and i.original is None:
+            i.original = current
+            setattr(i.module, i.attr, functools.update_wrapper(i.wrap(current), current))
+        elif not on and i.original is not None:
+            setattr(i.module, i.attr, i.original)
+            i.original = None
+
+
+# ----------------------------------------------------------------------------------------------- the switch
 def is_enabled() -> bool:
-    return _lib is not None
+    return _enabled
+
+
+def _set(on: bool) -> None:
+    global _enabled
+    with _lock:
+        if on:
+            _register()
+        if on != _enabled:
+            _enabled = on
+            _set_interceptions(on)
 
 
 def enable() -> None:
-    """Route every covered ATen op on gradkern's device through gradkern's kernels (idempotent)."""
-    global _lib
-    with _lock:
-        if _lib is not None:
-            return
-        lib = torch.library.Library("aten", "IMPL")
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*Overriding a previously registered kernel.*")
-            warnings.filterwarnings("ignore", message=".*Warning only once for all operators.*")
-            for info in REGISTRY.values():
-                key = _runtime.AUTOGRAD_KEY if info.dispatch == "autograd" else _runtime.BACKEND_KEY
-                for overload, impl in info.aten.items():
-                    lib.impl(overload, _wrap(info, overload, impl), key)
-        _lib = lib
+    """Route every covered ATen op on gradkern's device through gradkern's kernels (idempotent). The first call
+    registers gradkern's routers with PyTorch; later ones only switch them on."""
+    _set(True)
 
 
 def disable() -> None:
-    """Restore stock PyTorch for every op gradkern routed (idempotent)."""
+    """Send every op gradkern routes back to stock PyTorch (idempotent). The routers stay registered and call
+    ATen's own kernels; `unregister()` removes them."""
+    _set(False)
+
+
+def unregister() -> None:
+    """Disable and remove gradkern's registrations from PyTorch's dispatcher (for coexistence with other libraries
+    that override the same ops; the next `enable()` or `use()` registers again)."""
     global _lib
+    disable()
     with _lock:
         if _lib is not None:
             _lib._destroy()
             _lib = None
+            _captured.clear()
 
 
 @contextlib.contextmanager
 def use(enabled: bool = True) -> Iterator[None]:
     """`with gradkern.use():` routes through gradkern inside the block (`use(False)` routes to stock) and
-    restores the previous state on exit; scopes nest. Routing is process-wide (torch.library registrations), so
-    a block turns it on for every thread, and blocks that overlap in several threads restore each other's state
-    out of order: there, call enable() once instead."""
-    previous = is_enabled()
-    (enable if enabled else disable)()
+    restores the previous state on exit; scopes nest. Entering and leaving a block switches a flag (registration
+    happens once). Routing is process-wide: a block turns it on for every thread, the autograd engine's included
+    (a block around `loss.backward()` routes the backward), and blocks that overlap in several threads restore
+    each other's state out of order: there, call enable() once instead."""
+    previous = _enabled
+    _set(enabled)
     try:
         yield
     finally:
-        (enable if previous else disable)()
+        _set(previous)

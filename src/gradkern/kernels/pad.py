@@ -57,7 +57,7 @@ import triton.language as tl
 from .. import _runtime
 from .._cases import randn
 from .._runtime import cdiv
-from ..dispatch import is_enabled
+from ..dispatch import intercept, is_enabled
 from ..elementwise import check_out_overlap, check_tensor, launch, launch_consts
 from ..errors import InvalidProblem, Unsupported
 from ..registry import Case, register_op
@@ -940,19 +940,16 @@ reflection_pad3d_backward = _declare(_Spec("reflection_pad3d_backward", 3, True)
 # In deterministic mode, F.pad(mode="replicate") on CUDA (nn.ReplicationPad*d included) does not call
 # aten::replication_pad*d, whose backward gradkern replaces: it calls `torch._decomp.decompositions.
 # _replication_pad`, an indexing decomposition whose backward is a sort-based index_put, ~34x slower. F.pad looks
-# that function up on the module at every call, so gradkern puts a wrapper there: while gradkern is enabled it
-# takes the path F.pad takes outside deterministic mode (`torch._C._nn.pad`, i.e. aten::replication_pad*d, whose
-# forward is deterministic); when gradkern is disabled, while compiling, and for tensors of 2^31 elements or more
-# (which ATen's CUDA kernel cannot index) it calls the original.
-_decomp = importlib.import_module("torch._decomp.decompositions")
-_original_replication_pad = getattr(_decomp, "_replication_pad", None)
-_original_replication_pad = getattr(_original_replication_pad, "__gradkern_original__", _original_replication_pad)
-
-
-def _replication_pad_routed(a, padding, *args, **kwargs):
-    if not args and not kwargs and _routable(a, padding):
-        return torch._C._nn.pad(a, padding, "replicate")
-    return _original_replication_pad(a, padding, *args, **kwargs)
+# that function up on the module at every call, so while gradkern is enabled a wrapper stands there (installed by
+# enable(), removed by disable()): it takes the path F.pad takes outside deterministic mode (`torch._C._nn.pad`,
+# i.e. aten::replication_pad*d, whose forward is deterministic); while compiling, and for tensors of 2^31 elements
+# or more (which ATen's CUDA kernel cannot index) it calls the original.
+def _replication_pad_route(original):
+    def routed(a, padding, *args, **kwargs):
+        if not args and not kwargs and _routable(a, padding):
+            return torch._C._nn.pad(a, padding, "replicate")
+        return original(a, padding, *args, **kwargs)
+    return routed
 
 
 def _routable(a, padding) -> bool:
@@ -965,7 +962,4 @@ def _routable(a, padding) -> bool:
     return a.numel() > 0 and min(out) > 0 and max(a.numel(), math.prod(out)) <= _I32_MAX
 
 
-if _original_replication_pad is not None:
-    functools.update_wrapper(_replication_pad_routed, _original_replication_pad)
-    _replication_pad_routed.__gradkern_original__ = _original_replication_pad
-    _decomp._replication_pad = _replication_pad_routed
+intercept(importlib.import_module("torch._decomp.decompositions"), "_replication_pad", _replication_pad_route)
