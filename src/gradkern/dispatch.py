@@ -51,10 +51,11 @@ def stock_call(info: OpInfo, overload: str) -> Callable:
             if torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), key):
                 return functools.partial(op._op_dk, key)
         raise RuntimeError(f"gradkern: aten::{overload} has no stock autograd kernel to fall back to")
-    keyset = torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, _runtime.BACKEND_KEY))
-    return functools.partial(_aten_kernel(overload).call_boxed, keyset)
+    # (the keyset a kernel of the backend key is reached with: ATen's kernel there redispatches nothing)
+    return functools.partial(_aten_kernel(overload).call_boxed, _BACKEND_KEYSET)
 
 
+_BACKEND_KEYSET = torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, _runtime.BACKEND_KEY))
 _captured: dict[str, torch._C._SafeKernelFunction] = {}  # backend overload -> ATen's kernel, taken before ours
 
 
@@ -71,13 +72,12 @@ def _aten_kernel(overload: str) -> torch._C._SafeKernelFunction:
 
 def _router(info: OpInfo, overload: str, stock: Callable) -> Callable:
     """The kernel registered for `overload`: the op's implementation of it (read from the registry at each call)
-    while routing is on and this thread is not already inside an override, else `stock`, which takes the dispatch
-    keyset first."""
+    while routing is on and this thread is not already inside an override, else `stock`."""
     impls = info.aten
 
-    def router(keyset, *args, **kwargs):
+    def router(*args, **kwargs):
         if not _enabled or getattr(_tls, "depth", 0):
-            return stock(keyset, *args, **kwargs)
+            return stock(*args, **kwargs)
         _tls.depth = 1
         try:
             out = impls[overload](*args, **kwargs)
@@ -88,19 +88,13 @@ def _router(info: OpInfo, overload: str, stock: Callable) -> Callable:
         finally:
             _tls.depth = 0
         if out is NotImplemented:  # the op declined these arguments (e.g. a dtype only stock handles)
-            return stock(keyset, *args, **kwargs)
+            return stock(*args, **kwargs)
         return out
 
     router.__name__ = f"gradkern_{overload.replace('.', '_')}"
     return router
 
 
-def _stock_for_router(info: OpInfo, overload: str) -> Callable:
-    """Stock's kernel for `overload` as a router calls it (keyset first), captured before gradkern registers."""
-    if info.dispatch == "autograd":
-        call = stock_call(info, overload)
-        return lambda _keyset, *args, **kwargs: call(*args, **kwargs)
-    return _aten_kernel(overload).call_boxed
 
 
 def routed_overloads() -> dict[str, str]:
@@ -120,8 +114,7 @@ def _register() -> None:
         for info in REGISTRY.values():
             key = _runtime.AUTOGRAD_KEY if info.dispatch == "autograd" else _runtime.BACKEND_KEY
             for overload in info.aten:
-                lib.impl(overload, _router(info, overload, _stock_for_router(info, overload)), key,
-                         with_keyset=True)
+                lib.impl(overload, _router(info, overload, stock_call(info, overload)), key)
     _lib = lib
 
 
