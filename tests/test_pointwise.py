@@ -379,6 +379,9 @@ def test_zero_scalars_keep_their_sign_whatever_came_first():
     for scale in (0.0, -0.0, 0.0):
         assert_bitwise_equal(ops.elu_backward(g, 1.0, scale, 1.0, False, x),
                              torch.ops.aten.elu_backward(g, 1.0, scale, 1.0, False, x), f"elu scale {scale}")
+    for alpha in (0.0, -0.0, 0.0):  # (alpha * scale is the kernel's negcoef: its sign is the result's)
+        assert_bitwise_equal(ops.elu_backward(g, alpha, 1.0, 1.0, False, x),
+                             torch.ops.aten.elu_backward(g, alpha, 1.0, 1.0, False, x), f"elu alpha {alpha}")
     for w in (0.0, -0.0, 0.0):
         ge = ops.lerp_backward(g, x, x, w)[1]
         assert_bitwise_equal(ge, g * w, f"lerp weight {w}")

@@ -235,6 +235,9 @@ STRIDED_BLOCK, STRIDED_WARPS = 1024, 4
 
 # ----------------------------------------------------------------------------------------------- fast launch
 _fast_cache: dict = {}
+_empty_like = torch.empty_like
+_get_device = getattr(torch._C, "_cuda_getDevice", None)
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 _FAST_OK = not _runtime.INTERPRET
 _KNOBS = getattr(getattr(triton, "knobs", None), "runtime", None)
 
@@ -466,9 +469,10 @@ class Pointwise:
                  out: torch.Tensor | None = None) -> torch.Tensor:
         if out is None:  # the hot path: a flat problem seen before, relaunched with minimal host work
             try:
-                # (the scalars by their bits: 0.0 == -0.0; the negative bit, which check_tensor rejects)
-                fkey = (flag, tuple(map(scalar_bits, scalars)),
-                        *[(t.shape, t.stride(), t.dtype, t.device, t.is_neg()) for t in ts])
+                # the scalars by value; a zero is keyed by its bits instead (0.0 == -0.0); the negative bit, which
+                # check_tensor rejects
+                sk = scalars if 0.0 not in scalars else tuple(map(scalar_bits, scalars))
+                fkey = (flag, sk, *[(t.shape, t.stride(), t.dtype, t.device, t.is_neg()) for t in ts])
                 entry = self._fast.get(fkey)
             except (AttributeError, TypeError):
                 fkey = entry = None
@@ -478,11 +482,10 @@ class Pointwise:
                 aligned = True
                 for p in ptrs:
                     aligned = aligned and not p & 15
-                if aligned and torch._C._cuda_getDevice() == dev and hooks_idle():
+                if aligned and _get_device() == dev and hooks_idle():
                     # a flat plan: every input has the output's shape and dense strides, so empty_like fits
-                    out = torch.empty_like(ts[0]) if same_dtype else torch.empty_like(ts[0], dtype=dtype)
-                    call(grid0, torch._C._cuda_getCurrentRawStream(dev), out.data_ptr(), *ptrs,
-                         *ptrs[:1] * (3 - len(ptrs)), *tail)
+                    out = _empty_like(ts[0]) if same_dtype else _empty_like(ts[0], dtype=dtype)
+                    call(grid0, _raw_stream(dev), out.data_ptr(), *ptrs, *ptrs[:1] * (3 - len(ptrs)), *tail)
                     return out
         try:
             # the device itself, not get_device(): that is -1 for cpu and meta alike, and a plan found in the cache

@@ -74,22 +74,27 @@ def _eager_only(op: str, fn: Callable) -> Callable:
 
     @functools.wraps(fn)
     def public(*args, **kwargs):
-        if torch.is_grad_enabled():
+        if _grad_enabled():
             _refuse_requires_grad(op, names, args, kwargs)
         return fn(*args, **kwargs)
 
     return public
 
 
+_grad_enabled = torch.is_grad_enabled
+_Tensor = torch.Tensor
+
+
 def _refuse_requires_grad(op: str, names: list[str], args: tuple, kwargs: dict) -> None:
     """gradkern.ops.* are plain kernels: a result computed from an input that requires grad would silently carry
     no graph (stock's ATen op would). Named error instead, saying what to use."""
     for i, a in enumerate(args):
-        if isinstance(a, torch.Tensor) and a.requires_grad:
+        if isinstance(a, _Tensor) and a.requires_grad:
             _requires_grad_error(op, names[i] if i < len(names) else str(i))
-    for k, a in kwargs.items():
-        if isinstance(a, torch.Tensor) and a.requires_grad:
-            _requires_grad_error(op, k)
+    if kwargs:
+        for k, a in kwargs.items():
+            if isinstance(a, _Tensor) and a.requires_grad:
+                _requires_grad_error(op, k)
 
 
 def _requires_grad_error(op: str, arg: str):
@@ -196,12 +201,15 @@ def _public(info: OpInfo) -> tuple[Callable, object]:
     hints = typing.get_type_hints(fn)
     varying = [nm for nm in names if _is_tensor_or_number(hints.get(nm, inspect.Parameter.empty))]
 
-    eager = _eager_only(info.name, fn)
+    compiling = torch.compiler.is_compiling
 
     @functools.wraps(fn)
     def public(*args, **kwargs):
-        if not torch.compiler.is_compiling():
-            return eager(*args, **kwargs)
+        if not compiling():
+            # the eager path, inlined (one Python frame less a call): refuse inputs that require grad
+            if _grad_enabled():
+                _refuse_requires_grad(info.name, names, args, kwargs)
+            return fn(*args, **kwargs)
         outs = {k: kwargs.pop(k) for k in out_names if kwargs.get(k) is not None}
         for k in out_names:
             kwargs.pop(k, None)

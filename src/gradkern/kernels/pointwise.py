@@ -25,6 +25,8 @@ _ONE_SIXTH_F32 = 0.1666666716337204
 
 def _real(op: str, name: str, value) -> float:
     """A scalar argument as a float: a real number or a one-element real tensor (read now), else a named error."""
+    if type(value) is float:  # the common case, first: the checks below cost about a microsecond a call
+        return value
     if isinstance(value, torch.Tensor):
         if value.numel() == 1 and not value.is_complex():
             return float(value)
@@ -68,16 +70,25 @@ def elu_backward(grad_output: torch.Tensor, alpha: float, scale: float, input_sc
                  self_or_result: torch.Tensor, *, grad_input: torch.Tensor | None = None) -> torch.Tensor:
     """Gradient of elu/celu/selu: x <= 0 -> g*input_scale*alpha*scale*exp(x*input_scale) (or, with is_result,
     g*input_scale*(r + alpha*scale)), else g*scale."""
-    alpha, scale, input_scale = (_real("elu_backward", n, v) for n, v in
-                                 (("alpha", alpha), ("scale", scale), ("input_scale", input_scale)))
+    args = (_real("elu_backward", "alpha", alpha), _real("elu_backward", "scale", scale),
+            _real("elu_backward", "input_scale", input_scale), bool(is_result),
+            getattr(self_or_result, "dtype", torch.float64) == torch.float64)
+    # (a zero is not cached: 0.0 and -0.0 are one key there, and the products' signs differ)
+    scalars = _elu_scalars(*args) if 0.0 not in args[:3] else _elu_scalars.__wrapped__(*args)
+    return _ELU_BACKWARD(grad_output, self_or_result, scalars=scalars, flag=int(bool(is_result)), out=grad_input)
+
+
+@functools.lru_cache(maxsize=1024)
+def _elu_scalars(alpha: float, scale: float, input_scale: float, is_result: bool, f64: bool) -> tuple:
+    """elu_backward's checks of its scalars and the kernel's (negcoef, poscoef, negiptcoef); cached, as they run
+    on every call."""
     if is_result and not alpha >= 0:  # (NaN too, as ATen: its test is "alpha < 0" negated the other way round)
         raise InvalidProblem("elu_backward", "alpha", "alpha >= 0 when is_result=True (in-place elu)", alpha)
-    if getattr(self_or_result, "dtype", torch.float64) != torch.float64:  # ATen reads them as float: it refuses
-        for name, v in (("alpha", alpha), ("scale", scale), ("input_scale", input_scale)):  # what overflows it
+    if not f64:  # ATen reads them as float: it refuses what overflows it
+        for name, v in (("alpha", alpha), ("scale", scale), ("input_scale", input_scale)):
             if math.isfinite(v) and math.isinf(round_to_dtype(v, torch.float32)):
                 raise InvalidProblem("elu_backward", name, "a value representable in float32 (the math type)", v)
-    return _ELU_BACKWARD(grad_output, self_or_result, scalars=(alpha * scale, scale, input_scale),
-                         flag=int(bool(is_result)), out=grad_input)
+    return (alpha * scale, scale, input_scale)
 
 
 # ------------------------------------------------------------------------------------------------- shrink
