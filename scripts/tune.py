@@ -125,13 +125,13 @@ _saved: dict = {}
 
 
 def _clear() -> None:
-    pad._plan.cache_clear()
+    pad.clear_plans()
     sparsemax._plan.cache_clear()
     prelu._plans.clear()
     segment_max._plans.clear()
     repeat._views.clear()
     reduction._plans.clear()
-    reduction._pass_consts.clear()
+    reduction._launches.clear()
     elementwise._fast_cache.clear()
     for fused in (where._WHERE_BACKWARD, lerp._LERP_BACKWARD, prelu._PRELU_FULL):  # (the summing pass's tiles)
         fused._plans.clear()

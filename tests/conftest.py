@@ -42,11 +42,11 @@ def small_pad_tiles(unroll: int = 1):
 
     with (mock.patch.object(pad, "_TILE", dict.fromkeys((1, 2, 3), 8)), mock.patch.object(pad, "_MAX_BW", 4),
           mock.patch.object(pad, "_UNROLL", unroll)):
-        pad._plan.cache_clear()
+        pad.clear_plans()
         try:
             yield
         finally:
-            pad._plan.cache_clear()
+            pad.clear_plans()
 
 
 @contextlib.contextmanager

@@ -56,7 +56,7 @@ import triton.language as tl
 
 from .. import _runtime
 from .._cases import randn
-from .._runtime import cdiv
+from .._runtime import cdiv, remember, values_key
 from ..dispatch import intercept, is_enabled
 from ..elementwise import check_out_overlap, check_tensor, launch, launch_consts
 from ..errors import InvalidProblem, Unsupported
@@ -823,9 +823,34 @@ def _check_out(spec: _Spec, out, self: torch.Tensor, grad_output: torch.Tensor, 
         out.resize_(self.shape)
 
 
+_VALIDATED: dict = {}  # a problem with a fresh grad_input (its tensors' layouts, padding) -> its plan, checked once
+
+
+def clear_plans() -> None:
+    """Forget every plan (after the launch constants change: tests, scripts/tune.py)."""
+    _plan.cache_clear()
+    _VALIDATED.clear()
+
+
 def _backward(spec: _Spec, grad_output, self, padding, grad_input=None, resize: bool = False) -> torch.Tensor:
     """Validate everything, then launch. `resize`: a grad_input of another shape is resized to self's first (the
     ATen `.grad_input` overload's behaviour); else it must have self's shape."""
+    key = None
+    if grad_input is None:  # the hot path: a problem validated before is a lookup and a launch
+        try:
+            pk = values_key(padding)
+            key = None if pk is None else (
+                spec, grad_output.shape, grad_output.stride(), grad_output.dtype, grad_output.device,
+                grad_output.is_neg(), self.shape, self.dtype, self.device, self.is_neg(), pk)
+            plan = _VALIDATED.get(key)
+        except (AttributeError, TypeError):
+            key = plan = None
+        if plan is not None:
+            out = torch.empty(self.shape, dtype=self.dtype, device=self.device)
+            device = self.get_device()
+            launch(_pad_backward_kernel, (plan.grid,), (out, grad_output), plan.args, plan.consts, device,
+                   (plan, device))
+            return out
     if isinstance(grad_output, torch.Tensor) and grad_output.is_complex():
         return _complex_backward(spec, grad_output, self, padding, grad_input, resize)
     check_tensor(spec.name, "grad_output", grad_output)
@@ -846,6 +871,8 @@ def _backward(spec: _Spec, grad_output, self, padding, grad_input=None, resize: 
     if out.numel() == 0:
         return out
     plan = _plan(spec, g_shape, grad_output.stride(), self_shape, pads, out.stride(), self.dtype)
+    if grad_input is None:
+        remember(_VALIDATED, key, plan)
     device = self.get_device()
     launch(_pad_backward_kernel, (plan.grid,), (out, grad_output), plan.args, plan.consts, device, (plan, device))
     return out
