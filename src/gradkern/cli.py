@@ -1,4 +1,4 @@
-"""`python -m gradkern list | check | bench`."""
+"""`python -m gradkern list | check | bench [--models]`."""
 
 from __future__ import annotations
 
@@ -35,6 +35,18 @@ def _ops_arg(names: str) -> list[str]:
     if unknown:
         raise argparse.ArgumentTypeError(f"unknown op(s) {unknown}; `python -m gradkern list` shows them")
     return ops
+
+
+def _models_arg(names: str) -> list[str]:
+    from .bench_models import MODELS
+
+    if names == "all":
+        return list(MODELS)
+    models = [n.strip() for n in names.split(",") if n.strip()]
+    unknown = [n for n in models if n not in MODELS]
+    if unknown or not models:
+        raise argparse.ArgumentTypeError(f"unknown model(s) {unknown}; one of {sorted(MODELS)} or all")
+    return models
 
 
 def print_table(headers: list[str], rows: list[list], out=None) -> None:
@@ -109,10 +121,16 @@ def main(argv: list[str] | None = None) -> int:
         sp.add_argument("--ops", type=_ops_arg, default=None, help="comma-separated op names (default: all)")
     pc.add_argument("--dtypes", type=_dtype_arg, default=list(_runtime.FLOAT_DTYPES), help="f32,f16,bf16,f64|all")
     pc.add_argument("-v", "--verbose", action="store_true")
-    pb.add_argument("--dtypes", type=_dtype_arg, default=[torch.float32, torch.bfloat16],
-                    help="comma-separated f32,f16,bf16,f64 or all (default f32,bf16)")
+    pb.add_argument("--dtypes", type=_dtype_arg, default=None,
+                    help="comma-separated f32,f16,bf16,f64 or all (default f32,bf16; --models without a GPU: f32)")
     pb.add_argument("--json", default=None, help="write every figure to this JSON file")
-    pb.add_argument("--plot", default=None, help="write a PNG chart of %% of the copy ceiling")
+    pb.add_argument("--plot", default=None,
+                    help="write a PNG chart (kernels: %% of the copy ceiling; --models: speedup per model)")
+    # (argparse does not pass const through type: a bare --models leaves "all")
+    pb.add_argument("--models", nargs="?", const="all", default=None, type=_models_arg, metavar="NAMES",
+                    help="time training steps of small real models instead, stock vs gradkern (all, or "
+                         "comma-separated names)")
+    pb.add_argument("--list", action="store_true", help="with --models: print the models and exit")
     pb.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
     pb.add_argument("--size", default=None, choices=SIZES,
                     help="case size class (default: large on a GPU, small otherwise)")
@@ -121,9 +139,27 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_list(args)
     if args.cmd == "check":
         return cmd_check(args)
+    if args.list and args.models is None:
+        p.error("argument --list: only with --models")
+    if args.models is not None:
+        kernel_only = [o for o, v in (("--ops", args.ops), ("--size", args.size), ("--no-compile", args.no_compile))
+                       if v]
+        if kernel_only:
+            p.error(f"argument {kernel_only[0]}: not with --models (it is for the kernel benchmark)")
+        if args.list:
+            from .bench_models import list_lines
+
+            print("\n".join(list_lines()))
+            return 0
     for opt, path in (("--json", args.json), ("--plot", args.plot)):  # (written at the end: check before the run)
         if path is not None and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
             p.error(f"argument {opt}: the folder of {path!r} does not exist")
+    if args.models is not None:
+        from .bench_models import run_models
+
+        return run_models(None if args.models == "all" else args.models, args.dtypes, json_path=args.json,
+                          plot_path=args.plot)
     from .bench import run_bench
 
+    args.dtypes = args.dtypes or [torch.float32, torch.bfloat16]
     return run_bench(args)

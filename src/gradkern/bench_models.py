@@ -1,0 +1,628 @@
+"""`python -m gradkern bench --models`: training steps of small real architectures, stock PyTorch vs gradkern.
+
+A step is eager forward + backward + SGD step. Per model, batch (a host-bound small one and a GPU-bound large
+one), dtype and deterministic mode (off, on), the stock and gradkern steps are timed in turns (stock, gradkern,
+stock, ...): warm-up, synchronise, N steps back to back, synchronise; the wall clock / N (host time included) and
+the CPU-issue time / N (the clock read before the final synchronisation) are kept, median of the repeats. A mode
+that raises a RuntimeError about deterministic algorithms is reported as "raises". Without a GPU it runs tiny
+models through Triton's interpreter, one step each (those timings mean nothing)."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import datetime
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from . import _runtime, dispatch
+from .bench import _f
+from .cli import _device_name, print_table
+from .dispatch import is_enabled, use
+
+__all__ = ["MODELS", "Config", "Workload", "stock_sparsemax", "stock_pytorch", "measure", "run_models", "list_lines"]
+
+TARGET_S = 0.3  # seconds of timed steps per (config, mode, repeat) on a GPU
+MIN_STEPS, MAX_STEPS = 5, 5000
+REPEATS = 3
+WARMUP = 3  # steps before the step-time estimate (the first gradkern call of a shape compiles its kernels)
+
+
+@dataclass(frozen=True)
+class Config:
+    batch: int
+    shape: str  # the input's size per sample, for the table
+    kw: dict = field(default_factory=dict)  # make()'s other arguments (input size, model width)
+
+
+@dataclass
+class Workload:
+    model: nn.Module
+    inputs: tuple
+    loss_fn: Callable[[torch.Tensor], torch.Tensor]
+
+
+def _rand(*shape) -> torch.Tensor:
+    return torch.randn(*shape)  # (on CPU under the caller's seed, then moved: the same values on every device)
+
+
+def _workload(model: nn.Module, inputs: tuple, target: torch.Tensor, loss: Callable, dtype, device) -> Workload:
+    model = model.to(device=device, dtype=dtype)
+    inputs = tuple(t.to(device=device, dtype=dtype if t.is_floating_point() else t.dtype) for t in inputs)
+    target = target.to(device=device, dtype=dtype)
+    return Workload(model, inputs, lambda out: loss(out, target))
+
+
+# ------------------------------------------------------------------------------------------------- models
+class _ResBlock(nn.Module):
+    def __init__(self, ch: int):
+        super().__init__()
+        self.body = nn.Sequential(
+            nn.ReflectionPad2d(1), nn.Conv2d(ch, ch, 3), nn.InstanceNorm2d(ch), nn.ReLU(True),
+            nn.ReflectionPad2d(1), nn.Conv2d(ch, ch, 3), nn.InstanceNorm2d(ch))
+
+    def forward(self, x):
+        return x + self.body(x)
+
+
+class ResnetGenerator(nn.Module):
+    """CycleGAN / pix2pix ResNet generator (Zhu et al. 2017), reduced: reflect-padded 7x7 stem, two stride-2
+    convs, residual blocks, two transposed convs, Tanh; InstanceNorm throughout; L1 loss to a target image."""
+
+    name = "resnet-gen"
+    what = "CycleGAN ResNet generator: ReflectionPad2d, Conv2d, InstanceNorm2d, ConvTranspose2d, Tanh; L1 loss"
+    routes = ("reflection_pad2d_backward",)
+    configs = {"small": Config(1, "3x64x64", {"hw": 64}), "large": Config(8, "3x128x128", {"hw": 128}),
+               "tiny": Config(1, "3x8x8", {"hw": 8, "width": 2, "blocks": 1})}
+
+    def __init__(self, width: int = 32, blocks: int = 3, channels: int = 3):
+        super().__init__()
+
+        def norm_relu(ch):
+            return [nn.InstanceNorm2d(ch), nn.ReLU(True)]
+
+        w = width
+        layers = [nn.ReflectionPad2d(3), nn.Conv2d(channels, w, 7), *norm_relu(w)]
+        for m in (1, 2):
+            layers += [nn.Conv2d(w * m, w * m * 2, 3, stride=2, padding=1), *norm_relu(w * m * 2)]
+        layers += [_ResBlock(4 * w) for _ in range(blocks)]
+        for m in (4, 2):
+            layers += [nn.ConvTranspose2d(w * m, w * m // 2, 3, stride=2, padding=1, output_padding=1),
+                       *norm_relu(w * m // 2)]
+        layers += [nn.ReflectionPad2d(3), nn.Conv2d(w, channels, 7), nn.Tanh()]
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, x):
+        return self.net(x)
+
+    @classmethod
+    def make(cls, batch: int, dtype, device, hw: int = 64, width: int = 32, blocks: int = 3) -> Workload:
+        x = torch.rand(batch, 3, hw, hw) * 2 - 1
+        target = torch.rand(batch, 3, hw, hw) * 2 - 1
+        return _workload(cls(width, blocks), (x,), target, F.l1_loss, dtype, device)
+
+
+class _PadConv3d(nn.Sequential):
+    """V-Net's 'same' convolution as a replicate pad and an unpadded Conv3d, with a per-channel PReLU."""
+
+    def __init__(self, cin: int, cout: int, k: int):
+        super().__init__(nn.ReplicationPad3d(k // 2), nn.Conv3d(cin, cout, k, padding=0), nn.PReLU(cout))
+
+
+class VNet(nn.Module):
+    """V-Net (Milletari et al. 2016), reduced to two levels: replicate-padded 5^3 convolutions, PReLU, stride-2
+    convolutions down, ConvTranspose3d up, residual blocks and skip connections; soft Dice loss."""
+
+    name = "vnet"
+    what = "V-Net 3-D segmentation: ReplicationPad3d, Conv3d, PReLU, ConvTranspose3d, skips; Dice loss"
+    routes = ("replication_pad3d_backward", "_prelu_kernel")
+    configs = {"small": Config(1, "1x32x32x32", {"size": 32}), "large": Config(2, "1x64x64x64", {"size": 64}),
+               "tiny": Config(1, "1x8x8x8", {"size": 8, "width": 2, "k": 3})}
+
+    def __init__(self, width: int = 8, k: int = 5, classes: int = 2):
+        super().__init__()
+        w = width
+        self.inp = _PadConv3d(1, w, k)
+        self.down1 = nn.Sequential(nn.Conv3d(w, 2 * w, 2, stride=2), nn.PReLU(2 * w))
+        self.enc1 = _PadConv3d(2 * w, 2 * w, k)
+        self.down2 = nn.Sequential(nn.Conv3d(2 * w, 4 * w, 2, stride=2), nn.PReLU(4 * w))
+        self.enc2 = _PadConv3d(4 * w, 4 * w, 3)
+        self.up2 = nn.Sequential(nn.ConvTranspose3d(4 * w, 2 * w, 2, stride=2), nn.PReLU(2 * w))
+        self.dec1 = _PadConv3d(4 * w, 2 * w, k)
+        self.up1 = nn.Sequential(nn.ConvTranspose3d(2 * w, w, 2, stride=2), nn.PReLU(w))
+        self.dec0 = _PadConv3d(2 * w, w, k)
+        self.out = nn.Conv3d(w, classes, 1)
+
+    def forward(self, x):
+        x0 = self.inp(x)
+        x1 = self.down1(x0)
+        x1 = x1 + self.enc1(x1)
+        x2 = self.down2(x1)
+        x2 = x2 + self.enc2(x2)
+        u1 = self.dec1(torch.cat([self.up2(x2), x1], 1))
+        u0 = self.dec0(torch.cat([self.up1(u1), x0], 1))
+        return self.out(u0)
+
+    @staticmethod
+    def dice_loss(logits, target):
+        p = logits.softmax(1)[:, 1]
+        return 1 - (2 * (p * target).sum() + 1) / (p.square().sum() + target.square().sum() + 1)
+
+    @classmethod
+    def make(cls, batch: int, dtype, device, size: int = 32, width: int = 8, k: int = 5) -> Workload:
+        x = _rand(batch, 1, size, size, size)
+        target = (_rand(batch, size, size, size) > 0.5).float()
+        return _workload(cls(width, k), (x,), target, cls.dice_loss, dtype, device)
+
+
+class _GatedMlp(nn.Module):
+    def __init__(self, d: int, h: int):
+        super().__init__()
+        self.norm, self.fc_in, self.gate = nn.LayerNorm(d), nn.Linear(d, h), nn.Linear(d, h)
+        self.act, self.gate_act, self.shrink = nn.PReLU(h), nn.Hardsigmoid(), nn.Softshrink(0.05)
+        self.fc_out = nn.Linear(h, d)
+        self.norm2, self.fc2_in, self.fc2_out = nn.LayerNorm(d), nn.Linear(d, h), nn.Linear(h, d)
+        self.act2 = nn.Hardshrink(0.25)
+
+    def forward(self, x):
+        y = self.norm(x)
+        x = x + self.fc_out(self.shrink(self.act(self.fc_in(y)) * self.gate_act(self.gate(y))))
+        return x + self.fc2_out(self.act2(self.fc2_in(self.norm2(x))))
+
+
+class MlpBlocks(nn.Module):
+    """Transformer-style MLP blocks over tokens (tokens x features, so PReLU's channel dim is the features):
+    pre-LayerNorm, a PReLU branch gated by Hardsigmoid then Softshrink, a Hardshrink MLP, residuals; MSE loss."""
+
+    name = "mlp-block"
+    what = "gated MLP blocks: Linear, PReLU(hidden), Hardsigmoid gate, Softshrink, Hardshrink, LayerNorm; MSE"
+    routes = ("_prelu_kernel", "hardsigmoid_backward", "softshrink_backward", "hardshrink", "hardshrink_backward")
+    configs = {"small": Config(1, "128 tokens x 256", {}), "large": Config(64, "128 tokens x 256", {}),
+               "tiny": Config(1, "8 tokens x 8", {"seq": 8, "d": 8, "hidden": 16})}
+
+    def __init__(self, d: int = 256, hidden: int = 1024, depth: int = 2):
+        super().__init__()
+        self.blocks = nn.Sequential(*(_GatedMlp(d, hidden) for _ in range(depth)))
+
+    def forward(self, x):
+        return self.blocks(x.flatten(0, -2))
+
+    @classmethod
+    def make(cls, batch: int, dtype, device, seq: int = 128, d: int = 256, hidden: int = 1024) -> Workload:
+        x = _rand(batch, seq, d)
+        return _workload(cls(d, hidden), (x,), _rand(batch * seq, d), F.mse_loss, dtype, device)
+
+
+class _SortSparsemax(torch.autograd.Function):
+    """Sparsemax as PyTorch users write it (the `entmax` package's SparsemaxFunction): the sort-based threshold
+    in the forward, the closed-form gradient 1_S * (g - mean_S g) in the backward."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, dim: int) -> torch.Tensor:
+        z = x - x.amax(dim, keepdim=True)
+        zs = z.sort(dim, descending=True).values
+        cs = zs.cumsum(dim) - 1
+        shape = [1] * z.dim()
+        shape[dim] = z.shape[dim]
+        k = torch.arange(1, z.shape[dim] + 1, device=z.device, dtype=z.dtype).view(shape)
+        support = (k * zs > cs).sum(dim, keepdim=True)
+        tau = cs.gather(dim, support - 1) / support.to(z.dtype)
+        y = (z - tau).clamp_min(0)
+        ctx.save_for_backward(y)
+        ctx.dim = dim
+        return y
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):
+        (y,) = ctx.saved_tensors
+        s = y > 0
+        mean = torch.where(s, g, 0).sum(ctx.dim, keepdim=True) / s.sum(ctx.dim, keepdim=True).to(g.dtype)
+        return torch.where(s, g - mean, 0), None
+
+
+def stock_sparsemax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """The stock-PyTorch sparsemax the benchmark times against `gradkern.sparsemax` (PyTorch has none)."""
+    return _SortSparsemax.apply(x, dim % x.dim())
+
+
+class SparsemaxAttention(nn.Module):
+    """A pre-norm self-attention block whose attention weights are sparsemax (Martins & Astudillo 2016) instead of
+    softmax: gradkern.sparsemax under gradkern, a sort-based composite otherwise; a learned position embedding
+    added with `repeat` over the batch (as DETR does its queries); MSE loss."""
+
+    name = "sparsemax-attn"
+    what = "sparsemax self-attention: Linear, LayerNorm, sparsemax over scores, pos.repeat(B,1,1); MSE"
+    routes = ("gradkern.sparsemax", "repeat")
+    configs = {"small": Config(2, "64 tokens x 128", {}), "large": Config(32, "256 tokens x 128", {"seq": 256}),
+               "tiny": Config(1, "8 tokens x 8", {"seq": 8, "d": 8, "heads": 2})}
+
+    def __init__(self, d: int = 128, heads: int = 4, seq: int = 64):
+        super().__init__()
+        self.heads = heads
+        self.pos = nn.Parameter(torch.randn(1, seq, d) * 0.1)
+        self.norm, self.qkv, self.proj = nn.LayerNorm(d), nn.Linear(d, 3 * d), nn.Linear(d, d)
+
+    def forward(self, x):
+        from .kernels.sparsemax import sparsemax
+
+        b, t, d = x.shape
+        x = x + self.pos.repeat(b, 1, 1)
+        q, k, v = self.qkv(self.norm(x)).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        scores = q @ k.transpose(-2, -1) * (d // self.heads) ** -0.5
+        p = sparsemax(scores, dim=-1) if is_enabled() else stock_sparsemax(scores, dim=-1)
+        return x + self.proj((p @ v).transpose(1, 2).reshape(b, t, d))
+
+    @classmethod
+    def make(cls, batch: int, dtype, device, seq: int = 64, d: int = 128, heads: int = 4) -> Workload:
+        model = cls(d, heads, seq)
+        return _workload(model, (_rand(batch, seq, d),), _rand(batch, seq, d), F.mse_loss, dtype, device)
+
+
+class _EdgeConv(nn.Module):
+    def __init__(self, din: int, dout: int):
+        super().__init__()
+        self.msg, self.upd = nn.Linear(2 * din, dout), nn.Linear(din + dout, dout)
+        self.msg_act, self.upd_act = nn.ELU(), nn.CELU(0.5)
+
+    def forward(self, x, src, dst, lengths):
+        xi, xj = x.index_select(0, dst), x.index_select(0, src)
+        m = self.msg_act(self.msg(torch.cat([xi, xj - xi], -1)))
+        agg = torch.segment_reduce(m, "max", lengths=lengths, unsafe=True)  # (unsafe: no host-side check, no sync)
+        return self.upd_act(self.upd(torch.cat([x, agg], -1)))
+
+
+class SegmentMaxGnn(nn.Module):
+    """Message passing with max aggregation (EdgeConv / GraphSAGE-max style) over a random graph whose edges are
+    sorted by destination, so each node's incoming messages are one segment of `torch.segment_reduce(..., "max")`;
+    ELU on messages, CELU on updates; node regression, MSE loss."""
+
+    name = "gnn-segmax"
+    what = "message passing, segment_reduce max over sorted edges, Linear, ELU, CELU; MSE"
+    routes = ("_segment_reduce_backward", "elu_backward")
+    configs = {"small": Config(1, "512 nodes deg 8", {"nodes": 512}),
+               "large": Config(1, "16384 nodes deg 16", {"nodes": 16384, "degree": 16}),
+               "tiny": Config(1, "12 nodes deg 3", {"nodes": 12, "degree": 3, "d": 4, "hidden": 8})}
+
+    def __init__(self, d: int = 32, hidden: int = 64, layers: int = 2):
+        super().__init__()
+        self.layers = nn.ModuleList(_EdgeConv(d if i == 0 else hidden, hidden) for i in range(layers))
+        self.head = nn.Linear(hidden, d)
+
+    def forward(self, x, src, dst, lengths):
+        for layer in self.layers:
+            x = layer(x, src, dst, lengths)
+        return self.head(x)
+
+    @classmethod
+    def make(cls, batch: int, dtype, device, nodes: int = 512, degree: int = 8, d: int = 32,
+             hidden: int = 64) -> Workload:
+        n = batch * nodes
+        # a self loop per node (no empty segment) plus degree - 1 random sources, sorted by destination
+        dst = torch.arange(n).repeat_interleave(degree)
+        src = torch.randint(0, n, (n * degree,))
+        src[::degree] = torch.arange(n)
+        lengths = torch.full((n,), degree)
+        return _workload(cls(d, hidden), (_rand(n, d), src, dst, lengths), _rand(n, d), F.mse_loss, dtype, device)
+
+
+class GatedRecurrent(nn.Module):
+    """A gated recurrent cell unrolled over a padded batch of sequences: h = lerp(h, tanh(c), sigmoid(z)) (a GRU
+    update with a tensor weight), padded steps keep h through `torch.where`, and an exponential moving average
+    of h (lerp with a scalar weight) is read out; MSE loss."""
+
+    name = "gated-rnn"
+    what = "gated recurrent cell, 8 steps: Linear, lerp(h, cand, gate), where(mask, ...), EMA lerp(scalar); MSE"
+    routes = ("lerp.Tensor", "lerp.Scalar", "where.self")
+    configs = {"small": Config(4, "8 steps x 64", {}), "large": Config(2048, "8 steps x 64", {}),
+               "tiny": Config(2, "3 steps x 4", {"steps": 3, "d": 4, "hidden": 8})}
+
+    def __init__(self, d: int = 64, hidden: int = 512):
+        super().__init__()
+        self.inp, self.rec = nn.Linear(d, 2 * hidden), nn.Linear(hidden, 2 * hidden, bias=False)
+        self.head = nn.Linear(hidden, d)
+
+    def forward(self, x, mask):
+        gx = self.inp(x)
+        h = ema = x.new_zeros(x.shape[0], self.rec.in_features)
+        for t in range(x.shape[1]):
+            z, c = (gx[:, t] + self.rec(h)).chunk(2, -1)
+            h = torch.where(mask[:, t, None], torch.lerp(h, torch.tanh(c), torch.sigmoid(z)), h)
+            ema = torch.lerp(ema, h, 0.25)
+        return self.head(ema)
+
+    @classmethod
+    def make(cls, batch: int, dtype, device, steps: int = 8, d: int = 64, hidden: int = 512) -> Workload:
+        lengths = torch.randint(1, steps + 1, (batch, 1))
+        mask = torch.arange(steps) < lengths
+        return _workload(cls(d, hidden), (_rand(batch, steps, d), mask), _rand(batch, d), F.mse_loss, dtype, device)
+
+
+class _InvertedResidual(nn.Module):
+    """MobileNetV3's block with ELU/CELU in place of hardswish: 1x1 expand, depthwise 3x3, squeeze-excite gated
+    by Hardsigmoid, 1x1 project, residual."""
+
+    def __init__(self, ch: int, expand: int = 4):
+        super().__init__()
+        e = ch * expand
+        self.expand = nn.Sequential(nn.Conv2d(ch, e, 1, bias=False), nn.BatchNorm2d(e), nn.ELU())
+        self.dw = nn.Sequential(nn.Conv2d(e, e, 3, padding=1, groups=e, bias=False), nn.BatchNorm2d(e), nn.CELU())
+        self.se = nn.Sequential(nn.Conv2d(e, e // 4, 1), nn.ReLU(), nn.Conv2d(e // 4, e, 1), nn.Hardsigmoid())
+        self.project = nn.Sequential(nn.Conv2d(e, ch, 1, bias=False), nn.BatchNorm2d(ch))
+
+    def forward(self, x):
+        y = self.dw(self.expand(x))
+        # a mean, not AdaptiveAvgPool2d: that one's CUDA backward raises in deterministic mode
+        y = y * self.se(y.mean((2, 3), keepdim=True))
+        return x + self.project(y)
+
+
+class MobileNetSE(nn.Module):
+    """A small MobileNetV3-like classifier: strided SELU stem, inverted residual blocks with ELU/CELU and
+    Hardsigmoid squeeze-excite, global mean pool, Linear; soft-target cross entropy (no NLLLoss, whose CUDA kernel
+    raises in deterministic mode)."""
+
+    name = "mobilenet-se"
+    what = "MobileNetV3-like: Conv2d, BatchNorm2d, SELU/ELU/CELU, Hardsigmoid squeeze-excite; cross entropy"
+    routes = ("elu_backward", "hardsigmoid_backward")
+    configs = {"small": Config(2, "3x64x64", {"hw": 64}), "large": Config(64, "3x128x128", {"hw": 128}),
+               "tiny": Config(2, "3x8x8", {"hw": 8, "width": 4, "blocks": 1})}
+
+    def __init__(self, width: int = 16, blocks: int = 3, classes: int = 10):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, width, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(width),
+                                  nn.SELU())
+        self.blocks = nn.Sequential(*(_InvertedResidual(width) for _ in range(blocks)))
+        self.head = nn.Linear(width, classes)
+
+    def forward(self, x):
+        return self.head(self.blocks(self.stem(x)).mean((2, 3)))
+
+    @classmethod
+    def make(cls, batch: int, dtype, device, hw: int = 64, width: int = 16, blocks: int = 3) -> Workload:
+        target = _rand(batch, 10).softmax(-1)
+        return _workload(cls(width, blocks), (_rand(batch, 3, hw, hw),), target, F.cross_entropy, dtype, device)
+
+
+MODELS: dict[str, type[nn.Module]] = {m.name: m for m in (
+    ResnetGenerator, VNet, MlpBlocks, SparsemaxAttention, SegmentMaxGnn, GatedRecurrent, MobileNetSE)}
+
+
+def list_lines() -> list[str]:
+    width = max(map(len, MODELS))
+    return [f"{name.ljust(width)}  {m.what}  [gradkern: {', '.join(m.routes)}]" for name, m in MODELS.items()]
+
+
+# ------------------------------------------------------------------------------------------------- timing
+@contextlib.contextmanager
+def stock_pytorch():
+    """Stock PyTorch inside the block, as users without gradkern have it: gradkern's registrations removed, not
+    only switched off (a router switched off still costs host time on each routed op). use() restores on exit."""
+    with use(False):
+        dispatch.unregister()
+        yield
+
+
+def _sync(gpu: bool) -> None:
+    if gpu:
+        torch.cuda.synchronize()
+
+
+def _step_fn(work: Workload) -> Callable[[], None]:
+    opt = torch.optim.SGD(work.model.parameters(), lr=1e-3)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        work.loss_fn(work.model(*work.inputs)).backward()
+        opt.step()
+
+    return step
+
+
+def _time(step: Callable, n: int, gpu: bool) -> tuple[float, float]:
+    """(wall ms, CPU-issue ms) per step over n steps run back to back."""
+    _sync(gpu)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        step()
+    t1 = time.perf_counter()
+    _sync(gpu)
+    t2 = time.perf_counter()
+    return (t2 - t0) / n * 1e3, (t1 - t0) / n * 1e3
+
+
+def _steps(fast_ms: float, slow_ms: float) -> int:
+    """Steps a timed run: TARGET_S of the faster mode, as long as the slower one stays within 5x that."""
+    n = min(math.ceil(TARGET_S * 1e3 / fast_ms), math.floor(5 * TARGET_S * 1e3 / slow_ms))
+    return min(MAX_STEPS, max(MIN_STEPS, n))
+
+
+def _is_determinism_error(e: BaseException) -> bool:
+    return isinstance(e, RuntimeError) and "deterministic" in str(e).lower()
+
+
+@dataclass
+class _Mode:
+    name: str  # "stock" | "gradkern"
+    step: Callable
+    status: str = "ok"  # "ok" | "raises" (deterministic mode) | "error: ..."
+    wall: list = field(default_factory=list)
+    issue: list = field(default_factory=list)
+
+    def run(self, fn: Callable):
+        if self.status != "ok":
+            return None
+        try:
+            with use() if self.name == "gradkern" else stock_pytorch():
+                return fn()
+        except Exception as e:  # noqa: BLE001 - a mode that raises is a table cell, not the end of the run
+            self.status = "raises" if _is_determinism_error(e) else f"error: {type(e).__name__}: {e}"[:200]
+            if self.status != "raises":
+                print(f"    {self.name} {self.status}", file=sys.stderr, flush=True)
+            return None
+
+
+def measure(cls, size: str, dtype: torch.dtype, deterministic: bool, device, gpu: bool,
+            repeats: int = REPEATS, steps: int | None = None, warmup: int = WARMUP) -> dict:
+    """One table row: stock and gradkern training steps of model `cls` at config `size`, timed in turns."""
+    cfg = cls.configs[size]
+    torch.manual_seed(0)
+    work = cls.make(cfg.batch, dtype, device, **cfg.kw)
+    twin = Workload(copy.deepcopy(work.model), work.inputs, work.loss_fn)  # same initial weights and inputs
+    modes = [_Mode("stock", _step_fn(work)), _Mode("gradkern", _step_fn(twin))]
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(deterministic)
+    try:
+        estimates = []
+        for m in modes:
+            m.run(lambda m=m: [m.step() for _ in range(warmup)])
+            est = m.run(lambda m=m: _time(m.step, 2, gpu)[0])
+            if est is not None:
+                estimates.append(est)
+        n = steps or (_steps(min(estimates), max(estimates)) if estimates else 0)
+        for _ in range(repeats):
+            for m in modes:  # in turns, so that drift (clocks, other load) hits both
+                t = m.run(lambda m=m: (m.step(), _time(m.step, n, gpu))[1])
+                if t is not None:
+                    m.wall.append(t[0])
+                    m.issue.append(t[1])
+    finally:
+        torch.use_deterministic_algorithms(was)
+    rec = {"model": cls.name, "config": size, "batch": cfg.batch, "shape": cfg.shape,
+           "dtype": _runtime.DTYPE_NAMES[dtype], "deterministic": deterministic, "steps": n, "repeats": repeats}
+    for m in modes:
+        ok = m.status == "ok"
+        rec.update({f"{m.name}_status": m.status, f"{m.name}_ms": statistics.median(m.wall) if ok else None,
+                    f"{m.name}_issue_ms": statistics.median(m.issue) if ok else None,
+                    f"{m.name}_wall_ms_all": m.wall, f"{m.name}_issue_ms_all": m.issue})
+    rec["speedup"] = rec["stock_ms"] / rec["gradkern_ms"] if rec["stock_ms"] and rec["gradkern_ms"] else None
+    return rec
+
+
+def _cell(rec: dict, mode: str, key: str) -> str:
+    status = rec[f"{mode}_status"]
+    return _f(rec[f"{mode}_{key}"], ".3f") if status == "ok" else ("raises" if status == "raises" else "error")
+
+
+def _speedup_cell(rec: dict) -> str:
+    if rec["speedup"] is not None:
+        return f"{rec['speedup']:.2f}x"
+    return next((f"{m} {rec[f'{m}_status'].split(':')[0]}" for m in ("stock", "gradkern")
+                 if rec[f"{m}_status"] != "ok"), "-")
+
+
+def run_models(names: list[str] | None = None, dtypes: list[torch.dtype] | None = None,
+               sizes: tuple[str, ...] = ("small", "large"), det_modes: tuple[bool, ...] = (False, True),
+               json_path: str | None = None, plot_path: str | None = None) -> int:
+    """The model benchmark; returns the exit status (1 if a mode failed other than by deterministic mode)."""
+    # deterministic cuBLAS needs this before its first handle, else deterministic mode raises in every matmul
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    gpu = _runtime.has_gpu()
+    device = _runtime.default_device()
+    dev_name = _device_name()
+    if gpu:
+        repeats, steps, warmup = REPEATS, None, WARMUP
+        dtypes = dtypes or [torch.float32, torch.bfloat16]
+    else:
+        repeats, steps, warmup = 1, 1, 1
+        dtypes = dtypes or [torch.float32]
+        print("No CUDA GPU: tiny models, one step each, through Triton's interpreter on CPU; the timings say "
+              "nothing about GPU performance.", flush=True)
+    print(f"device: {dev_name}; training step = forward + backward + SGD step, wall clock (host included)",
+          flush=True)
+    sizes = sizes if gpu else ("tiny",)
+    work = [(MODELS[n], s, d, det) for n in (names or MODELS) for s in sizes for d in dtypes for det in det_modes]
+    records, rows = [], []
+    for i, (cls, size, dtype, det) in enumerate(work, 1):
+        dt = _runtime.DTYPE_NAMES[dtype]
+        print(f"[{i}/{len(work)}] {cls.name} {size} {dt} det={'on' if det else 'off'} ...", file=sys.stderr,
+              flush=True)
+        rec = measure(cls, size, dtype, det, device, gpu, repeats, steps, warmup)
+        records.append(rec)
+        rows.append([cls.name, rec["batch"], rec["shape"], dt, "on" if det else "off", _cell(rec, "stock", "ms"),
+                     _cell(rec, "gradkern", "ms"), _speedup_cell(rec), _cell(rec, "stock", "issue_ms"),
+                     _cell(rec, "gradkern", "issue_ms"), rec["steps"]])
+    print()
+    print_table(["model", "batch", "input", "dtype", "det", "stock ms", "gradkern ms", "speedup", "stock issue ms",
+                 "gradkern issue ms", "steps"], rows)
+    print("\nms: wall clock per training step, host included; issue ms: CPU time to issue a step (clock read before "
+          "the final synchronisation); speedup: stock ms / gradkern ms; raises: a RuntimeError about deterministic "
+          "algorithms")
+    import triton
+
+    from . import __version__
+
+    result = {"benchmark": "models", "device": dev_name, "torch": torch.__version__, "triton": triton.__version__,
+              "gradkern": __version__, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+              "interpreter": not gpu, "cublas_workspace_config": os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
+              "target_s": TARGET_S if gpu else None, "records": records}
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(result, f, indent=1)
+        print(f"\nwrote {json_path}")
+    if plot_path:
+        plot(records, dev_name, plot_path)
+    return 1 if any(r[f"{m}_status"].startswith("error") for r in records for m in ("stock", "gradkern")) else 0
+
+
+# ------------------------------------------------------------------------------------------------- plot
+def plot(records: list[dict], dev_name: str, path: str) -> None:
+    """One panel per model: speedup (stock / gradkern) bars per batch and dtype, deterministic mode off and on."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib import ticker
+
+    models = list(dict.fromkeys(r["model"] for r in records))
+    ncols = min(3, len(models))
+    nrows = math.ceil(len(models) / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(5.2 * ncols, 3.8 * nrows), squeeze=False)
+    width, colors = 0.38, {False: "tab:blue", True: "tab:orange"}
+    speedups = [r["speedup"] for r in records if r["speedup"]] or [1.0]
+    lo, hi = min(min(speedups), 1.0) / 1.6, max(max(speedups), 1.0) * 1.6
+    for ax, model in zip(axes.flat, models):
+        recs = [r for r in records if r["model"] == model]
+        groups = list(dict.fromkeys((r["config"], r["batch"], r["shape"], r["dtype"]) for r in recs))
+        for r in recs:
+            x = groups.index((r["config"], r["batch"], r["shape"], r["dtype"]))
+            x += width / 2 if r["deterministic"] else -width / 2
+            s = r["speedup"]
+            if s is not None:  # bars from 1.0 (log scale): up where gradkern is faster, down where slower
+                ax.bar(x, s - 1, width, bottom=1, color=colors[r["deterministic"]])
+                ax.text(x, s, f"{s:.3g}", ha="center", va="bottom" if s >= 1 else "top", fontsize=7)
+            else:  # a mode raised: say which, where the bar would be
+                ax.text(x, 1, _speedup_cell(r).replace(" ", "\n"), ha="center", va="center", fontsize=7,
+                        color="tab:red", bbox={"fc": "white", "ec": "tab:red", "lw": 0.5})
+        ax.axhline(1.0, color="k", lw=0.8)
+        ax.set_yscale("log")
+        ax.set_ylim(lo, hi)
+        ax.yaxis.set_major_locator(ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _pos: f"{v:g}"))
+        ax.yaxis.set_minor_formatter(ticker.NullFormatter())
+        ax.set_xlim(-0.6, len(groups) - 0.4)
+        ax.set_xticks(range(len(groups)))
+        ax.set_xticklabels([f"batch {b}\n{s}\n{d}" for _c, b, s, d in groups], fontsize=7)
+        ax.set_title(model, fontsize=10)
+        ax.set_ylabel("speedup (stock / gradkern)", fontsize=8)
+    for ax in list(axes.flat)[len(models):]:
+        ax.set_visible(False)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colors.values()]
+    note = "; interpreter: the timings mean nothing" if "interpreter" in dev_name else ""
+    fig.suptitle(f"training step, stock PyTorch vs gradkern, on {dev_name} (wall clock, host included; "
+                 f"> 1: gradkern faster{note})", fontsize=10)
+    fig.legend(handles, ["deterministic off", "deterministic on"], loc="upper center", ncol=2, fontsize=8,
+               bbox_to_anchor=(0.5, 0.975), frameon=False)
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    print(f"wrote {path}")

@@ -1,0 +1,156 @@
+"""`python -m gradkern bench --models`: the listing, a smoke run's JSON, "raises" cells, and that every model's
+training step runs gradkern's ops (counted) with stock's gradients."""
+
+import collections
+import copy
+import json
+import math
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import gradkern
+from conftest import DEVICE
+from gradkern import bench_models, cli
+from gradkern.dispatch import routed_overloads
+from gradkern.registry import REGISTRY
+
+SPARSEMAX = "gradkern.sparsemax"  # a route that is a gradkern function, not a routed ATen op
+
+
+def test_list_prints_each_model_and_runs_nothing(capfd, monkeypatch):
+    monkeypatch.setattr(bench_models, "measure", None)  # (a call would raise)
+    assert cli.main(["bench", "--models", "--list"]) == 0
+    lines = capfd.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines] == list(bench_models.MODELS)
+    assert len(bench_models.MODELS) >= 6
+
+
+@pytest.mark.parametrize("argv", [["bench", "--list"], ["bench", "--models", "--ops", "hardshrink"],
+                                  ["bench", "--models", "no-such-model"]])
+def test_bad_model_arguments_are_usage_errors(argv):
+    with pytest.raises(SystemExit) as e:
+        cli.main(argv)
+    assert e.value.code == 2
+
+
+def test_smoke_run_writes_the_records(tmp_path, capfd, monkeypatch):
+    monkeypatch.setattr(bench_models, "REPEATS", 1)  # (on a GPU: short runs)
+    monkeypatch.setattr(bench_models, "TARGET_S", 0.01)
+    path = tmp_path / "models.json"
+    assert cli.main(["bench", "--models", "gated-rnn", "--dtypes", "f32", "--json", str(path)]) == 0
+    assert "gated-rnn" in capfd.readouterr().out
+    result = json.loads(path.read_text())
+    assert {"device", "torch", "triton", "date", "records"} <= result.keys()
+    assert [r["deterministic"] for r in result["records"]] == [False, True] * (len(result["records"]) // 2)
+    for r in result["records"]:
+        assert r["model"] == "gated-rnn" and r["dtype"] == "f32"
+        assert r["stock_status"] == r["gradkern_status"] == "ok"
+        for key in ("stock_ms", "gradkern_ms", "stock_issue_ms", "gradkern_issue_ms", "speedup"):
+            assert math.isfinite(r[key]) and r[key] > 0, key
+        assert r["stock_issue_ms"] <= r["stock_ms"]
+
+
+class _StockRaises(torch.nn.Module):
+    """A model whose stock forward hits an op without a deterministic implementation."""
+
+    name, routes = "stock-raises", ()
+    configs = {"tiny": bench_models.Config(2, "4")}
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        if not gradkern.is_enabled():  # put_ without accumulate has no deterministic implementation
+            x.new_zeros(4).put_(torch.tensor([0, 0]), x.new_ones(2))
+        return self.fc(x)
+
+    @classmethod
+    def make(cls, batch, dtype, device):
+        return bench_models._workload(cls(), (torch.randn(batch, 4),), torch.randn(batch, 4),
+                                      torch.nn.functional.mse_loss, dtype, device)
+
+
+def test_a_mode_raising_in_deterministic_mode_is_a_cell():
+    rec = bench_models.measure(_StockRaises, "tiny", torch.float32, True, torch.device(DEVICE), gpu=False,
+                               repeats=1, steps=1, warmup=1)
+    assert (rec["stock_status"], rec["gradkern_status"]) == ("raises", "ok")
+    assert rec["stock_ms"] is None and rec["speedup"] is None and rec["gradkern_ms"] > 0
+    assert bench_models._speedup_cell(rec) == "stock raises"
+    assert not torch.are_deterministic_algorithms_enabled()
+
+
+class _SeenOps(TorchDispatchMode):
+    """Records the ATen overloads a region runs, named as routed_overloads() names them."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name, overload = func.overloadpacket.__name__, func._overloadname
+        self.seen.add(name if overload == "default" else f"{name}.{overload}")
+        return func(*args, **(kwargs or {}))
+
+
+def _counting_routes(monkeypatch) -> collections.Counter:
+    """Counts, per route, the calls gradkern served (not declined) while enabled."""
+    counts = collections.Counter()
+
+    def counted(route, fn):
+        def wrapper(*args, **kwargs):
+            out = fn(*args, **kwargs)
+            if out is not NotImplemented:
+                counts[route] += 1
+            return out
+        return wrapper
+
+    for info in REGISTRY.values():  # (in place: routers read the registry's implementations at each call)
+        for ov, impl in list(info.aten.items()):
+            monkeypatch.setitem(info.aten, ov, counted(ov, impl))
+    for name in ("sparsemax_forward", "sparsemax_backward"):
+        monkeypatch.setattr(gradkern.ops, name, counted(SPARSEMAX, getattr(gradkern.ops, name)))
+    return counts
+
+
+def _grads(work: bench_models.Workload) -> dict:
+    work.loss_fn(work.model(*work.inputs)).backward()
+    return {n: p.grad for n, p in work.model.named_parameters()}
+
+
+@pytest.mark.parametrize("name", list(bench_models.MODELS))
+def test_model_runs_its_routes_with_stock_gradients(name, monkeypatch):
+    """In float64 at the tiny size: stock runs every ATen op the model declares; under gradkern.use() each route is
+    served by gradkern, and the gradients equal stock's."""
+    cls = bench_models.MODELS[name]
+    assert cls.routes and all(r in routed_overloads() or r == SPARSEMAX for r in cls.routes)
+    cfg = cls.configs["tiny"]
+    torch.manual_seed(0)
+    work = cls.make(cfg.batch, torch.float64, torch.device(DEVICE), **cfg.kw)
+    twin = bench_models.Workload(copy.deepcopy(work.model), work.inputs, work.loss_fn)
+
+    with bench_models.stock_pytorch(), _SeenOps() as mode:
+        expected = _grads(work)
+    assert {r for r in cls.routes if r != SPARSEMAX} <= mode.seen
+
+    counts = _counting_routes(monkeypatch)
+    with gradkern.use():
+        got = _grads(twin)
+    assert all(counts[r] > 0 for r in cls.routes), counts
+    assert expected.keys() == got.keys() and all(g is not None for g in got.values())
+    for n in expected:
+        torch.testing.assert_close(got[n], expected[n], rtol=1e-9, atol=1e-12, msg=f"{name}: grad of {n}")
+
+
+def test_stock_sparsemax_matches_the_reference():
+    x = (torch.randn(3, 5, 9, dtype=torch.float64) * 2).requires_grad_()
+    g = torch.randn(3, 5, 9, dtype=torch.float64)
+    ref = REGISTRY["sparsemax_forward"].reference
+    for dim in (-1, 1):
+        y = bench_models.stock_sparsemax(x, dim)
+        torch.testing.assert_close(y, ref(x, dim))
+        (dx,) = torch.autograd.grad(y, x, g)
+        (dx_ref,) = torch.autograd.grad(ref(x, dim), x, g)
+        torch.testing.assert_close(dx, dx_ref)
