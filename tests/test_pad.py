@@ -171,7 +171,7 @@ def test_grad_input_argument_writes_every_element(op):
         assert_bitwise_equal(out, fresh, f"{op} grad_input {out.stride()}")
     # the ATen overload resizes a grad_input of another shape, as ATen does
     out = torch.empty(0, device=DEVICE)
-    with gradkern.use():
+    with gradkern.use(mode="always"):
         res = getattr(torch.ops.aten, op).grad_input(g, x, p, grad_input=out)
     assert res is out and out.shape == x.shape
     assert_bitwise_equal(out, fresh, f"{op} aten grad_input")
@@ -185,13 +185,13 @@ def test_rejected_resizing_grad_input_is_left_as_it_was():
     out = buf[10:34].view(2, 3, 4)  # inside grad_output's memory, of another shape than self's (2, 3, 5)
     x = torch.zeros(2, 3, 5, device=DEVICE)
     before = buf.clone()
-    with gradkern.use(), pytest.raises(gradkern.InvalidProblem, match="share memory"):
+    with gradkern.use(mode="always"), pytest.raises(gradkern.InvalidProblem, match="share memory"):
         torch.ops.aten.replication_pad1d_backward.grad_input(g, x, [1, 1], grad_input=out)
     assert out.shape == (2, 3, 4) and torch.equal(buf, before)
     # a grad_input whose storage must grow: resized (as ATen does) after the checks, and written
     out = torch.empty(3, device=DEVICE)
     ops.replication_pad1d_backward(g.clone(), x, [1, 1])
-    with gradkern.use():
+    with gradkern.use(mode="always"):
         torch.ops.aten.replication_pad1d_backward.grad_input(g.clone(), x, [1, 1], grad_input=out)
     assert_bitwise_equal(out, ops.replication_pad1d_backward(g.clone(), x, [1, 1]), "grown grad_input")
 
@@ -480,7 +480,7 @@ def test_modules_train_through_gradkern(dtype, deterministic, monkeypatch):
             ref = run_reference(lambda a, b, _f=fn: _train_step(_f, a, b), (x, w))  # float64, CPU, stock
             calls.clear()
             torch.use_deterministic_algorithms(deterministic)
-            with gradkern.use():
+            with gradkern.use(mode="always"):
                 ours = _train_step(fn, x, w)
             torch.use_deterministic_algorithms(was)
             assert calls, f"{label}: no gradkern pad kernel ran"
@@ -513,7 +513,7 @@ def test_fpad_deterministic_route(monkeypatch):
     stock = _train_step(lambda t: decomp._replication_pad(t, (1, 2, 0, 3)), x, w)
     assert original_calls and not calls
     original_calls.clear()
-    with gradkern.use():
+    with gradkern.use(mode="always"):
         assert decomp._replication_pad is not spy
         ours = _train_step(lambda t: decomp._replication_pad(t, (1, 2, 0, 3)), x, w)
         assert calls == ["replication_pad2d_backward"] and not original_calls
@@ -533,7 +533,7 @@ def test_fpad_route_leaves_empty_results_to_the_original():
     x = torch.randn(2, 3, 5, device=DEVICE)
     for t, pad in ((x, (-3, -2)), (x, (-5, 1)), (torch.randn(2, 0, 5, device=DEVICE), (1, 1))):
         want = decomp._replication_pad(t, pad)
-        with gradkern.use():
+        with gradkern.use(mode="always"):
             got = decomp._replication_pad(t, pad)
         assert got.shape == want.shape, pad
 
@@ -553,7 +553,7 @@ def test_deterministic_mode_ops_and_training_do_not_raise_on_cuda(monkeypatch):
             if op == "replication_pad3d_backward":  # the stock alert these tests are about
                 with pytest.raises(RuntimeError, match="deterministic"):
                     getattr(torch.ops.aten, op)(g, x, p)
-            with gradkern.use():
+            with gradkern.use(mode="always"):
                 ours = getattr(torch.ops.aten, op)(g, x, p)
                 getattr(torch.ops.aten, op).grad_input(g, x, p, grad_input=torch.empty_like(x))
             assert_bitwise_equal(ours, getattr(ops, op)(g, x, p), op)
@@ -563,7 +563,7 @@ def test_deterministic_mode_ops_and_training_do_not_raise_on_cuda(monkeypatch):
             w = torch.randn(fn(x).shape, device=DEVICE)  # stock forward, outside use(): may take the decomposition
             calls.clear()
             original_calls.clear()
-            with gradkern.use():
+            with gradkern.use(mode="always"):
                 _train_step(fn, x, w)
             assert calls, f"{label}: no gradkern kernel ran"
             assert not original_calls, f"{label}: F.pad(replicate) took the slow decomposition"
@@ -583,7 +583,7 @@ def test_bitwise_identical_repeats_on_gpu(dtype):
     was = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True)
     try:
-        with gradkern.use():
+        with gradkern.use(mode="always"):
             for label, fn, shape in _modules(dtype):
                 x = torch.randn(*shape[:-1], 64 * shape[-1], device=DEVICE).to(dtype)  # larger along W
                 w = torch.randn(fn(x).shape, device=DEVICE).to(dtype)
@@ -638,3 +638,21 @@ def test_grad_input_sharing_memory_is_a_named_error():
     assert torch.equal(buf, before)
     separate = torch.empty(2, 3, 8, device=DEVICE)  # and a buffer of its own works
     assert_bitwise_equal(op(g, x, [1, 1], grad_input=separate), op(g, x, [1, 1]))
+
+
+def test_deterministic_mode_does_not_fill_the_output_first():
+    """Bug: in deterministic mode torch.empty fills its memory with NaN, so every pad backward paid an extra pass
+    over grad_input before the kernel overwrote it whole (ATen's own kernels allocate without that fill). No fill
+    of anything but an empty tensor runs now, on the first (validating) call or a repeated one."""
+    g, x = torch.randn(2, 3, 12, device=DEVICE), torch.zeros(2, 3, 8, device=DEVICE)
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        for _ in range(2):
+            with torch.profiler.profile(record_shapes=True) as prof:
+                out = ops.reflection_pad1d_backward(g, x, [2, 2])
+            fills = [e.input_shapes for e in prof.events() if e.name == "aten::fill_"]
+            assert all(math.prod(shapes[0]) == 0 for shapes in fills), fills
+    finally:
+        torch.use_deterministic_algorithms(was)
+    assert_close(out, torch.ops.aten.reflection_pad1d_backward(g.double(), x.double(), [2, 2]), torch.float32, "")

@@ -57,6 +57,7 @@ import triton.language as tl
 from .. import _runtime
 from .._cases import randn
 from .._runtime import cdiv, remember, values_key
+from ..alloc import empty
 from ..dispatch import intercept, is_enabled
 from ..elementwise import check_out_overlap, check_tensor, launch, launch_consts
 from ..errors import InvalidProblem, Unsupported
@@ -846,7 +847,7 @@ def _backward(spec: _Spec, grad_output, self, padding, grad_input=None, resize: 
         except (AttributeError, TypeError):
             key = plan = None
         if plan is not None:
-            out = torch.empty(self.shape, dtype=self.dtype, device=self.device)
+            out = empty(self.shape, self.dtype, self.device)
             device = self.get_device()
             launch(_pad_backward_kernel, (plan.grid,), (out, grad_output), plan.args, plan.consts, device,
                    (plan, device))
@@ -864,7 +865,7 @@ def _backward(spec: _Spec, grad_output, self, padding, grad_input=None, resize: 
     g_shape, self_shape = tuple(grad_output.shape), tuple(self.shape)
     _check_shapes(spec, g_shape, self_shape, pads)
     if grad_input is None:
-        out = torch.empty(self_shape, dtype=self.dtype, device=self.device)
+        out = empty(self_shape, self.dtype, self.device)
     else:
         _check_out(spec, grad_input, self, grad_output, resize)
         out = grad_input

@@ -1,0 +1,28 @@
+"""Output allocation for kernels that write every element of what they allocate.
+
+In deterministic mode PyTorch fills the memory of `torch.empty` (and `empty_like`, `empty_strided`) with NaN
+(`torch.utils.deterministic.fill_uninitialized_memory`, on by default): for gradkern's outputs, which the kernel
+then overwrites whole, an extra pass over them (a pad backward's grad_input: about a third more traffic). ATen's
+own kernels allocate below that check; `empty` here does the same, through a storage of the caching allocator
+(graph pools and streams as for torch.empty), and is torch.empty otherwise."""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["empty"]
+
+_deterministic = torch._C._get_deterministic_algorithms
+_fills = torch._C._get_deterministic_fill_uninitialized_memory
+
+
+def empty(shape, dtype: torch.dtype, device: torch.device, stride=None) -> torch.Tensor:
+    """An uninitialised tensor (contiguous, or with `stride`), never filled: the caller writes every element."""
+    if not (_deterministic() and _fills()):
+        return torch.empty(shape, dtype=dtype, device=device) if stride is None else \
+            torch.empty_strided(shape, stride, dtype=dtype, device=device)
+    if stride is None:
+        stride = torch.empty(shape, device="meta").stride()
+    span = 1 + sum((n - 1) * s for n, s in zip(shape, stride, strict=True)) if all(shape) else 0
+    storage = torch.UntypedStorage(span * dtype.itemsize, device=device)
+    return torch.empty(0, dtype=dtype, device=device).set_(storage, 0, shape, stride)
