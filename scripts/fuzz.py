@@ -946,10 +946,10 @@ def routing(entry: str, routed: bool):
     if not routed:
         yield
     elif entry == "use":
-        with gradkern.use():
+        with gradkern.use(mode="always"):
             yield
     else:
-        gradkern.enable()
+        gradkern.enable(mode="always")
         try:
             yield
         finally:
@@ -1477,7 +1477,7 @@ def error_structured(ctx):
 
 
 def _routed(fn):
-    with gradkern.use():
+    with gradkern.use(mode="always"):
         return fn()
 
 

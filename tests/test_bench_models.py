@@ -122,8 +122,8 @@ def _grads(work: bench_models.Workload) -> dict:
 
 @pytest.mark.parametrize("name", list(bench_models.MODELS))
 def test_model_runs_its_routes_with_stock_gradients(name, monkeypatch):
-    """In float64 at the tiny size: stock runs every ATen op the model declares; under gradkern.use() each route is
-    served by gradkern, and the gradients equal stock's."""
+    """In float64 at the tiny size: stock runs every ATen op the model declares; under
+    gradkern.use(mode="always") each route is served by gradkern, and the gradients equal stock's."""
     cls = bench_models.MODELS[name]
     assert cls.routes and all(r in routed_overloads() or r == SPARSEMAX for r in cls.routes)
     cfg = cls.configs["tiny"]
@@ -136,7 +136,7 @@ def test_model_runs_its_routes_with_stock_gradients(name, monkeypatch):
     assert {r for r in cls.routes if r != SPARSEMAX} <= mode.seen
 
     counts = _counting_routes(monkeypatch)
-    with gradkern.use():
+    with gradkern.use(mode="always"):
         got = _grads(twin)
     assert all(counts[r] > 0 for r in cls.routes), counts
     assert expected.keys() == got.keys() and all(g is not None for g in got.values())

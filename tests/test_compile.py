@@ -77,7 +77,7 @@ def test_enable_under_compile(monkeypatch):
 
     (ref,) = torch.autograd.grad(f(x), x)
     torch._dynamo.reset()
-    with gradkern.use():
+    with gradkern.use(mode="always"):
         (got,) = torch.autograd.grad(torch.compile(f, fullgraph=True, backend=BACKEND)(x), x)
         if BACKEND == "inductor":
             assert not calls, "Inductor's compiled graph reached gradkern's eager registration"

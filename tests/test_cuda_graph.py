@@ -59,7 +59,7 @@ def test_training_step_captured_and_replayed(dtype, monkeypatch):
 
     expected = [stock_grads(x) for x in inputs]
     static_x = inputs[0].clone()
-    with gradkern.use():
+    with gradkern.use(mode="always"):
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # warm-up (compiles and caches every launch) off the default stream
@@ -84,7 +84,7 @@ def test_training_step_captured_and_replayed(dtype, monkeypatch):
             tol = 1e-5 if dtype == torch.float32 else 2e-2
             torch.testing.assert_close(p.grad, w, rtol=tol, atol=tol)
     # and bit for bit what gradkern computes eagerly
-    with gradkern.use():
+    with gradkern.use(mode="always"):
         _step(model, static_x)
     eager = [p.grad.clone() for p in params]
     graph.replay()

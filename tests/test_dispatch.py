@@ -1,5 +1,6 @@
 """enable()/disable()/use(): scoping, nesting and non-re-entrance."""
 
+import dataclasses
 import threading
 
 import pytest
@@ -13,17 +14,17 @@ from gradkern import dispatch
 
 def test_enable_disable_idempotent_and_use_nests():
     assert not gradkern.is_enabled()
-    gradkern.enable()
-    gradkern.enable()
+    gradkern.enable(mode="always")
+    gradkern.enable(mode="always")
     assert gradkern.is_enabled()
     gradkern.disable()
     gradkern.disable()
     assert not gradkern.is_enabled()
-    with gradkern.use():
+    with gradkern.use(mode="always"):
         assert gradkern.is_enabled()
         with gradkern.use(False):
             assert not gradkern.is_enabled()
-            with gradkern.use():
+            with gradkern.use(mode="always"):
                 assert gradkern.is_enabled()
             assert not gradkern.is_enabled()
         assert gradkern.is_enabled()
@@ -32,7 +33,7 @@ def test_enable_disable_idempotent_and_use_nests():
 
 def test_use_restores_state_on_exception():
     try:
-        with gradkern.use():
+        with gradkern.use(mode="always"):
             raise KeyError("boom")
     except KeyError:
         pass
@@ -53,7 +54,7 @@ def test_override_does_not_reenter(monkeypatch):
     monkeypatch.setitem(info.aten, "hardsigmoid_backward", impl)
     g = torch.randn(64, device=DEVICE)
     x = torch.randn(64, device=DEVICE) * 4
-    with gradkern.use():
+    with gradkern.use(mode="always"):
         out = torch.ops.aten.hardsigmoid_backward(g, x)
     assert len(seen) == 1
     assert torch.equal(out, inner_results[0])
@@ -62,7 +63,7 @@ def test_override_does_not_reenter(monkeypatch):
 def test_scopes_register_once_and_only_switch_a_flag(monkeypatch):
     """Bug: every use() block built and destroyed a torch.library.Library (415 us a block on an H100). Now the
     first enable() registers; blocks after it only switch routing, and disable() keeps the registrations."""
-    gradkern.enable()
+    gradkern.enable(mode="always")
     lib = dispatch._lib
     gradkern.disable()
 
@@ -71,7 +72,7 @@ def test_scopes_register_once_and_only_switch_a_flag(monkeypatch):
 
     monkeypatch.setattr(torch.library, "Library", no_new_library)
     for _ in range(3):
-        with gradkern.use():
+        with gradkern.use(mode="always"):
             assert gradkern.is_enabled()
             with gradkern.use(False):
                 assert not gradkern.is_enabled()
@@ -105,7 +106,7 @@ def test_a_scope_routes_calls_of_every_thread(monkeypatch):
     def call():
         torch.ops.aten.hardsigmoid_backward(g, x)
 
-    with gradkern.use():
+    with gradkern.use(mode="always"):
         worker = threading.Thread(target=call)
         worker.start()
         worker.join()
@@ -121,7 +122,7 @@ def test_a_scope_around_backward_routes_the_backward(monkeypatch):
     seen = _counting_impl(monkeypatch)
     x = torch.randn(64, device=DEVICE, requires_grad=True)
     loss = F.hardsigmoid(3 * x).sum()
-    with gradkern.use():
+    with gradkern.use(mode="always"):
         loss.backward()
     assert len(seen) == 1
     torch.testing.assert_close(x.grad, torch.where((3 * x.detach()).abs() < 3, 0.5, 0.0), rtol=0, atol=1e-6)
@@ -139,13 +140,13 @@ def test_threads_route_at_once_and_nested_scopes_keep_routing_on(monkeypatch):
 
     def work():
         try:
-            with gradkern.use():
-                with gradkern.use():
+            with gradkern.use(mode="always"):
+                with gradkern.use(mode="always"):
                     results.append(torch.ops.aten.hardsigmoid_backward(g, x))
         except BaseException as e:  # noqa: BLE001 - reported by the main thread
             errors.append(e)
 
-    gradkern.enable()
+    gradkern.enable(mode="always")
     workers = [threading.Thread(target=work) for _ in range(4)]
     for w in workers:
         w.start()
@@ -159,7 +160,7 @@ def test_threads_route_at_once_and_nested_scopes_keep_routing_on(monkeypatch):
 
 def test_enable_keeps_autograd():
     x = torch.randn(32, device=DEVICE, dtype=torch.float64, requires_grad=True)
-    with gradkern.use():
+    with gradkern.use(mode="always"):
         (gx,) = torch.autograd.grad(F.hardsigmoid(x).sum(), x)
     (ref,) = torch.autograd.grad(F.hardsigmoid(x).sum(), x)
     assert torch.equal(gx, ref)
@@ -203,7 +204,7 @@ def test_problems_the_kernels_reject_run_stock_under_enable(name):
     reject now goes to stock PyTorch, which computes it."""
     call = _BEYOND_THE_KERNELS[name]
     want = call()
-    with gradkern.use():
+    with gradkern.use(mode="always"):
         got = call()
     # (stock's path there may be ATen's Python decomposition, whose float64 rounding can differ in the last bit)
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
@@ -223,6 +224,58 @@ def test_invalid_problems_are_runtime_errors_as_stocks_are():
     for call in (inplace_elu_negative_alpha, hardshrink_lambda_overflows_half):
         with pytest.raises(RuntimeError) as stock:
             call()
-        with gradkern.use(), pytest.raises(RuntimeError) as ours:
+        with gradkern.use(mode="always"), pytest.raises(RuntimeError) as ours:
             call()
         assert isinstance(ours.value, gradkern.InvalidProblem), (call.__name__, stock.value)
+
+
+def test_auto_mode_leaves_stock_routed_ops_to_stock_and_always_routes_them(monkeypatch):
+    """enable()'s default mode sends an op whose route is stock for every problem (the activation backwards:
+    ATen's kernels are deterministic and as fast) to stock without even registering it; mode "always" routes it,
+    and "auto" again sends it to stock."""
+    assert gradkern.registry.REGISTRY["hardsigmoid_backward"].route is False
+    dispatch.unregister()
+    seen = _counting_impl(monkeypatch)
+    g, x = torch.randn(64, device=DEVICE), 4 * torch.randn(64, device=DEVICE)
+    with gradkern.use():
+        assert dispatch.mode() == "auto" and "hardsigmoid_backward" not in dispatch._registered
+        assert "reflection_pad1d_backward" in dispatch._registered
+        torch.ops.aten.hardsigmoid_backward(g, x)
+        with gradkern.use(mode="always"):
+            assert dispatch.mode() == "always"
+            torch.ops.aten.hardsigmoid_backward(g, x)
+        assert dispatch.mode() == "auto"
+        torch.ops.aten.hardsigmoid_backward(g, x)  # registered now, and still stock's in mode auto
+    assert len(seen) == 1
+
+
+def test_a_route_predicate_decides_per_problem(monkeypatch):
+    """A route that is a predicate of the arguments is asked on every call in mode auto, and not in always."""
+    info = gradkern.registry.REGISTRY["reflection_pad1d_backward"]
+    asked = []
+
+    def route(grad_output, self, padding):
+        asked.append(tuple(self.shape))
+        return self.shape[-1] > 8
+
+    # (the router takes the route at registration)
+    monkeypatch.setitem(gradkern.registry.REGISTRY, info.name, dataclasses.replace(info, route=route))
+    dispatch.unregister()
+    ran = []
+    monkeypatch.setitem(info.aten, "reflection_pad1d_backward", lambda *a: (ran.append(1), info.fn(*a))[1])
+    x_small, x_big = torch.zeros(2, 3, 8, device=DEVICE), torch.zeros(2, 3, 16, device=DEVICE)
+    with gradkern.use():
+        for x in (x_small, x_big):
+            torch.ops.aten.reflection_pad1d_backward(torch.randn(2, 3, x.shape[-1] + 2, device=DEVICE), x, [1, 1])
+        assert asked == [(2, 3, 8), (2, 3, 16)] and ran == [1]
+        with gradkern.use(mode="always"):
+            torch.ops.aten.reflection_pad1d_backward(torch.randn(2, 3, 10, device=DEVICE), x_small, [1, 1])
+        assert len(asked) == 2 and ran == [1, 1]
+    monkeypatch.undo()
+    dispatch.unregister()  # (the next registration takes the op's own route again)
+
+
+def test_an_unknown_mode_is_a_named_error():
+    with pytest.raises(gradkern.InvalidProblem, match="mode"):
+        gradkern.enable(mode="fastest")
+    assert not gradkern.is_enabled()

@@ -508,7 +508,7 @@ def test_bad_inputs_under_enable_raise_stocks_errors():
     for call in calls:
         with pytest.raises(RuntimeError) as stock:
             call()
-        with gradkern.use(), pytest.raises(RuntimeError) as ours:
+        with gradkern.use(mode="always"), pytest.raises(RuntimeError) as ours:
             call()
         assert type(ours.value) is type(stock.value) and str(ours.value) == str(stock.value)
 
@@ -540,7 +540,7 @@ def check_autograd(fn, inputs, needs, *, exact=False, fused=True):
     with gradkern.use(False):
         stock_out, stock_fn, stock, g = _grads(fn, inputs, needs)
         ref = _grads(fn, inputs, needs, g, dtype=torch.float64)[2]
-    with gradkern.use():
+    with gradkern.use(mode="always"):
         out, node, ours, _ = _grads(fn, inputs, needs, g)
     assert node.startswith("Gradkern") == fused, f"grad_fn {node} (stock: {stock_fn})"
     assert_bitwise_equal(out, stock_out, "forward")
@@ -575,7 +575,7 @@ def test_empty_broadcast_shapes(shapes):
     for fn, inputs in cases:
         outs = []
         for enabled in (False, True):
-            with gradkern.use(enabled):
+            with gradkern.use(enabled, mode="always"):
                 outs.append(_grads(fn, inputs, [True] * len(inputs))[2])
         for o, st in zip(outs[1], outs[0], strict=True):
             assert o.shape == st.shape and o.dtype == st.dtype
@@ -635,7 +635,7 @@ def test_torch_lerp_scalar_weight_autograd(needs, dtype):
 
 def test_lerp_saves_only_what_the_requested_gradients_need():
     a, b, w = (torch.randn(4, 3, device=DEVICE) for _ in range(3))
-    with gradkern.use():
+    with gradkern.use(mode="always"):
         out = torch.lerp(a.requires_grad_(), b, w)
         assert [t is None for t in out.grad_fn.saved_tensors] == [True, True, False]  # weight only
         out = torch.lerp(a.detach(), b, w.requires_grad_())
@@ -685,7 +685,7 @@ def test_nn_prelu_module_trains_with_stock_gradients(dtype, monkeypatch):
     ran = []
     real = prelu_mod._prelu_grads
     monkeypatch.setattr(prelu_mod, "_prelu_grads", lambda *a, **k: (ran.append(1), real(*a, **k))[1])
-    with gradkern.use():
+    with gradkern.use(mode="always"):
         ours = step()
     assert ran, "the fused prelu backward did not run"
     for a, b in zip(ours, stock, strict=True):
@@ -707,7 +707,7 @@ def test_fused_backward_really_runs_for_each_op(monkeypatch):
         monkeypatch.setattr(mod, name, lambda *a, _r=real, _n=name, **k: (ran.append(_n), _r(*a, **k))[1])
     x = torch.randn(2, 3, 4, device=DEVICE, requires_grad=True)
     w = torch.rand(3, device=DEVICE, requires_grad=True)
-    with gradkern.use():
+    with gradkern.use(mode="always"):
         y = torch.where(x > 0, x, x * 2)
         y = torch.lerp(y, x, 0.5) + torch.lerp(x, y, w.view(3, 1))
         F.prelu(y, w).sum().backward()
@@ -719,7 +719,7 @@ def test_no_grad_and_inference_mode_forward_is_stock():
     c = _cond((4, 5))
     x = torch.randn(4, 5, device=DEVICE, requires_grad=True)
     w = torch.rand(5, device=DEVICE, requires_grad=True)
-    with gradkern.use():
+    with gradkern.use(mode="always"):
         for ctx in (torch.no_grad, torch.inference_mode):
             with ctx():
                 outs = [torch.where(c, x, 0.0), torch.lerp(x, x * 2, w), F.prelu(x, w)]
@@ -732,7 +732,7 @@ def test_integer_and_unsupported_inputs_fall_back_to_stock():
     c = _cond((4, 5))
     i, j = torch.arange(20, device=DEVICE).view(4, 5), -torch.arange(20, device=DEVICE).view(4, 5)
     x = torch.randn(4, 5, device=DEVICE, requires_grad=True)
-    with gradkern.use():
+    with gradkern.use(mode="always"):
         assert torch.equal(torch.where(c, i, j), torch.where(c.cpu(), i.cpu(), j.cpu()).to(DEVICE))
         # an int operand next to a float one: stock autograd (WhereBackward), correct gradient
         out = torch.where(c, x, i)
@@ -748,7 +748,7 @@ def test_forward_ad_and_functorch_use_stock_autograd():
     c = _cond((3, 4))
     x, y, t = (torch.randn(3, 4, device=DEVICE, dtype=torch.float64) for _ in range(3))
     w = torch.rand(4, device=DEVICE, dtype=torch.float64)
-    with gradkern.use():
+    with gradkern.use(mode="always"):
         with fwAD.dual_level():
             tangent = fwAD.unpack_dual(torch.where(c, fwAD.make_dual(x, t), y)).tangent
             tangent_l = fwAD.unpack_dual(torch.lerp(fwAD.make_dual(x, t), y, 0.25)).tangent
@@ -783,7 +783,7 @@ def test_double_backward_matches_stock():
             return torch.autograd.grad(sum((f * f).sum() for f in first), inputs, allow_unused=True)
 
         stock = second()
-        with gradkern.use():
+        with gradkern.use(mode="always"):
             assert type(fn(*inputs).grad_fn).__name__.startswith("Gradkern"), name
             ours = second()
             assert torch.autograd.gradcheck(fn, inputs), name
@@ -835,7 +835,7 @@ def test_stock_call_of_an_autograd_override_keeps_autograd():
     stock = dispatch.stock_call(REGISTRY["where_backward"], "where.self")
     c = _cond((3, 4))
     x = torch.randn(3, 4, device=DEVICE, requires_grad=True)
-    with gradkern.use():
+    with gradkern.use(mode="always"):
         out = stock(c, x, torch.zeros(3, 4, device=DEVICE))
     assert type(out.grad_fn).__name__ == "WhereBackward0"
     out.sum().backward()
@@ -885,7 +885,7 @@ def test_unusual_incoming_gradients_match_stock(op):
         got = {}
         for enabled in (False, True):
             x = x0.clone().requires_grad_(True)
-            with gradkern.use(enabled):
+            with gradkern.use(enabled, mode="always"):
                 (gx,) = torch.autograd.grad(f(x), x, make())
             got[enabled] = gx.to_dense() if gx.layout != torch.strided else gx
             if type(got[enabled]) is not torch.Tensor:  # a TwoTensor result: its first half
@@ -905,7 +905,7 @@ def test_batched_gradients_match_stock(op):
         x = x0.clone().requires_grad_(True)
         y = f(x)
         eye = torch.eye(n, device=DEVICE, dtype=torch.float64).view(n, *y.shape)
-        with gradkern.use(enabled):
+        with gradkern.use(enabled, mode="always"):
             y = f(x)
             (got[enabled],) = torch.autograd.grad(y, x, eye, is_grads_batched=True)
     assert torch.equal(got[True], got[False])
@@ -922,6 +922,30 @@ def test_direct_calls_reject_a_negative_bit_view():
                  lambda: ops.repeat_backward(g, (1, 1), (3, 4))):
         with pytest.raises(gradkern.Unsupported, match="negative-bit"):
             call()
+
+
+def test_validation_cached_per_problem_still_refuses_what_it_refused():
+    """Each plain function validates a problem once and keys what it found by the arguments' shapes, dtypes,
+    devices and negative bits: after a valid call, the same layout as a negative-bit view, another dtype or a
+    bad output mask is still refused, and a valid call after those still runs."""
+    x, g = torch.randn(3, 4, device=DEVICE), torch.randn(3, 4, device=DEVICE)
+    w = torch.rand(4, device=DEVICE)
+    for call in (lambda g, x: ops.where_backward(g, x > 0, x, x),
+                 lambda g, x: ops.lerp_backward(g, x, x, 0.25),
+                 lambda g, x: ops.lerp_backward(g, x, x, x),
+                 lambda g, x: ops.prelu_backward(g, x, w),
+                 lambda g, x: ops._prelu_kernel_backward(g, x, w)):
+        want = call(g, x)
+        with pytest.raises(gradkern.Unsupported, match="negative-bit"):
+            call(torch._neg_view(g), x)
+        with pytest.raises(gradkern.Unsupported):
+            call(g.double(), x)
+        assert_bitwise_equal(call(g, x), want)
+    ops.where_backward(g, x > 0, x, x, (True, False))
+    with pytest.raises(gradkern.InvalidProblem, match="output_mask"):
+        ops.where_backward(g, x > 0, x, x, (True,))
+    with pytest.raises(gradkern.Unsupported, match="self"):
+        ops.where_backward(g, x > 0, 1.0, x, (True, False))
 
 
 def test_lerp_backward_computes_in_float64_when_its_inputs_are():

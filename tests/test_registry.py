@@ -65,7 +65,7 @@ def test_every_registration_is_live(overload, monkeypatch):
     monkeypatch.setitem(info.aten, overload, spy)
     packet, _, ov = overload.partition(".")
     aten_op = getattr(getattr(torch.ops.aten, packet), ov or "default")
-    with gradkern.use():
+    with gradkern.use(mode="always"):
         aten_op(*args, **kwargs)
     assert calls, f"enable() did not route aten::{overload} to gradkern"
     calls.clear()

@@ -119,7 +119,7 @@ def test_tensor_repeat_backward_through_enable(dtype, monkeypatch):
     for shape, reps in [((5, 7), (3, 2)), ((4,), (3, 2, 5)), ((3, 4, 5), (2, 1, 2)), ((), (2, 3)), ((2, 3), (0, 2))]:
         x = torch.randn(shape, device=DEVICE).to(dtype).requires_grad_()
         g = _grad_for(shape, reps, dtype, ints=True)
-        with gradkern.use():
+        with gradkern.use(mode="always"):
             y = x.repeat(*reps)
             (gx,) = torch.autograd.grad(y, x, g)
         y_ref = x.repeat(*reps)
@@ -137,7 +137,7 @@ def test_enable_gradients_float_values_and_only_requiring_inputs():
     def f():
         return ((x.repeat(2, 3) * w).sin() + b.repeat(8, 3)).sum()
 
-    with gradkern.use():
+    with gradkern.use(mode="always"):
         gx, gb = torch.autograd.grad(f(), (x, b))
         out = f()
         out.backward()
@@ -150,7 +150,7 @@ def test_enable_gradients_float_values_and_only_requiring_inputs():
 def test_no_grad_inference_and_other_dtypes_go_stock(monkeypatch):
     calls = _spy(monkeypatch)
     x = torch.randn(3, 4, device=DEVICE, requires_grad=True)
-    with gradkern.use():
+    with gradkern.use(mode="always"):
         with torch.no_grad():
             y = x.repeat(2, 2)
         assert y.grad_fn is None and not y.requires_grad
@@ -168,7 +168,7 @@ def test_double_backward_equals_stock():
     x = torch.randn(3, 4, device=DEVICE, dtype=torch.float64, requires_grad=True)
 
     def second(enabled):
-        with gradkern.use(enabled):
+        with gradkern.use(enabled, mode="always"):
             y = x.repeat(2, 3)
             g = torch.linspace(-1, 1, y.numel(), device=DEVICE, dtype=torch.float64).view_as(y).requires_grad_()
             (gx,) = torch.autograd.grad((y * y).sum() * 0.5, x, create_graph=True)
@@ -184,7 +184,7 @@ def test_double_backward_equals_stock():
 def test_forward_mode_ad():
     x = torch.randn(3, 4, device=DEVICE, dtype=torch.float64)
     t = torch.randn(3, 4, device=DEVICE, dtype=torch.float64)
-    with gradkern.use(), fwAD.dual_level():
+    with gradkern.use(mode="always"), fwAD.dual_level():
         y = fwAD.make_dual(x, t).repeat(2, 1, 3)
         tangent = fwAD.unpack_dual(y).tangent
     assert torch.equal(tangent, t.repeat(2, 1, 3))
@@ -196,7 +196,7 @@ def test_training_step_matches_stock():
 
     def step(enabled):
         p = torch.nn.Parameter(emb.detach().clone())
-        with gradkern.use(enabled):
+        with gradkern.use(enabled, mode="always"):
             loss = (p.repeat(4, 2).tanh() ** 2).mean()
             loss.backward()
         return p.grad
@@ -263,7 +263,7 @@ def test_negative_zero_where_nothing_is_summed(dtype):
         expected = _stock_repeat_backward(g, reps, shape).reshape(shape)
         assert_bitwise_equal(ops.repeat_backward(g, reps, shape), expected, f"{reps} {shape}")
         x = torch.zeros(shape, dtype=dtype, device=DEVICE, requires_grad=True)
-        with gradkern.use():
+        with gradkern.use(mode="always"):
             (gx,) = torch.autograd.grad(x.repeat(list(reps)), x, g)
         (ref,) = torch.autograd.grad(x.repeat(list(reps)), x, g)
         assert_bitwise_equal(gx, ref, f"enable() {reps} {shape}")
@@ -288,7 +288,7 @@ def test_complex_repeat_backward_under_enable_is_stock():
     """A dtype the kernel does not take (complex, which can require grad) gets autograd's own formula."""
     x = torch.randn(3, 4, device=DEVICE, dtype=torch.complex64, requires_grad=True)
     g = torch.randn(6, 4, device=DEVICE, dtype=torch.complex64)
-    with gradkern.use():
+    with gradkern.use(mode="always"):
         (gx,) = torch.autograd.grad(x.repeat(2, 1), x, g)
     (ref,) = torch.autograd.grad(x.repeat(2, 1), x, g)
     assert torch.equal(gx, ref)

@@ -182,7 +182,7 @@ def _host_row(name: str, path: str, label: str, ours: Callable, stock: Callable 
         dispatch.unregister()
         t = _safe(lambda: host_overhead_us(stock or ours, calls), f"stock {name} {path}")
         best_stock = t if best_stock is None or (t is not None and t < best_stock) else best_stock
-        with use(routed):
+        with use(routed, mode="always"):
             t = host_overhead_us(ours, calls)
         best_ours = t if best_ours is None else min(best_ours, t)
     ratio = best_ours / best_stock if best_stock else None

@@ -24,13 +24,15 @@ from dataclasses import dataclass
 import torch
 
 from . import _runtime
-from .errors import RankUnsupported
+from .errors import InvalidProblem, RankUnsupported
 from .registry import REGISTRY, OpInfo
 
-__all__ = ["enable", "disable", "use", "is_enabled", "stock_call", "routed_overloads", "intercept", "unregister"]
+__all__ = ["enable", "disable", "use", "is_enabled", "mode", "stock_call", "routed_overloads", "intercept",
+           "unregister"]
 
 _lib: torch.library.Library | None = None  # the registrations, made once (see unregister)
 _enabled = False  # what every router reads on every call: process-wide, so autograd's own threads see it too
+_always = False  # mode "always": every covered op goes to gradkern, whatever its route says
 _tls = threading.local()  # .depth: an override of this thread is running (nested routed calls go to stock)
 _lock = threading.RLock()  # taken to switch, register, or capture a stock kernel
 
@@ -64,7 +66,7 @@ def _aten_kernel(overload: str) -> torch._C._SafeKernelFunction:
     kernel = _captured.get(overload)
     if kernel is None:
         with _lock:
-            if _lib is not None:
+            if overload in _registered:
                 raise RuntimeError(f"gradkern: ATen's kernel for {overload} was not captured before registration")
             kernel = _captured[overload] = torch.library.get_kernel(f"aten::{overload}", _runtime.BACKEND_KEY)
     return kernel
@@ -72,11 +74,14 @@ def _aten_kernel(overload: str) -> torch._C._SafeKernelFunction:
 
 def _router(info: OpInfo, overload: str, stock: Callable) -> Callable:
     """The kernel registered for `overload`: the op's implementation of it (read from the registry at each call)
-    while routing is on and this thread is not already inside an override, else `stock`."""
+    while routing is on, this thread is not already inside an override and the op's route sends these arguments
+    to gradkern (always, in mode "always"), else `stock`."""
     impls = info.aten
+    route = (lambda *a, **k: False) if info.route is False else info.route
 
     def router(*args, **kwargs):
-        if not _enabled or getattr(_tls, "depth", 0):
+        if not _enabled or getattr(_tls, "depth", 0) or (
+                route is not None and not _always and not route(*args, **kwargs)):
             return stock(*args, **kwargs)
         _tls.depth = 1
         try:
@@ -102,20 +107,28 @@ def routed_overloads() -> dict[str, str]:
     return {ov: info.name for info in REGISTRY.values() for ov in info.aten}
 
 
-def _register() -> None:
-    """Register every router (once; under _lock)."""
+def _register(always: bool) -> None:
+    """Register the routers not registered yet (under _lock): every op's, but those of ops whose route is stock
+    for every descriptor (`route=False`) only for mode "always" (elsewhere they would cost host time and route
+    nothing)."""
     global _lib
-    if _lib is not None:
-        return
-    lib = torch.library.Library("aten", "IMPL")
+    if _lib is None:
+        _lib = torch.library.Library("aten", "IMPL")
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*Overriding a previously registered kernel.*")
         warnings.filterwarnings("ignore", message=".*Warning only once for all operators.*")
         for info in REGISTRY.values():
+            if info.route is False and not always:
+                continue
             key = _runtime.AUTOGRAD_KEY if info.dispatch == "autograd" else _runtime.BACKEND_KEY
             for overload in info.aten:
-                lib.impl(overload, _router(info, overload, stock_call(info, overload)), key)
-    _lib = lib
+                if overload not in _registered:
+                    stock = stock_call(info, overload)  # (captured before this overload's router is in place)
+                    _lib.impl(overload, _router(info, overload, stock), key)
+                    _registered.add(overload)
+
+
+_registered: set[str] = set()
 
 
 # ----------------------------------------------------------------------------------------------- interceptions
@@ -154,26 +167,43 @@ def is_enabled() -> bool:
     return _enabled
 
 
-def _set(on: bool) -> None:
-    global _enabled
+def mode() -> str:
+    """The routing mode of enable()/use(): "auto" or "always" (see enable)."""
+    return "always" if _always else "auto"
+
+
+_MODES = ("auto", "always")
+
+
+def _set(on: bool, always: bool) -> None:
+    global _enabled, _always
     with _lock:
         if on:
-            _register()
+            _register(always)
+        _always = always
         if on != _enabled:
             _enabled = on
             _set_interceptions(on)
 
 
-def enable() -> None:
-    """Route every covered ATen op on gradkern's device through gradkern's kernels (idempotent). The first call
-    registers gradkern's routers with PyTorch; later ones only switch them on."""
-    _set(True)
+def _check_mode(mode: str) -> bool:
+    if mode not in _MODES:
+        raise InvalidProblem("gradkern.enable", "mode", f"one of {_MODES}", repr(mode))
+    return mode == "always"
+
+
+def enable(mode: str = "auto") -> None:
+    """Route the covered ATen ops on gradkern's device through gradkern's kernels (idempotent). In mode "auto"
+    each op's route decides per problem (a pure function of its shapes, strides, dtypes and scalars) whether
+    gradkern or stock serves it, so that enabling never makes a step slower; "always" sends every covered op to
+    gradkern. The first call registers gradkern's routers with PyTorch; later ones only switch them on."""
+    _set(True, _check_mode(mode))
 
 
 def disable() -> None:
     """Send every op gradkern routes back to stock PyTorch (idempotent). The routers stay registered and call
     ATen's own kernels; `unregister()` removes them."""
-    _set(False)
+    _set(False, _always)
 
 
 def unregister() -> None:
@@ -186,18 +216,19 @@ def unregister() -> None:
             _lib._destroy()
             _lib = None
             _captured.clear()
+            _registered.clear()
 
 
 @contextlib.contextmanager
-def use(enabled: bool = True) -> Iterator[None]:
-    """`with gradkern.use():` routes through gradkern inside the block (`use(False)` routes to stock) and
-    restores the previous state on exit; scopes nest. Entering and leaving a block switches a flag (registration
-    happens once). Routing is process-wide: a block turns it on for every thread, the autograd engine's included
-    (a block around `loss.backward()` routes the backward), and blocks that overlap in several threads restore
-    each other's state out of order: there, call enable() once instead."""
-    previous = _enabled
-    _set(enabled)
+def use(enabled: bool = True, mode: str = "auto") -> Iterator[None]:
+    """`with gradkern.use():` routes through gradkern inside the block (`use(False)` routes to stock; `mode` as
+    for enable) and restores the previous state on exit; scopes nest. Entering and leaving a block switches a
+    flag (registration happens once). Routing is process-wide: a block turns it on for every thread, the autograd
+    engine's included (a block around `loss.backward()` routes the backward), and blocks that overlap in several
+    threads restore each other's state out of order: there, call enable() once instead."""
+    previous = (_enabled, _always)
+    _set(enabled, _check_mode(mode) if enabled else _always)
     try:
         yield
     finally:
-        _set(previous)
+        _set(*previous)

@@ -51,6 +51,11 @@ class OpInfo:
     fake: Callable | None  # shape/dtype function for torch.compile (None: `reference_fn()` on fake tensors)
     doc: str
     baseline: Callable | None = None  # the bench's stock timing where PyTorch has no op of this name
+    # which problems enable() (mode "auto") sends to gradkern, from the ATen arguments: None every one, False none
+    # (stock is deterministic and as fast: the op is routed only in mode "always"), or a predicate of the
+    # problem's descriptor (shapes, strides, dtypes, scalars; never of values or timing)
+    route: Callable[..., bool] | bool | None = None
+    route_doc: str = ""  # the rule, in words, for the README and plans
 
     def guarantee(self, dtype: torch.dtype) -> Guarantee:
         if dtype not in self.dtypes:
@@ -96,6 +101,8 @@ def register_op(
     aten_examples: Callable[..., dict] | None = None,
     fake: Callable | None = None,
     baseline: Callable | None = None,
+    route: Callable[..., bool] | bool | None = None,
+    route_doc: str = "",
 ) -> Callable[[Callable], Callable]:
     """Declare the decorated function as gradkern op `name`.
 
@@ -107,7 +114,8 @@ def register_op(
     CPU kernel departs from the CUDA semantics gradkern follows). Under torch.compile the op is a custom op whose
     fake implementation is `reference` run on fake tensors, or `fake` where the reference cannot run on them
     (data-dependent shapes). `baseline`, for ops PyTorch lacks, is the stock computation `bench` times against
-    when it is lighter than `reference` (e.g. one that skips an output the reference must also produce)."""
+    when it is lighter than `reference` (e.g. one that skips an output the reference must also produce).
+    `route` / `route_doc`: which problems enable() sends to gradkern (see OpInfo.route), and the rule in words."""
     if dispatch not in ("backend", "autograd"):
         raise ValueError(f"register_op({name!r}): dispatch must be 'backend' or 'autograd', got {dispatch!r}")
 
@@ -118,7 +126,7 @@ def register_op(
         REGISTRY[name] = OpInfo(
             name=name, fn=fn, aten=impls, dispatch=dispatch, dtypes=tuple(dtypes), accumulates=accumulates,
             exact=exact, reference=reference, cases=cases, aten_examples=aten_examples, fake=fake,
-            doc=(fn.__doc__ or "").strip().split("\n")[0], baseline=baseline,
+            doc=(fn.__doc__ or "").strip().split("\n")[0], baseline=baseline, route=route, route_doc=route_doc,
         )
         return fn
 

@@ -19,6 +19,12 @@ from ..elementwise import Pointwise, result_dtype, round_to_dtype
 from ..errors import InvalidProblem, Unsupported
 from ..registry import register_op
 
+# enable()'s route for every op here (see registry.OpInfo.route): ATen's kernels for them are deterministic and run
+# at the copy ceiling; gradkern's are level with them at best (0.61x at 16-bit sizes not a multiple of 16, H100), so
+# routing would only add host time
+_STOCK_ROUTE = {"route": False, "route_doc": "stock (deterministic, and as fast: ATen's kernel runs at the copy "
+                "ceiling); gradkern only in mode \"always\""}
+
 # ATen multiplies by the float literal 1.0f/6.0f in every dtype (fp64 included), not by 1/6.
 _ONE_SIXTH_F32 = 0.1666666716337204
 
@@ -65,7 +71,7 @@ def _elu_cases(device, dtype, n):
 
 
 @register_op("elu_backward", aten=("elu_backward",), reference=_elu_backward_reference,
-             cases=pointwise_cases(_elu_cases, 2))
+             cases=pointwise_cases(_elu_cases, 2), **_STOCK_ROUTE)
 def elu_backward(grad_output: torch.Tensor, alpha: float, scale: float, input_scale: float, is_result: bool,
                  self_or_result: torch.Tensor, *, grad_input: torch.Tensor | None = None) -> torch.Tensor:
     """Gradient of elu/celu/selu: x <= 0 -> g*input_scale*alpha*scale*exp(x*input_scale) (or, with is_result,
@@ -151,7 +157,7 @@ def _shrink_cases(device, dtype, n):
 
 @register_op("softshrink_backward", aten=("softshrink_backward",), exact=True,
              reference=_nan_x_passes_grad(torch.ops.aten.softshrink_backward), fake=_shrink_backward_fake,
-             cases=pointwise_cases(_shrink_cases, 2))
+             cases=pointwise_cases(_shrink_cases, 2), **_STOCK_ROUTE)
 def softshrink_backward(grad_output: torch.Tensor, self: torch.Tensor, lambd: float, *,
                         grad_input: torch.Tensor | None = None) -> torch.Tensor:
     """Gradient of softshrink: 0 where -lambd <= x <= lambd (closed band, lambd cast to the dtype), else g."""
@@ -161,7 +167,7 @@ def softshrink_backward(grad_output: torch.Tensor, self: torch.Tensor, lambd: fl
 
 @register_op("hardshrink_backward", aten=("hardshrink_backward",), exact=True,
              reference=_nan_x_passes_grad(torch.ops.aten.hardshrink_backward), fake=_shrink_backward_fake,
-             cases=pointwise_cases(_shrink_cases, 2))
+             cases=pointwise_cases(_shrink_cases, 2), **_STOCK_ROUTE)
 def hardshrink_backward(grad_out: torch.Tensor, self: torch.Tensor, lambd: float, *,
                         grad_input: torch.Tensor | None = None) -> torch.Tensor:
     """Gradient of hardshrink: 0 where -lambd <= x <= lambd (closed band, lambd cast to the dtype), else g."""
@@ -173,7 +179,8 @@ def _hardshrink_cases(device, dtype, n):
     return [("lambd=0.5", (randn(n, device, dtype), 0.5))]
 
 
-@register_op("hardshrink", aten=("hardshrink",), exact=True, cases=pointwise_cases(_hardshrink_cases, 1))
+@register_op("hardshrink", aten=("hardshrink",), exact=True, cases=pointwise_cases(_hardshrink_cases, 1),
+             **_STOCK_ROUTE)
 def hardshrink(self: torch.Tensor, lambd: float = 0.5, *, out: torch.Tensor | None = None) -> torch.Tensor:
     """Hardshrink forward: x where x > lambd or x < -lambd, else 0 (lambd cast to the dtype)."""
     lam = _lambd("hardshrink", lambd, getattr(self, "dtype", torch.float64), nonneg=False)
@@ -195,7 +202,7 @@ def _hardsigmoid_cases(device, dtype, n):
 
 
 @register_op("hardsigmoid_backward", aten=("hardsigmoid_backward",), exact=True,
-             cases=pointwise_cases(_hardsigmoid_cases, 2))
+             cases=pointwise_cases(_hardsigmoid_cases, 2), **_STOCK_ROUTE)
 def hardsigmoid_backward(grad_output: torch.Tensor, self: torch.Tensor, *,
                          grad_input: torch.Tensor | None = None) -> torch.Tensor:
     """Gradient of hardsigmoid: g * (1/6 as fp32) where -3 < x < 3 (open interval), else 0."""
