@@ -10,12 +10,14 @@ from . import ops
 from ._runtime import default_device as device
 from .dispatch import disable, enable, is_enabled, use
 from .errors import GradkernError, InvalidProblem, RankUnsupported, Unsupported
+from .plan import Plan, plan
 from .registry import Guarantee, guarantee, supported_ops
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "enable", "disable", "use", "is_enabled", "ops", "device", "guarantee", "supported_ops", "Guarantee",
+    "enable", "disable", "use", "is_enabled", "ops", "device", "guarantee", "supported_ops", "Guarantee", "plan",
+    "Plan",
     "GradkernError", "InvalidProblem", "Unsupported", "RankUnsupported", "__version__", "sparsemax", "segment_max",
 ]
 from .kernels.sparsemax import sparsemax  # noqa: E402,I001  (an autograd-aware op PyTorch lacks)

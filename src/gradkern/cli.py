@@ -71,6 +71,8 @@ def cmd_list(_args) -> int:
                      "f64 for f64, else f32", "/".join(sorted(set(accum.values())))])
     print_table(["op", "ATen overloads (enable())", "dtypes", "deterministic", "bit-stable", "math", "accumulator"],
                 rows)
+    print("\nwhich problems enable() sends to gradkern (mode \"auto\"; mode \"always\": every one)")
+    print_table(["op", "route"], [[op["name"], op["route"]] for op in supported_ops()])
     return 0
 
 

@@ -77,7 +77,8 @@ def _router(info: OpInfo, overload: str, stock: Callable) -> Callable:
     while routing is on, this thread is not already inside an override and the op's route sends these arguments
     to gradkern (always, in mode "always"), else `stock`."""
     impls = info.aten
-    route = (lambda *a, **k: False) if info.route is False else info.route
+    # (an autograd-key op's override applies its route itself, from ATen's arguments)
+    route = None if info.dispatch != "backend" else (lambda *a, **k: False) if info.route is False else info.route
 
     def router(*args, **kwargs):
         if not _enabled or getattr(_tls, "depth", 0) or (

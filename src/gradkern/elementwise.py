@@ -242,10 +242,15 @@ _FAST_OK = not _runtime.INTERPRET
 _KNOBS = getattr(getattr(triton, "knobs", None), "runtime", None)
 
 
+#: set while gradkern.plan records a run's launches: every launch then goes through Triton's JIT entry point
+RECORDING = False
+
+
 def hooks_idle() -> bool:
-    """True when no Triton launch hook is installed (a profiler's), so the launcher may be called directly with
-    no launch metadata. Triton 3.6 keeps hooks in (possibly empty) HookChains; older versions use None."""
-    if _KNOBS is None:
+    """True when no Triton launch hook is installed (a profiler's) and no plan is recording, so the launcher may
+    be called directly with no launch metadata. Triton 3.6 keeps hooks in (possibly empty) HookChains; older
+    versions use None."""
+    if _KNOBS is None or RECORDING:
         return False
     for hook in (_KNOBS.launch_enter_hook, _KNOBS.launch_exit_hook):
         if hook is not None and getattr(hook, "calls", True):

@@ -51,11 +51,14 @@ class OpInfo:
     fake: Callable | None  # shape/dtype function for torch.compile (None: `reference_fn()` on fake tensors)
     doc: str
     baseline: Callable | None = None  # the bench's stock timing where PyTorch has no op of this name
-    # which problems enable() (mode "auto") sends to gradkern, from the ATen arguments: None every one, False none
+    # which problems enable() (mode "auto") sends to gradkern, from the op's arguments: None every one, False none
     # (stock is deterministic and as fast: the op is routed only in mode "always"), or a predicate of the
     # problem's descriptor (shapes, strides, dtypes, scalars; never of values or timing)
     route: Callable[..., bool] | bool | None = None
     route_doc: str = ""  # the rule, in words, for the README and plans
+    # the minimum bytes a problem moves, from the op's arguments, where the plan's rule (every tensor argument's
+    # distinct elements read once, every output written once) counts arguments the kernel does not read
+    moved_bytes: Callable[..., int] | None = None
 
     def guarantee(self, dtype: torch.dtype) -> Guarantee:
         if dtype not in self.dtypes:
@@ -103,6 +106,7 @@ def register_op(
     baseline: Callable | None = None,
     route: Callable[..., bool] | bool | None = None,
     route_doc: str = "",
+    moved_bytes: Callable[..., int] | None = None,
 ) -> Callable[[Callable], Callable]:
     """Declare the decorated function as gradkern op `name`.
 
@@ -115,7 +119,9 @@ def register_op(
     fake implementation is `reference` run on fake tensors, or `fake` where the reference cannot run on them
     (data-dependent shapes). `baseline`, for ops PyTorch lacks, is the stock computation `bench` times against
     when it is lighter than `reference` (e.g. one that skips an output the reference must also produce).
-    `route` / `route_doc`: which problems enable() sends to gradkern (see OpInfo.route), and the rule in words."""
+    `route` / `route_doc`: which problems enable() sends to gradkern (see OpInfo.route), and the rule in words;
+    for an autograd-key op the route is a predicate of the op's own arguments (for plans: its override decides
+    from ATen's). `moved_bytes`: see OpInfo."""
     if dispatch not in ("backend", "autograd"):
         raise ValueError(f"register_op({name!r}): dispatch must be 'backend' or 'autograd', got {dispatch!r}")
 
@@ -127,6 +133,7 @@ def register_op(
             name=name, fn=fn, aten=impls, dispatch=dispatch, dtypes=tuple(dtypes), accumulates=accumulates,
             exact=exact, reference=reference, cases=cases, aten_examples=aten_examples, fake=fake,
             doc=(fn.__doc__ or "").strip().split("\n")[0], baseline=baseline, route=route, route_doc=route_doc,
+            moved_bytes=moved_bytes,
         )
         return fn
 
@@ -145,6 +152,13 @@ def guarantee(op_name: str, dtype: torch.dtype) -> Guarantee:
     return get_op(op_name).guarantee(dtype)
 
 
+def route_rule(info: OpInfo) -> str:
+    """Which problems enable() (mode "auto") sends to gradkern, in words."""
+    if info.route_doc:
+        return info.route_doc
+    return "gradkern, for every problem" if info.aten else "gradkern: no ATen op to route (a gradkern function)"
+
+
 def supported_ops() -> list[dict[str, Any]]:
     """Every op with its ATen overloads, dtypes and per-dtype guarantee."""
     out = []
@@ -155,6 +169,7 @@ def supported_ops() -> list[dict[str, Any]]:
             "dispatch": info.dispatch,
             "dtypes": [DTYPE_NAMES.get(d, str(d)) for d in info.dtypes],
             "guarantees": {DTYPE_NAMES.get(d, str(d)): info.guarantee(d) for d in info.dtypes},
+            "route": route_rule(info),
             "doc": info.doc,
         })
     return out
