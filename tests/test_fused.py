@@ -926,8 +926,8 @@ def test_direct_calls_reject_a_negative_bit_view():
 
 def test_validation_cached_per_problem_still_refuses_what_it_refused():
     """Each plain function validates a problem once and keys what it found by the arguments' shapes, dtypes,
-    devices and negative bits: after a valid call, the same layout as a negative-bit view, another dtype or a
-    bad output mask is still refused, and a valid call after those still runs."""
+    devices and negative bits: after a valid call, the same layout as a negative-bit view, an integer dtype, a bad
+    output mask or a number where a gradient needs a tensor is still refused, and a valid call still runs."""
     x, g = torch.randn(3, 4, device=DEVICE), torch.randn(3, 4, device=DEVICE)
     w = torch.rand(4, device=DEVICE)
     for call in (lambda g, x: ops.where_backward(g, x > 0, x, x),
@@ -939,7 +939,7 @@ def test_validation_cached_per_problem_still_refuses_what_it_refused():
         with pytest.raises(gradkern.Unsupported, match="negative-bit"):
             call(torch._neg_view(g), x)
         with pytest.raises(gradkern.Unsupported):
-            call(g.double(), x)
+            call(g.int(), x)
         assert_bitwise_equal(call(g, x), want)
     ops.where_backward(g, x > 0, x, x, (True, False))
     with pytest.raises(gradkern.InvalidProblem, match="output_mask"):

@@ -262,6 +262,24 @@ def test_bad_inputs_raise_named_errors():
         ops.segment_max_backward(data[:2], torch.zeros(2, 3, dtype=torch.int64, device=DEVICE), good, True)
 
 
+def test_segment_reduce_backward_validation_is_cached_per_problem():
+    """_segment_reduce_backward validates a problem once (its plan is keyed by everything validation reads): after
+    a valid call, the same layout as a negative-bit view, axis True where 1 passed (equal, but not an int), or
+    another reduction is still refused, and the valid call still equals its first result."""
+    data = _data((10, 3), torch.float32, ties=True)
+    g = _data((2, 3), torch.float32, seed=1)
+    lengths = torch.tensor([4, 6], device=DEVICE)
+    out = torch.ops.aten.segment_reduce(data, "max", lengths=lengths)
+    want = ops._segment_reduce_backward(g, out, data, "max", lengths, axis=1)
+    with pytest.raises(Unsupported, match="negative-bit"):
+        ops._segment_reduce_backward(torch._neg_view(g), out, data, "max", lengths, axis=1)
+    with pytest.raises(InvalidProblem, match="axis"):
+        ops._segment_reduce_backward(g, out, data, "max", lengths, axis=True)
+    with pytest.raises(Unsupported, match="reduce"):
+        ops._segment_reduce_backward(g, out, data, "min", lengths, axis=1)
+    assert_bitwise_equal(ops._segment_reduce_backward(g, out, data, "max", lengths, axis=1), want)
+
+
 def test_empty_inputs():
     data = _data((0, 3), torch.float32)
     v, i = gradkern.segment_max(data, torch.tensor([0, 0, 0], device=DEVICE))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import torch
 
@@ -43,6 +44,24 @@ def values_key(values) -> tuple | None:
     values = tuple(values)
     types = tuple(map(type, values))
     return None if torch.Tensor in types else (values, types)
+
+
+def meta_key(values) -> tuple:
+    """A cache-key part for arguments a check reads: each tensor's shape, dtype, device and negative bit, the type of
+    anything else (a check reads no more of it)."""
+    return (*[(v.shape, v.dtype, v.device, v.is_neg()) if isinstance(v, torch.Tensor) else type(v) for v in values],)
+
+
+def checked(cache: dict, key, check: Callable):
+    """`cache[key]`, else `check()` (which raises for an invalid problem) remembered under `key`: a problem is
+    validated once. Nothing is remembered while torch.compile traces (check_tensor lets negative-bit views pass
+    there) or for a None key."""
+    hit = cache.get(key) if key is not None else None
+    if hit is None:
+        hit = check()
+        if not torch.compiler.is_compiling():
+            remember(cache, key, hit)
+    return hit
 
 
 def remember(cache: dict, key, value):

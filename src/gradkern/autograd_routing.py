@@ -35,10 +35,13 @@ from .dispatch import stock_call
 from .errors import RankUnsupported
 from .registry import REGISTRY
 
-__all__ = ["fused_autograd", "plain_tensors", "plain_gradient"]
+__all__ = ["fused_autograd", "plain_tensors", "plain_gradient", "direct_apply"]
 
 _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
+_STRIDED = torch.strided
 _wrapped = torch._C._functorch.is_functorch_wrapped_tensor  # a vmap-batched (or functorch-wrapped) tensor
+_transforms_active = torch._C._are_functorch_transforms_active
+_dispatch_modes = torch._C._len_torch_dispatch_stack
 
 
 def plain_tensors(args) -> bool:
@@ -46,30 +49,42 @@ def plain_tensors(args) -> bool:
     Parameters; not negative-bit views, zero tensors or functorch-wrapped ones, such as the batched gradient of
     `autograd.grad(..., is_grads_batched=True)`) all on one device of gradkern's type, with no functorch
     transform, forward-AD level or torch dispatch mode active (those need ATen's own autograd kernel)."""
-    if (torch._C._are_functorch_transforms_active() or forward_ad._current_level >= 0
-            or torch._C._len_torch_dispatch_stack()):
+    if _transforms_active() or forward_ad._current_level >= 0 or _dispatch_modes():
         return False
     device = None
     for a in args:
         if isinstance(a, torch.Tensor):
-            if (type(a) not in _PLAIN_TYPES or a.layout != torch.strided or a.is_neg() or a._is_zerotensor()
-                    or a.device.type != _runtime.DEVICE_TYPE or _wrapped(a)):
+            if (type(a) not in _PLAIN_TYPES or a.layout != _STRIDED or a.is_neg() or a._is_zerotensor()
+                    or _wrapped(a)):
                 return False
-            if device is None:
+            if device is None:  # (the device's type read once: device.type builds a string)
                 device = a.device
+                if device.type != _runtime.DEVICE_TYPE:
+                    return False
             elif a.device != device:
                 return False
     return device is not None
 
 
 _DENSE = getattr(torch._C.DispatchKey, _runtime.BACKEND_KEY)
+_keys = torch._C._dispatch_keys
 
 
 def plain_gradient(grad) -> bool:
     """Whether a backward's incoming gradient is a tensor the kernels can read as plain storage: `plain_tensors`,
     and a dense tensor of the backend (the batched gradient of `autograd.grad(..., is_grads_batched=True)`, which
     `jacobian(vectorize=True)` also uses, is a storage-less BatchedTensor of legacy vmap)."""
-    return plain_tensors((grad,)) and torch._C._dispatch_keys(grad).has(_DENSE)
+    return plain_tensors((grad,)) and _keys(grad).has(_DENSE)
+
+
+def direct_apply(function: type[torch.autograd.Function]) -> Callable:
+    """`function.apply` without autograd.Function.apply's Python prologue (binding for setup_context, functorch's
+    check and its unwrapping of dead wrappers: about 1 us a call), for callers that found `plain_tensors` true (no
+    transform active, no wrapped tensor) and a Function without setup_context."""
+    try:
+        return torch._C._FunctionBase.__dict__["apply"].__get__(None, function)
+    except (AttributeError, KeyError, TypeError):  # (another PyTorch: the public entry point)
+        return function.apply
 
 
 def fused_autograd(op_name: str, overload: str, *, accepts: Callable[..., bool], save: Callable,
@@ -90,26 +105,33 @@ def fused_autograd(op_name: str, overload: str, *, accepts: Callable[..., bool],
         return stock[0](*args)
 
     def backward(ctx, grad):
+        needs = ctx.needs_input_grad
         # create_graph=True (the gradient must itself be differentiable), or an incoming gradient the kernels
         # cannot read as plain storage (a negative-bit view, a subclass, a zero tensor, a batched gradient under
         # vmap: is_grads_batched, jacobian(vectorize=True)): the ATen formula
         if torch.is_grad_enabled() or not plain_gradient(grad):
-            return tuple(composite(ctx, grad, ctx.needs_input_grad))
+            return tuple(composite(ctx, grad, needs))
         try:
-            return tuple(fused(ctx, grad, ctx.needs_input_grad))
+            return tuple(fused(ctx, grad, needs))
         except RankUnsupported:  # more dims than the kernels index, found before any launch
-            return tuple(composite(ctx, grad, ctx.needs_input_grad))
+            return tuple(composite(ctx, grad, needs))
 
     name = "Gradkern" + "".join(p.capitalize() for p in overload.replace(".", "_").split("_"))  # node: ...Backward
     function = type(name, (torch.autograd.Function,), {
         "forward": staticmethod(forward), "backward": staticmethod(backward), "__module__": __name__})
+    apply = direct_apply(function)
 
     def override(*args, **kwargs):
-        if (kwargs or not torch.is_grad_enabled()
-                or not any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
-                or not plain_tensors(args) or not accepts(*args)):
+        if kwargs or not torch.is_grad_enabled():
             return NotImplemented
-        return function.apply(*args)
+        for a in args:  # (a loop, not any() over a generator: this runs on every call)
+            if isinstance(a, torch.Tensor) and a.requires_grad:
+                break
+        else:
+            return NotImplemented
+        if not plain_tensors(args) or not accepts(*args):
+            return NotImplemented
+        return apply(*args)
 
     override.function = function  # for tests: the Function whose backward is fused
     return override

@@ -51,7 +51,7 @@ from .elementwise import (
     strided_offsets,
 )
 from .errors import InvalidProblem, RankUnsupported, Unsupported
-from .reduction import plan_view, run_plan, sum_to_shape
+from .reduction import plan_view, run_plan, sum_to_dims
 from .tl_helpers import cast_out, scalar
 
 __all__ = ["MultiPointwise", "check_output_mask", "MAX_INPUTS", "MAX_OUTPUTS", "MAX_RANK"]
@@ -80,7 +80,7 @@ _TL_MATH = {torch.float32: tl.float32, torch.float64: tl.float64}
 def check_output_mask(op: str, output_mask, n: int) -> tuple[bool, ...]:
     """`output_mask` (which gradients a fused backward computes, as in ATen's multi-output backwards) as n bools."""
     try:  # (bools, or what bool() takes, as ATen's bool[n]; not the characters of a string)
-        mask = () if isinstance(output_mask, (str, bytes)) else tuple(bool(m) for m in output_mask)
+        mask = () if isinstance(output_mask, (str, bytes)) else tuple(map(bool, output_mask))
     except TypeError:
         mask = ()
     if len(mask) != n:
@@ -214,38 +214,28 @@ def _sum_pass_kernel(o0, o1, o2, x0, x1, x2, x3, p0, p1, p2, s0, s1, R, M, n_cb,
 
 
 # ----------------------------------------------------------------------------------------------- planning
-@dataclass(frozen=True, eq=False)
-class _SumRun:
-    """What a call of the summing pass needs beyond its tensors, worked out once per plan."""
-
-    grid: int
-    ints: tuple  # the kernel's integer arguments after the scalars
-    consts: dict  # the kernel's launch_consts (FN ... I64)
-    pshape: tuple  # partials of one result: (R, n_cb) or (M, NP)
-    acc: torch.dtype  # ... in this dtype
-    at_b: tuple  # (j, dtype): results written at B
-    summed: tuple  # (j, plan of the sum over the partials, the result's shape): results summed back
-
-
 @dataclass(frozen=True, eq=False)  # hashed by identity: plans are cached, and key the relaunch cache
 class _Plan:
+    """One problem, worked out once: a repeated call only allocates, launches and sums back what this lists."""
+
     shape: tuple[int, ...]  # B, the broadcast shape every result is computed at
     n: int
-    math: object  # tl dtype
-    ins: int  # bit i: input i is read
-    outs: int  # bit j: result j is computed
-    out_dtypes: tuple  # per result: the dtype written at B (None: not computed)
-    reduce_to: tuple  # per result: the shape to sum it back to, or None (written at B in its final dtype)
-    final_dtypes: tuple  # per result: the dtype after summing back
     flat: bool
-    dense_like: int  # flat: index of an input whose layout the results copy (-1: contiguous)
-    rank: int = 0
-    shape_c: tuple = ()
-    strides_c: tuple = ()  # output strides, then one tuple per input slot
-    i64: bool = True  # strided: index math in int64
-    summing: tuple = ()  # the summing pass: (axis, R, M, BR, BC, n_cb, RPP, NP, per-input (row, column) strides)
-    run: _SumRun | None = None  # the summing pass's launch
-    consts: dict | None = None  # the flat or strided kernel's launch_consts
+    summing: tuple  # the summing pass: (axis, R, M, BR, BC, n_cb, RPP, NP, per-input (row, column) strides), or ()
+    i64: bool  # index math in int64
+    device: int  # the inputs' device index (get_device)
+    allocs: tuple  # (j, shape, strides, dtype): result j as the kernel writes it (at B)
+    parts: tuple  # (j, shape, dtype): the summing pass's per-program partials of result j
+    kernel: object  # what to launch (None: nothing, for an empty B or no result asked for)
+    grid: tuple
+    ints: tuple  # the kernel's integer arguments after the two scalars
+    consts: dict | None  # its launch_consts
+    sums: tuple  # (j, reduction plan, shape): result j summed back from its partials, or from its values at B
+    views: tuple  # (j, shape, dtype): result j at B with only leading dims of size 1 to drop (and a conversion)
+    zeros: tuple  # (j, shape, dtype): result j summed back over an empty B
+
+
+_NO_SCALARS = ((0, 0), (True, True))  # the scalar arguments' bits and their bits_spec where an op passes none
 
 
 class MultiPointwise:
@@ -260,7 +250,50 @@ class MultiPointwise:
         self.exact = exact
         self._plans: dict = {}
 
-    def _plan(self, ins: Sequence, outs: Sequence, flag: int) -> _Plan:
+    def __call__(self, inputs: Sequence[torch.Tensor | None], outputs: Sequence[tuple | None], *,
+                 scalars: Sequence[float] = (), flag: int = 0) -> tuple[torch.Tensor | None, ...]:
+        try:  # (the device itself, not get_device(): that is -1 for cpu and meta alike)
+            key = (flag, tuple(outputs),
+                   *[None if t is None else (t.shape, t.stride(), t.dtype, t.device) for t in inputs])
+            plan = self._plans.get(key)
+        except (AttributeError, TypeError):  # a non-tensor argument: let validation name it
+            plan, key = None, None
+        if plan is None:
+            plan = _runtime.remember(self._plans, key, self._plan(inputs, outputs, flag))
+        first = inputs[0]
+        dev = first.device
+        res: list = [None] * MAX_OUTPUTS
+        for j, shape, strides, dtype in plan.allocs:
+            res[j] = torch.empty_strided(shape, strides, dtype=dtype, device=dev)
+        parts = res  # what the results summed back are read from
+        if plan.parts:
+            parts = [None] * MAX_OUTPUTS
+            for j, shape, dtype in plan.parts:
+                parts[j] = torch.empty(shape, dtype=dtype, device=dev)
+        if plan.kernel is not None:
+            bits, spec = _scalar_args(scalars) if scalars else _NO_SCALARS
+            ptrs = [first if r is None else r for r in res] + [first if t is None else t for t in inputs]
+            ptrs += [first] * (MAX_INPUTS - len(inputs))
+            if plan.parts:
+                ptrs += [first if p is None else p for p in parts]
+            # relaunched directly after the first launch: the plan fixes the device, the pointers' dtypes and every
+            # integer argument but the scalars (their bits_spec joins the key; launch adds the alignment)
+            launch(plan.kernel, plan.grid, ptrs, (*bits, *plan.ints), plan.consts, plan.device, (plan, spec))
+        for j, rplan, shape in plan.sums:
+            res[j] = run_plan(rplan, parts[j], shape)
+        for j, shape, dtype in plan.views:
+            r = res[j].reshape(shape)
+            res[j] = r if r.dtype == dtype else r.to(dtype)
+        for j, shape, dtype in plan.zeros:
+            res[j] = torch.zeros(shape, dtype=dtype, device=dev)
+        return tuple(res[:len(self.outputs)])
+
+    def _plan(self, inputs: Sequence, outputs: Sequence, flag: int) -> _Plan:
+        """Validation (devices, shapes) and everything a call of this problem does."""
+        ins = list(inputs) + [None] * (MAX_INPUTS - len(inputs))
+        outs = tuple(outputs) + (None,) * (MAX_OUTPUTS - len(outputs))
+        if ins[0] is None:
+            raise TypeError(f"{self.op}: the first input ('{self.inputs[0]}') is required")
         given = [(name, t) for name, t in zip(self.inputs, ins, strict=False) if t is not None]
         dev = ins[0].device
         for name, t in given:
@@ -291,131 +324,84 @@ class MultiPointwise:
         n = math.prod(shape)
         present = [t for _, t in given]
         same = all(tuple(t.shape) == shape for t in present) and len({t.stride() for t in present}) == 1
-        common = dict(shape=shape, n=n, math=mdt, ins=ins_mask, outs=outs_mask, out_dtypes=tuple(out_dtypes),
-                      reduce_to=tuple(reduce_to), final_dtypes=tuple(final))
+        contiguous = torch.empty(shape, device="meta").stride()
+        base = {"FN": self.math_fn, "INS": ins_mask, "OUTS": outs_mask, "FLAG": flag, "MATH": mdt}
+        device = ins[0].get_device()
         summing = _summing_view(shape, ins, reduce_to)
         if summing is not None:
-            i64 = _summing_i64(summing)
-            return _Plan(**common, flat=False, dense_like=-1, summing=summing, i64=i64,
-                         run=self._sum_run(summing, common, flag, i64, math_torch))
-        base = {"FN": self.math_fn, "INS": ins_mask, "OUTS": outs_mask, "FLAG": flag, "MATH": mdt}
-        if same and (present[0].is_contiguous() or _dense_strides(present[0])):
+            return self._summing_plan(summing, base, shape, device, out_dtypes, reduce_to, final, math_torch,
+                                      contiguous)
+        flat = same and (present[0].is_contiguous() or _dense_strides(present[0]))
+        if flat:  # results in the inputs' layout (empty_like's strides)
+            strides = [contiguous if present[0].is_contiguous() or odt is None else
+                       torch.empty_like(present[0], dtype=odt, device="meta").stride() for odt in out_dtypes]
             block = FLAT_BLOCK[max(t.element_size() for t in present)]
-            consts = launch_consts({**base, "BLOCK": block, "I64": n + block > _I32_MAX}, FLAT_WARPS)
-            return _Plan(**common, flat=True, dense_like=-1 if present[0].is_contiguous() else 0, consts=consts)
-        operands = [torch.empty(shape, device="meta").stride()]
-        operands += [_broadcast_strides(t, shape) if t is not None else None for t in ins]
-        operands += [None] * (1 + MAX_INPUTS - len(operands))
-        live = [s for s in operands if s is not None]
-        cshape, cstr = _collapse(shape, live)
-        if not cshape:  # every dim has size 1
-            cshape, cstr = (1,), [(0,)] * len(live)
-        if len(cshape) > MAX_RANK:
-            raise RankUnsupported(self.op, self.inputs[0], f"rank <= {MAX_RANK} (after merging dims)", len(shape))
-        it = iter(cstr)
-        strides = tuple(next(it) if s is not None else cstr[0] for s in operands)
-        i64 = strided_i64(n, cshape, cstr, STRIDED_BLOCK)
-        consts = launch_consts({**base, "RANK": len(cshape), "BLOCK": STRIDED_BLOCK, "I64": i64}, STRIDED_WARPS)
-        return _Plan(**common, flat=False, dense_like=-1, rank=len(cshape), shape_c=cshape, strides_c=strides,
-                     i64=i64, consts=consts)
-
-    def __call__(self, inputs: Sequence[torch.Tensor | None], outputs: Sequence[tuple | None], *,
-                 scalars: Sequence[float] = (), flag: int = 0) -> tuple[torch.Tensor | None, ...]:
-        ins = list(inputs) + [None] * (MAX_INPUTS - len(inputs))
-        outs = tuple(outputs) + (None,) * (MAX_OUTPUTS - len(outputs))
-        if ins[0] is None:
-            raise TypeError(f"{self.op}: the first input ('{self.inputs[0]}') is required")
-        try:
-            key = (flag, outs, *[None if t is None else (t.shape, t.stride(), t.dtype, t.device) for t in ins])
-            plan = self._plans.get(key)
-        except (AttributeError, TypeError):  # a non-tensor argument: let validation name it
-            plan, key = None, None
-        if plan is None:
-            plan = _runtime.remember(self._plans, key, self._plan(ins, outs, flag))
-        first = ins[0]
-        if plan.summing:
-            return self._run_summing(plan, ins, scalars)
-        results: list = []
-        for odt in plan.out_dtypes:
+            i64 = n + block > _I32_MAX
+            kernel, grid, ints = _flat_kernel, (cdiv(n, block),), (n,)
+            consts = launch_consts({**base, "BLOCK": block, "I64": i64}, FLAT_WARPS)
+        else:
+            strides = [contiguous] * MAX_OUTPUTS
+            operands = [contiguous] + [_broadcast_strides(t, shape) if t is not None else None for t in ins]
+            live = [s for s in operands if s is not None]
+            cshape, cstr = _collapse(shape, live)
+            if not cshape:  # every dim has size 1
+                cshape, cstr = (1,), [(0,)] * len(live)
+            if len(cshape) > MAX_RANK:
+                raise RankUnsupported(self.op, self.inputs[0], f"rank <= {MAX_RANK} (after merging dims)", len(shape))
+            it = iter(cstr)
+            cstrides = tuple(next(it) if s is not None else cstr[0] for s in operands)
+            i64 = strided_i64(n, cshape, cstr, STRIDED_BLOCK)
+            kernel, grid, ints = _strided_kernel, (cdiv(n, STRIDED_BLOCK),), (n, cshape, *cstrides)
+            consts = launch_consts({**base, "RANK": len(cshape), "BLOCK": STRIDED_BLOCK, "I64": i64}, STRIDED_WARPS)
+        allocs, sums, views = [], [], []
+        for j, (odt, to, dt) in enumerate(zip(out_dtypes, reduce_to, final, strict=True)):
             if odt is None:
-                results.append(None)
-            elif plan.flat and plan.dense_like >= 0:
-                results.append(torch.empty_like(first, dtype=odt))
+                continue
+            allocs.append((j, shape, strides[j], odt))
+            if to is None:
+                continue
+            dims = sum_to_dims(shape, to, op=self.op)  # autograd's sum_to, planned on the result's layout
+            if all(shape[d] == 1 for d in dims):
+                views.append((j, to, dt))
             else:
-                results.append(torch.empty(plan.shape, dtype=odt, device=first.device))
-        if plan.n > 0 and plan.outs:
-            self._launch(plan, ins, results, scalars)
-        return tuple(
-            r if r is None or shape is None else sum_to_shape(r, shape, op=self.op, out_dtype=dt)
-            for r, shape, dt in zip(results[:len(self.outputs)], plan.reduce_to, plan.final_dtypes, strict=False)
-        )
+                sums.append((j, plan_view(shape, strides[j], odt, dims, op=self.op, out_dtype=dt), to))
+        return _Plan(shape=shape, n=n, flat=flat, summing=(), i64=i64, device=device, allocs=tuple(allocs),
+                     parts=(), kernel=kernel if n and outs_mask else None, grid=grid, ints=ints, consts=consts,
+                     sums=tuple(sums), views=tuple(views), zeros=())
 
-    def _sum_run(self, summing: tuple, common: dict, flag: int, i64: bool, acc: torch.dtype) -> _SumRun:
+    def _summing_plan(self, summing: tuple, base: dict, shape: tuple, device: int, out_dtypes: list,
+                      reduce_to: list, final: list, acc: torch.dtype, contiguous: tuple) -> _Plan:
+        """A plan of the summing pass: results at B written, results summed back as per-program partials that the
+        shared reduction then adds up (zeros, and nothing launched, for an empty B)."""
         axis, R, M, BR, BC, n_cb, RPP, NP, istrides = summing
+        i64 = _summing_i64(summing)
         pshape = (R, n_cb) if axis == 1 else (M, NP)
-        at_b, summed, sums = [], [], 0
-        for j, (odt, to, dt) in enumerate(zip(common["out_dtypes"], common["reduce_to"], common["final_dtypes"],
-                                              strict=True)):
-            if odt is not None and to is None:
-                at_b.append((j, odt))
-            elif odt is not None:
-                summed.append((j, plan_view(pshape, (pshape[1], 1), acc, (1,), op=self.op, out_dtype=dt), to))
-                sums |= 1 << j
-        values = (self.math_fn, common["ins"], common["outs"], sums, flag, common["math"], BR, BC, axis, i64)
-        names = ("FN", "INS", "OUTS", "SUMS", "FLAG", "MATH", "BR", "BC", "AXIS", "I64")
-        warps = COLS_WARPS if axis == 0 else ROWS_WARPS
-        consts = launch_consts(dict(zip(names, values, strict=True)), warps)
+        n = R * M
+        allocs, parts, sums, zeros, sums_mask = [], [], [], [], 0
+        for j, (odt, to, dt) in enumerate(zip(out_dtypes, reduce_to, final, strict=True)):
+            if odt is None:
+                continue
+            if to is None:
+                allocs.append((j, shape, contiguous, odt))
+            elif n == 0:
+                zeros.append((j, to, dt))
+            else:
+                parts.append((j, pshape, acc))
+                sums.append((j, plan_view(pshape, (pshape[1], 1), acc, (1,), op=self.op, out_dtype=dt), to))
+                sums_mask |= 1 << j
+        consts = launch_consts({"FN": base["FN"], "INS": base["INS"], "OUTS": base["OUTS"], "SUMS": sums_mask,
+                                "FLAG": base["FLAG"], "MATH": base["MATH"], "BR": BR, "BC": BC, "AXIS": axis,
+                                "I64": i64}, COLS_WARPS if axis == 0 else ROWS_WARPS)
         ints = (R, M, n_cb, RPP, NP, *[v for st in istrides for v in st])
-        return _SumRun(NP * n_cb, ints, consts, pshape, acc, tuple(at_b), tuple(summed))
-
-    def _run_summing(self, plan: _Plan, ins: list, scalars: Sequence[float]) -> tuple:
-        """The summing pass: results at B written, results summed back as per-program partials, then summed."""
-        run, first = plan.run, ins[0]
-        dev = first.device
-        outs, parts = [None] * MAX_OUTPUTS, [None] * MAX_OUTPUTS
-        for j, odt in run.at_b:
-            outs[j] = torch.empty(plan.shape, dtype=odt, device=dev)
-        if plan.n == 0:  # nothing to add up: zeros, and no partials
-            for j, _, to in run.summed:
-                outs[j] = torch.zeros(to, dtype=plan.final_dtypes[j], device=dev)
-            return tuple(outs[:len(self.outputs)])
-        for j, _, _ in run.summed:
-            parts[j] = torch.empty(run.pshape, dtype=run.acc, device=dev)
-        bits = _scalar_args(scalars)
-        ptrs = (*_or_first(outs, first), *_or_first(ins, first), *_or_first(parts, first))
-        launch(_sum_pass_kernel, (run.grid,), ptrs, (*bits, *run.ints), run.consts, first.get_device(),
-               self._relaunch_key(plan, bits))
-        for j, rplan, to in run.summed:
-            outs[j] = run_plan(rplan, parts[j], to)
-        return tuple(outs[:len(self.outputs)])
-
-    def _relaunch_key(self, plan: _Plan, bits: Sequence[int]) -> tuple:
-        """What a compiled kernel of this plan is specialised on beyond the plan (which fixes the device, the
-        pointers' dtypes and every integer argument but the scalars) and the pointers' alignment (`launch` adds
-        that): the scalars' bits_spec."""
-        return (plan, bits_spec(bits))
-
-    def _launch(self, plan: _Plan, ins: list, results: list, scalars: Sequence[float]) -> None:
-        first = ins[0]
-        x, o = _or_first(ins, first), _or_first(results, first)
-        bits = _scalar_args(scalars)
-        device = first.get_device()
-        if plan.flat:
-            launch(_flat_kernel, (cdiv(plan.n, plan.consts["BLOCK"]),), (*o, *x), (*bits, plan.n), plan.consts, device,
-                   self._relaunch_key(plan, bits))
-            return
-        launch(_strided_kernel, (cdiv(plan.n, STRIDED_BLOCK),), (*o, *x),
-               (*bits, plan.n, plan.shape_c, *plan.strides_c), plan.consts, device, self._relaunch_key(plan, bits))
+        return _Plan(shape=shape, n=n, flat=False, summing=summing, i64=i64, device=device, allocs=tuple(allocs),
+                     parts=tuple(parts), kernel=_sum_pass_kernel if n else None, grid=(NP * n_cb,), ints=ints,
+                     consts=consts, sums=tuple(sums), views=(), zeros=tuple(zeros))
 
 
-def _or_first(tensors: Sequence, first: torch.Tensor) -> list:
-    """The kernels' pointer arguments: `first` stands in for an operand or result that is not there."""
-    return [t if t is not None else first for t in tensors]
-
-
-def _scalar_args(scalars: Sequence[float]) -> list[int]:
-    """The kernels' two scalar arguments, as float64 bits (0 for those not given)."""
-    return [scalar_bits(v) for v in scalars] + [0] * (2 - len(scalars))
+def _scalar_args(scalars: Sequence[float]) -> tuple[list[int], tuple[bool, ...]]:
+    """The kernels' two scalar arguments, as float64 bits (0 for those not given), and their bits_spec."""
+    bits = [scalar_bits(v) for v in scalars] + [0] * (2 - len(scalars))
+    return bits, bits_spec(bits)
 
 
 def _summing_view(shape: tuple[int, ...], ins: list, reduce_to: tuple):

@@ -48,7 +48,7 @@ from .elementwise import check_tensor, launch, launch_consts, pdl_ok
 from .errors import InvalidProblem, RankUnsupported, Unsupported
 from .tl_helpers import cast_out, gdc_wait
 
-__all__ = ["reduce_sum", "sum_to_shape", "plan_view", "run_plan", "MAX_RANK"]
+__all__ = ["reduce_sum", "sum_to_shape", "sum_to_dims", "plan_view", "run_plan", "MAX_RANK"]
 
 #: the most kept dims and the most reduced dims (each, after merging) a reduction handles
 MAX_RANK = 8
@@ -393,16 +393,17 @@ def run_plan(plan: _Plan, x: torch.Tensor, out_shape: Sequence[int] | None = Non
 
 
 _CONST_NAMES = ("KR", "RR", "ACC", "BLOCK_O", "BLOCK_R", "O_CONTIG", "O_DIV", "R_CONTIG", "R_DIV", "I64", "STEP_SUM")
-_pass_consts: dict = {}  # (pass uid, PDL) -> the pass's constexprs and launch options, as `launch` takes them
+_launches: dict = {}  # (pass uid, PDL) -> the pass's grid, integer arguments and launch_consts
 
 
 def _run_pass(p: _Pass, src: torch.Tensor, dst: torch.Tensor, device: int) -> None:
     pdl = pdl_ok(device)  # (H200, prelu backward, 64M elements: its partials' pass 1.5 us sooner, f32 and bf16)
-    consts = _pass_consts.get((p.uid, pdl))
-    if consts is None:
+    hit = _launches.get((p.uid, pdl))
+    if hit is None:
         consts = launch_consts(dict(zip(_CONST_NAMES, p.consts, strict=True)), p.num_warps, pdl=pdl)
-        _runtime.remember(_pass_consts, (p.uid, pdl), consts)
-    launch(_sum_kernel, (p.n_oblk * p.n_split,), (src, dst), p.ints, consts, device, (_sum_kernel, p.uid, device, pdl))
+        hit = _runtime.remember(_launches, (p.uid, pdl), ((p.n_oblk * p.n_split,), p.ints, consts))
+    grid, ints, consts = hit
+    launch(_sum_kernel, grid, (src, dst), ints, consts, device, (_sum_kernel, p.uid, device, pdl))
 
 
 def _execute(plan: _Plan, x: torch.Tensor, out_shape=None) -> torch.Tensor:
@@ -444,17 +445,24 @@ def sum_to_shape(x: torch.Tensor, shape: Sequence[int], *, op: str,
         shape = tuple(operator.index(s) for s in shape)
     except (TypeError, ValueError):
         raise InvalidProblem(op, "shape", "a sequence of ints", shape) from None
-    lead = x.dim() - len(shape)
+    dims = sum_to_dims(tuple(x.shape), shape, op=op)
+    if all(x.shape[d] == 1 for d in dims):  # nothing to add up: a view (and a conversion where asked)
+        y = x.reshape(shape) if x.dim() > len(shape) else x
+        return y if out_dtype is None or out_dtype == y.dtype else y.to(out_dtype)
+    return reduce_sum(x, dims, op=op, out_dtype=out_dtype).view(shape)
+
+
+def sum_to_dims(x_shape: tuple[int, ...], shape: tuple[int, ...], *, op: str) -> tuple[int, ...]:
+    """The dims (ascending) that autograd's sum_to adds up to bring a tensor of `x_shape` to `shape`: the leading
+    ones it has beyond len(shape), and those where shape has 1 and it does not (InvalidProblem: no such sum)."""
+    lead = len(x_shape) - len(shape)
     if lead < 0 or any(s < 0 for s in shape):
-        raise InvalidProblem(op, "shape", f"a shape x of shape {tuple(x.shape)} can be summed to", shape)
+        raise InvalidProblem(op, "shape", f"a shape x of shape {x_shape} can be summed to", shape)
     dims = list(range(lead))
     for i, s in enumerate(shape):
-        xs = x.shape[lead + i]
+        xs = x_shape[lead + i]
         if s == 1 and xs != 1:
             dims.append(lead + i)
         elif s != xs:
-            raise InvalidProblem(op, "shape", f"a shape x of shape {tuple(x.shape)} can be summed to", shape)
-    if all(x.shape[d] == 1 for d in dims):  # nothing to add up: a view (and a conversion where asked)
-        y = x.reshape(shape) if lead else x
-        return y if out_dtype is None or out_dtype == y.dtype else y.to(out_dtype)
-    return reduce_sum(x, dims, op=op, out_dtype=out_dtype).view(shape)
+            raise InvalidProblem(op, "shape", f"a shape x of shape {x_shape} can be summed to", shape)
+    return tuple(dims)

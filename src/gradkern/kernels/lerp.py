@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from .._cases import matrix_shape, randn, stand_in
-from .._runtime import FLOAT_DTYPES
+from .._runtime import FLOAT_DTYPES, checked, meta_key
 from ..autograd_routing import fused_autograd
 from ..elementwise import broadcast_shape, check_tensor
 from ..errors import InvalidProblem, Unsupported
@@ -41,7 +41,7 @@ _LERP_BACKWARD = MultiPointwise(_OP, _lerp_backward_math, ("grad", "weight", "en
 def _lerp_grads(grad, start, end, weight, self_spec, end_spec, weight_spec):
     """The fused pass. `*_spec`: (shape, dtype) of an input whose gradient is wanted, else None; `start` / `end`
     are read only for grad_weight, a tensor `weight` only for grad_self / grad_end (None where not needed)."""
-    if isinstance(weight, Real):
+    if weight is not None and not isinstance(weight, torch.Tensor):  # a real number (callers checked)
         w = float(weight)
         return _LERP_BACKWARD((grad,), (self_spec, end_spec, None), scalars=(1.0 - w, w), flag=1)
     need_w = self_spec is not None or end_spec is not None
@@ -90,7 +90,8 @@ def _same_dtype(self, end) -> bool:
 
 
 def _scalar_accepts(self, end, weight) -> bool:
-    return _same_dtype(self, end) and isinstance(weight, Real)
+    # (a float, as the dispatcher passes a Scalar, without isinstance's walk of the Real ABC)
+    return _same_dtype(self, end) and (type(weight) is float or isinstance(weight, Real))
 
 
 def _tensor_accepts(self, end, weight) -> bool:
@@ -106,11 +107,13 @@ def _scalar_save(ctx, needs, self, end, weight) -> None:
 def _tensor_save(ctx, needs, self, end, weight) -> None:
     keep_w = needs[0] or needs[1]
     ctx.save_for_backward(self if needs[2] else None, end if needs[2] else None, weight if keep_w else None)
-    ctx.specs = tuple(_spec(t) if need else None for t, need in zip((self, end, weight), needs, strict=True))
+    ctx.weight = None  # (saved as a tensor)
+    ctx.specs = (_spec(self) if needs[0] else None, _spec(end) if needs[1] else None,
+                 _spec(weight) if needs[2] else None)
 
 
 def _saved(ctx) -> tuple:
-    if hasattr(ctx, "weight"):
+    if ctx.weight is not None:  # a Python number
         return None, None, ctx.weight
     return ctx.saved_tensors
 
@@ -153,6 +156,16 @@ def lerp_backward(grad: torch.Tensor, self: torch.Tensor, end: torch.Tensor, wei
     input's shape and dtype; None where output_mask says so, and grad_weight None for a Python-number weight
     (self and end are read only for grad_weight)."""
     mask = check_output_mask(_OP, output_mask, 3)
+    specs = checked(_checked, (mask, *meta_key((grad, self, end, weight))),
+                    lambda: _lerp_specs(grad, self, end, weight, mask))
+    return _lerp_grads(grad, self, end, weight, *specs)
+
+
+_checked: dict = {}  # validated problems -> the gradients' (shape, dtype) specs
+
+
+def _lerp_specs(grad, self, end, weight, mask) -> tuple:
+    """lerp_backward's validation; the (shape, dtype) of each gradient asked for (None for the others)."""
     check_tensor(_OP, "grad", grad)
     check_tensor(_OP, "self", self)
     check_tensor(_OP, "end", end)
@@ -172,5 +185,5 @@ def lerp_backward(grad: torch.Tensor, self: torch.Tensor, end: torch.Tensor, wei
     if shape != tuple(grad.shape):
         raise InvalidProblem(_OP, "grad", f"shape {shape} (self, end and weight broadcast)", tuple(grad.shape))
     tensor_w = isinstance(weight, torch.Tensor)
-    return _lerp_grads(grad, self, end, weight, _spec(self) if mask[0] else None, _spec(end) if mask[1] else None,
-                       _spec(weight) if mask[2] and tensor_w else None)
+    return (_spec(self) if mask[0] else None, _spec(end) if mask[1] else None,
+            _spec(weight) if mask[2] and tensor_w else None)

@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from .._cases import randn
-from .._runtime import FLOAT_DTYPES, cdiv, math_dtype, remember
+from .._runtime import FLOAT_DTYPES, cdiv, checked, math_dtype, meta_key, remember
 from ..autograd_routing import fused_autograd
 from ..elementwise import _dense_strides, broadcast_shape, check_tensor, launch, launch_consts
 from ..errors import InvalidProblem, Unsupported
@@ -66,15 +66,23 @@ def _kernel_backward_cases(device, dtype, size: str) -> list[Case]:
 def _prelu_kernel_backward(grad_output: torch.Tensor, self: torch.Tensor, weight: torch.Tensor
                            ) -> tuple[torch.Tensor, torch.Tensor]:
     """ATen's prelu backward: (x > 0 ? g : w*g, x > 0 ? 0 : x*g), both at the broadcast shape (w broadcast to x)."""
+    spec = checked(_checked, (_OP_FULL, *meta_key((grad_output, self, weight))),
+                   lambda: _kernel_backward_spec(grad_output, self, weight))
+    return _PRELU_FULL((grad_output, self, weight), (spec, spec))
+
+
+_checked: dict = {}  # validated problems of both ops -> what their validation found
+
+
+def _kernel_backward_spec(grad_output, self, weight) -> tuple:
+    """_prelu_kernel_backward's validation; the results' (shape, dtype)."""
     named = (("grad_output", grad_output), ("self", self), ("weight", weight))
     for name, t in named:
         check_tensor(_OP_FULL, name, t)
     for name, t in named:
         if t.dtype != self.dtype:
             raise Unsupported(_OP_FULL, name, f"dtype {self.dtype} (the dtype of self)", t.dtype)
-    shape = broadcast_shape(_OP_FULL, [n for n, _ in named], [t.shape for _, t in named])
-    spec = (shape, self.dtype)
-    return _PRELU_FULL((grad_output, self, weight), (spec, spec))
+    return broadcast_shape(_OP_FULL, [n for n, _ in named], [t.shape for _, t in named]), self.dtype
 
 
 # ------------------------------------------------------------------------------------- fused kernels
@@ -276,52 +284,74 @@ def _channel_shape(x: torch.Tensor, C: int) -> list[int]:
 
 def _prelu_grads(grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, need_input: bool, need_weight: bool):
     """(grad_input, grad_weight), grad_weight in weight's shape; weight holds 1 or x.size(1) elements, the
-    channels of dim 1."""
-    C = weight.numel()
+    channels of dim 1; grad has x's shape and dtype."""
     if x.numel() == 0:
         return (torch.empty_like(x) if need_input else None,
                 torch.zeros_like(weight) if need_weight else None)
-    plan = _fused_plan(x, grad, C)
-    if plan is None:  # a layout the fused kernels do not walk: elementwise pass + deterministic sum
-        w = weight.reshape(_channel_shape(x, C))
+    key = ("call", x.shape, x.stride(), grad.stride(), x.dtype, grad.dtype, x.device, weight.shape, weight.stride(),
+           need_input, need_weight)
+    call = _plans.get(key)
+    if call is None:
+        call = remember(_plans, key, _call_plan(grad, x, weight, need_input, need_weight))
+    if call.fused is None:  # a layout the fused kernels do not walk: elementwise pass + deterministic sum
+        w = weight.reshape(call.w_shape)
         gi, gw = _PRELU_FULL((grad, x, w), ((x.shape, x.dtype) if need_input else None,
                                              (w.shape, w.dtype) if need_weight else None))
         return gi, gw.view(weight.shape) if gw is not None else None
-    w = weight.reshape(-1).contiguous()  # the kernels index the weight densely (w + c); a strided one is copied
-    consts, rplan = _launch_consts(plan, x.dtype, need_input, need_weight)
-    gi = torch.empty_like(x) if need_input else None
-    part = torch.empty(plan.part_shape, dtype=math_dtype(x.dtype), device=x.device) if need_weight else None
-    kernel = _prelu_rows_kernel if plan.rows else _prelu_cols_kernel
-    ptrs = (grad, x, w, gi if need_input else x, part if need_weight else x)
-    # after a specialisation's first launch its compiled kernel is called directly: the plan fixes the integer
-    # arguments (so their specialisation), the key adds the output mask and the device (launch: the alignment)
-    device = x.get_device()
-    launch(kernel, (plan.programs,), ptrs, plan.args, consts, device, (kernel, plan.uid, need_input, need_weight,
-                                                                      device))
+    # the kernels index the weight densely (w + c): a weight that is not contiguous is copied
+    w = weight if call.w_dense else weight.reshape(-1).contiguous()
+    dev = x.device
+    gi = torch.empty_strided(call.shape, call.gi_strides, dtype=x.dtype, device=dev) if need_input else None
+    part = torch.empty(call.fused.part_shape, dtype=call.acc, device=dev) if need_weight else None
+    # after its first launch the compiled kernel is called directly: the call plan fixes the integer arguments
+    # (so their specialisation), the pointers' dtypes, the output mask and the device (launch adds the alignment)
+    launch(call.kernel, call.grid, (grad, x, w, gi if need_input else x, part if need_weight else x),
+           call.fused.args, call.consts, call.device, (call.kernel, call))
     if not need_weight:
         return gi, None
     # the second, fixed-order pass over the per-program partials
-    return gi, run_plan(rplan, part, weight.shape)
+    return gi, run_plan(call.rplan, part, call.w_out)
 
 
-_consts: dict = {}
+@dataclass(frozen=True, eq=False)  # hashed by identity: part of the relaunch key
+class _Call:
+    """What `_prelu_grads` does for one problem (layouts, dtypes, device, weight, output mask), worked out once."""
+
+    fused: _Fused | None  # None: the elementwise pass and a sum
+    w_shape: list  # (elementwise pass) the weight as it broadcasts over x
+    w_dense: bool  # the weight's elements are contiguous: read in place
+    shape: tuple  # x's, and grad_input's
+    gi_strides: tuple  # grad_input's (empty_like(x)'s)
+    acc: torch.dtype  # the partials'
+    kernel: object
+    grid: tuple
+    consts: dict | None
+    rplan: object  # the sum over the partials (None without grad_weight)
+    w_out: tuple  # grad_weight's shape
+    device: int
+
+
+def _call_plan(grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, need_input: bool, need_weight: bool
+               ) -> _Call:
+    C = weight.numel()
+    plan = _fused_plan(x, grad, C)
+    consts, rplan = _launch_consts(plan, x.dtype, need_input, need_weight) if plan is not None else (None, None)
+    return _Call(fused=plan, w_shape=_channel_shape(x, C), w_dense=weight.is_contiguous(), shape=tuple(x.shape),
+                 gi_strides=torch.empty_like(x, device="meta").stride(), acc=math_dtype(x.dtype),
+                 kernel=_prelu_rows_kernel if plan is None or plan.rows else _prelu_cols_kernel,
+                 grid=(plan.programs,) if plan is not None else (), consts=consts, rplan=rplan,
+                 w_out=tuple(weight.shape), device=x.get_device())
 
 
 def _launch_consts(plan: _Fused, dtype: torch.dtype, need_input: bool, need_weight: bool) -> tuple:
-    """The fused kernel's constexprs and the plan of the sum over its partials (None without grad_weight), made
-    once per plan, dtype and output mask."""
-    key = (plan.uid, dtype, need_input, need_weight)
-    hit = _consts.get(key)
-    if hit is None:
-        mdt = math_dtype(dtype)
-        consts = launch_consts({"MATH": _TL_MATH[mdt], "HAS_GI": need_input, "HAS_GW": need_weight,
-                                "BA": plan.block[0], ("BL" if plan.rows else "BK"): plan.block[1], "I64": plan.i64},
-                               _WARPS if plan.rows else _COLS_WARPS)
-        strides = torch.empty(plan.part_shape, device="meta").stride()
-        rplan = plan_view(plan.part_shape, strides, mdt, plan.part_dims, op=_OP, out_dtype=dtype) \
-            if need_weight else None
-        hit = remember(_consts, key, (consts, rplan))
-    return hit
+    """The fused kernel's constexprs and the plan of the sum over its partials (None without grad_weight)."""
+    mdt = math_dtype(dtype)
+    consts = launch_consts({"MATH": _TL_MATH[mdt], "HAS_GI": need_input, "HAS_GW": need_weight,
+                            "BA": plan.block[0], ("BL" if plan.rows else "BK"): plan.block[1], "I64": plan.i64},
+                           _WARPS if plan.rows else _COLS_WARPS)
+    strides = torch.empty(plan.part_shape, device="meta").stride()
+    rplan = plan_view(plan.part_shape, strides, mdt, plan.part_dims, op=_OP, out_dtype=dtype) if need_weight else None
+    return consts, rplan
 
 
 # ------------------------------------------------------------------------------------- the fused op
@@ -387,7 +417,7 @@ def _kernel_save(ctx, _needs, self, weight) -> None:
 
 def _kernel_fused(ctx, grad, needs):
     x, weight = ctx.saved_tensors
-    if tuple(grad.shape) == tuple(x.shape) and _canonical(x, weight):
+    if grad.shape == x.shape and _canonical(x, weight):
         return _prelu_grads(grad, x, weight, needs[0], needs[1])
     # a weight that broadcasts some other way (only a direct `_prelu_kernel` call makes one)
     return _PRELU_FULL((grad, x, weight), ((x.shape, x.dtype) if needs[0] else None,
@@ -417,6 +447,12 @@ def prelu_backward(grad_output: torch.Tensor, self: torch.Tensor, weight: torch.
     """Gradients of torch.prelu(self, weight) in one pass: (grad_input, grad_weight), grad_weight in weight's
     shape (reduced in the same pass, deterministically); None where output_mask says so."""
     mask = check_output_mask(_OP, output_mask, 2)
+    checked(_checked, (_OP, *meta_key((grad_output, self, weight))), lambda: _check_backward(grad_output, self, weight))
+    return _prelu_grads(grad_output, self, weight, *mask)
+
+
+def _check_backward(grad_output, self, weight) -> bool:
+    """prelu_backward's validation (True: passed)."""
     named = (("grad_output", grad_output), ("self", self), ("weight", weight))
     for name, t in named:
         check_tensor(_OP, name, t)
@@ -429,4 +465,4 @@ def prelu_backward(grad_output: torch.Tensor, self: torch.Tensor, weight: torch.
     if grad_output.shape != self.shape:
         raise InvalidProblem(_OP, "grad_output", f"shape {tuple(self.shape)} (the shape of self)",
                              tuple(grad_output.shape))
-    return _prelu_grads(grad_output, self, weight, *mask)
+    return True

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 import torch
 
 from .._runtime import FLOAT_DTYPES, remember, values_key
-from ..autograd_routing import plain_gradient, plain_tensors
+from ..autograd_routing import direct_apply, plain_gradient, plain_tensors
 from ..dispatch import stock_call
 from ..elementwise import check_tensor
 from ..errors import InvalidProblem, RankUnsupported
@@ -79,7 +79,7 @@ def repeat_backward(grad: torch.Tensor, repeats: Sequence[int], input_shape: Seq
     fp64 for f64; a fixed summation order). Repeats may add leading dims and contain 1s and 0s (0: zeros)."""
     try:  # (with the negative bit, which validation refuses)
         rkey, skey = values_key(repeats), values_key(input_shape)
-        key = None if rkey is None or skey is None else (grad.shape, grad.stride(), grad.dtype, grad.device.type,
+        key = None if rkey is None or skey is None else (grad.shape, grad.stride(), grad.dtype, grad.device,
                                                          grad.is_neg(), rkey, skey)
         plan = _views.get(key) if key is not None else None
     except (AttributeError, TypeError):
@@ -146,8 +146,11 @@ def _repeat_autograd(self: torch.Tensor, repeats: Sequence[int]) -> torch.Tensor
     `repeat` and whose backward is gradkern's kernel; otherwise (nothing to differentiate, forward-mode AD, a
     tensor gradkern leaves to stock) NotImplemented, which runs stock PyTorch's autograd kernel, graph included."""
     if torch.is_grad_enabled() and self.requires_grad and plain_tensors([self]):
-        return _Repeat.apply(self, repeats)
+        return _apply(self, repeats)
     return NotImplemented
+
+
+_apply = direct_apply(_Repeat)
 
 
 # ----------------------------------------------------------------------------------------------- cases

@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from .. import _runtime, dispatch
-from .._runtime import DEVICE_TYPE, FLOAT_DTYPES, cdiv
+from .._runtime import DEVICE_TYPE, FLOAT_DTYPES, cdiv, meta_key
 from ..autograd_routing import plain_tensors
 from ..elementwise import check_tensor, launch, launch_consts, pdl_ok
 from ..errors import InvalidProblem, Unsupported
@@ -535,6 +535,35 @@ def _segment_reduce_backward(grad: torch.Tensor, output: torch.Tensor, data: tor
                              axis: int = 0, initial: float | None = None) -> torch.Tensor:
     """aten::_segment_reduce_backward for reduce="max": PyTorch's tie rule (every element equal to its segment's
     max, or NaN, gets g; with k >= 2 such elements, those with g > 0 get g / k), bit for bit."""
+    device = data.get_device() if isinstance(data, torch.Tensor) else -1
+    pdl = pdl_ok(device)
+    try:  # a plan found under this key skips validation: the key holds everything validation reads
+        key = ("segment_reduce", reduce, axis, type(axis), *meta_key((grad, output, data, lengths, offsets)),
+               data.stride(), grad.stride(), output.stride(), pdl)
+        plan = _plans.get(key)
+    except (AttributeError, TypeError):
+        key, plan = None, None
+    ends = offsets is None  # lengths: the kernel reads them or their cumulative sums (one scan, no concatenation)
+    seg = lengths if ends else offsets
+    if plan is None:
+        s = _check_segment_reduce(grad, output, data, reduce, lengths, offsets, axis)
+        if s == 0 or data.numel() == 0:
+            return torch.zeros(data.shape, dtype=data.dtype, device=data.device)
+        if torch.compiler.is_compiling():  # not remembered: check_tensor lets negative-bit views pass there
+            key = None
+        plan = _planned(key, lambda: _segment_reduce_plan(data, seg, s, ends, grad, output, pdl))
+    axis = seg.dim() - 1  # as ATen: the segments run along lengths/offsets' last dim (axis itself is not read)
+    gx = torch.empty(data.shape, dtype=data.dtype, device=data.device)
+    grad, output, data = _walk((grad, output, data), plan)
+    if ends and not plan.consts["LENS"]:  # lengths the kernel does not read itself: it reads their cumsum
+        seg = lengths.cumsum(-1)
+    seg = (seg.reshape(-1, seg.shape[-1]) if axis else seg).contiguous()
+    _run(_segment_reduce_max_bwd_kernel, plan, (grad, output, data, seg, gx), device)
+    return gx
+
+
+def _check_segment_reduce(grad, output, data, reduce, lengths, offsets, axis) -> int:
+    """_segment_reduce_backward's validation; the number of segments."""
     op = "_segment_reduce_backward"
     if reduce != "max":
         raise Unsupported(op, "reduce", "'max' (other reductions run stock PyTorch)", repr(reduce))
@@ -547,44 +576,33 @@ def _segment_reduce_backward(grad: torch.Tensor, output: torch.Tensor, data: tor
     seg = offsets if offsets is not None else lengths
     _check_offsets_tensor(op, "offsets" if offsets is not None else "lengths", seg, data.device, ndim=None)
     _norm_axis(op, axis, max(data.dim(), 1))  # (checked as ATen checks it; not read)
-    axis = seg.dim() - 1  # as ATen: the segments run along lengths/offsets' last dim (axis itself is not read)
+    axis = seg.dim() - 1
     if seg.dim() < 1 or data.dim() <= axis or tuple(seg.shape[:-1]) != tuple(data.shape[:axis]):
         raise InvalidProblem(op, "lengths/offsets", f"leading dims equal to data's {tuple(data.shape[:axis])}",
                              tuple(seg.shape))
-    ends = offsets is None  # lengths: the kernel reads them or their cumulative sums (one scan, no concatenation)
-    s = seg.shape[-1] - (0 if ends else 1)
+    s = seg.shape[-1] - (1 if lengths is None else 0)
     expected = (*data.shape[:axis], s, *data.shape[axis + 1:])
     for name, t in (("grad", grad), ("output", output)):
         if tuple(t.shape) != expected or t.dtype != data.dtype or t.device != data.device:
             raise InvalidProblem(op, name, f"shape {expected}, dtype {data.dtype} on {data.device}",
                                  f"{tuple(t.shape)}, {t.dtype} on {t.device}")
-    if s == 0 or data.numel() == 0:
-        return torch.zeros(data.shape, dtype=data.dtype, device=data.device)
-    gx = torch.empty(data.shape, dtype=data.dtype, device=data.device)
-    device = data.get_device()
-    pdl = pdl_ok(device)
+    return s
 
-    def make():
-        n = data.shape[axis]
-        outer, inner = math.prod(data.shape[:axis]), math.prod(data.shape[axis + 1:])
-        strides, copies, split = _layouts((grad, output, data), axis)
-        bl, bd, warps = _blocks(inner, n, s, "segment_reduce", data.element_size())
-        n_dblk = cdiv(inner, bd)
-        lens = ends and _reads_lengths(data, axis, s)
-        paths, options = _segred_options(bl * bd, data.element_size())
-        consts = {"BLOCK_L": bl, "BLOCK_D": bd, "MATH": _TL[_runtime.math_dtype(data.dtype)], "ENDS": ends,
-                  "LENS": _npow2(s) if lens else 0, **paths, **split}
-        return _new_plan(outer * s * n_dblk, (s, n, inner, n_dblk, *strides, _offsets_stride(seg)), copies, consts,
-                         warps, pdl, **options)
 
-    plan = _planned(("segment_reduce", data.shape, data.stride(), grad.stride(), output.stride(), data.dtype,
-                     seg.shape, seg.dtype, ends, device, pdl), make)
-    grad, output, data = _walk((grad, output, data), plan)
-    if ends and not plan.consts["LENS"]:  # lengths the kernel does not read itself: it reads their cumsum
-        seg = lengths.cumsum(-1)
-    seg = (seg.reshape(-1, seg.shape[-1]) if axis else seg).contiguous()
-    _run(_segment_reduce_max_bwd_kernel, plan, (grad, output, data, seg, gx), device)
-    return gx
+def _segment_reduce_plan(data, seg, s: int, ends: bool, grad, output, pdl: bool) -> _Plan:
+    """The segment_reduce backward's launch for a validated problem of `s` segments (`seg`: lengths or offsets)."""
+    axis = seg.dim() - 1
+    n = data.shape[axis]
+    outer, inner = math.prod(data.shape[:axis]), math.prod(data.shape[axis + 1:])
+    strides, copies, split = _layouts((grad, output, data), axis)
+    bl, bd, warps = _blocks(inner, n, s, "segment_reduce", data.element_size())
+    n_dblk = cdiv(inner, bd)
+    lens = ends and _reads_lengths(data, axis, s)
+    paths, options = _segred_options(bl * bd, data.element_size())
+    consts = {"BLOCK_L": bl, "BLOCK_D": bd, "MATH": _TL[_runtime.math_dtype(data.dtype)], "ENDS": ends,
+              "LENS": _npow2(s) if lens else 0, **paths, **split}
+    return _new_plan(outer * s * n_dblk, (s, n, inner, n_dblk, *strides, _offsets_stride(seg)), copies, consts,
+                     warps, pdl, **options)
 
 
 def _reads_lengths(data: torch.Tensor, axis: int, s: int) -> bool:
@@ -841,9 +859,12 @@ def _segment_reduce_backward_aten(grad, output, data, reduce, *, lengths=None, o
     which runs ATen's own autograd kernel."""
     tensors = [t for t in (grad, output, data, lengths, offsets) if t is not None]
     if (reduce != "max" or data.dtype not in FLOAT_DTYPES or grad.dtype != data.dtype
-            or output.dtype != data.dtype or not plain_tensors(tensors)
-            or (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))):
+            or output.dtype != data.dtype or not plain_tensors(tensors)):
         return NotImplemented
+    if torch.is_grad_enabled():
+        for t in tensors:
+            if t.requires_grad:
+                return NotImplemented
     return _segment_reduce_backward(grad, output, data, reduce, lengths, offsets, axis, initial)
 
 

@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from .._cases import matrix_shape, randn, stand_in
-from .._runtime import FLOAT_DTYPES
+from .._runtime import FLOAT_DTYPES, checked, meta_key
 from ..autograd_routing import fused_autograd
 from ..elementwise import broadcast_shape, check_tensor
 from ..errors import InvalidProblem
@@ -108,6 +108,16 @@ def where_backward(grad: torch.Tensor, condition: torch.Tensor, self, other,
     """Gradients of torch.where(condition, self, other) in one pass: (grad_self, grad_other), each at its input's
     shape and dtype (None where output_mask says so; only the inputs' shapes and dtypes are read)."""
     mask = check_output_mask(_OP, output_mask, 2)
+    specs = checked(_checked, (mask, *meta_key((grad, condition, self, other))),
+                    lambda: _where_specs(grad, condition, self, other, mask))
+    return _where_grads(grad, condition, *specs)
+
+
+_checked: dict = {}  # validated problems -> the gradients' (shape, dtype) specs
+
+
+def _where_specs(grad, condition, self, other, mask) -> tuple:
+    """where_backward's validation; the (shape, dtype) of each gradient asked for (None for the others)."""
     check_tensor(_OP, "grad", grad)
     check_tensor(_OP, "condition", condition, _COND_DTYPES)
     for name, t, wanted in (("self", self, mask[0]), ("other", other, mask[1])):
@@ -116,5 +126,4 @@ def where_backward(grad: torch.Tensor, condition: torch.Tensor, self, other,
     shape = broadcast_shape(_OP, ("condition", "self", "other"), (condition.shape, _shape(self), _shape(other)))
     if shape != tuple(grad.shape):
         raise InvalidProblem(_OP, "grad", f"shape {shape} (condition, self and other broadcast)", tuple(grad.shape))
-    return _where_grads(grad, condition, (self.shape, self.dtype) if mask[0] else None,
-                        (other.shape, other.dtype) if mask[1] else None)
+    return (self.shape, self.dtype) if mask[0] else None, (other.shape, other.dtype) if mask[1] else None
