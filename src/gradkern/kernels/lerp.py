@@ -17,7 +17,7 @@ import triton.language as tl
 
 from .._cases import matrix_shape, randn, stand_in
 from .._runtime import FLOAT_DTYPES, checked, meta_key
-from ..autograd_routing import fused_autograd
+from ..autograd_routing import STOCK_IN_AUTO, fused_autograd
 from ..elementwise import broadcast_shape, check_tensor
 from ..errors import InvalidProblem, Unsupported
 from ..multi_pointwise import MultiPointwise, check_output_mask
@@ -148,7 +148,7 @@ _ATEN = {
 
 
 @register_op(_OP, aten=_ATEN, dispatch="autograd", accumulates=True, reference=_lerp_backward_reference,
-             cases=_lerp_cases, aten_examples=_lerp_examples)
+             cases=_lerp_cases, aten_examples=_lerp_examples, **STOCK_IN_AUTO)
 def lerp_backward(grad: torch.Tensor, self: torch.Tensor, end: torch.Tensor, weight: float | torch.Tensor,
                   output_mask: Sequence[bool] = (True, True, True)
                   ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:

@@ -28,7 +28,7 @@ import triton.language as tl
 
 from .._cases import randn
 from .._runtime import FLOAT_DTYPES, cdiv, checked, math_dtype, meta_key, remember
-from ..autograd_routing import fused_autograd
+from ..autograd_routing import STOCK_IN_AUTO, fused_autograd
 from ..elementwise import _dense_strides, broadcast_shape, check_tensor, launch, launch_consts
 from ..errors import InvalidProblem, Unsupported
 from ..multi_pointwise import MultiPointwise, check_output_mask
@@ -62,7 +62,20 @@ def _kernel_backward_cases(device, dtype, size: str) -> list[Case]:
                  elements=n)]
 
 
-@register_op(_OP_FULL, aten=(_OP_FULL,), exact=True, cases=_kernel_backward_cases)
+# enable()'s route for _prelu_kernel_backward (stock's is deterministic): gradkern from the size where the device time
+# it saves passes its extra host time (~20 us a call, H100): ATen's kernel runs at ~60% of the copy ceiling in f32
+# and ~30% in 16-bit, gradkern's at ~90% (gpu.md's H200 figures), which puts the crossing near 6M elements (f32,
+# f64) and 3M (16-bit), four tensors of that size moved
+_FULL_ROUTE_MIN = {2: 3 << 20, 4: 6 << 20, 8: 6 << 20}
+
+
+def _full_route(grad_output, self, weight) -> bool:
+    return isinstance(self, torch.Tensor) and self.numel() >= _FULL_ROUTE_MIN.get(self.element_size(), 0)
+
+
+@register_op(_OP_FULL, aten=(_OP_FULL,), exact=True, cases=_kernel_backward_cases, route=_full_route,
+             route_doc="gradkern from 6M elements (f32, f64) or 3M (16-bit), where the device time it saves passes "
+                       "its extra host time; stock (deterministic) below")
 def _prelu_kernel_backward(grad_output: torch.Tensor, self: torch.Tensor, weight: torch.Tensor
                            ) -> tuple[torch.Tensor, torch.Tensor]:
     """ATen's prelu backward: (x > 0 ? g : w*g, x > 0 ? 0 : x*g), both at the broadcast shape (w broadcast to x)."""
@@ -441,7 +454,8 @@ _KERNEL_OVERRIDE = fused_autograd(_OP, "_prelu_kernel", accepts=_kernel_accepts,
 
 
 @register_op(_OP, aten={"_prelu_kernel": _KERNEL_OVERRIDE}, dispatch="autograd", accumulates=True,
-             reference=_prelu_backward_reference, cases=_prelu_cases, aten_examples=_kernel_examples)
+             reference=_prelu_backward_reference, cases=_prelu_cases, aten_examples=_kernel_examples,
+             **STOCK_IN_AUTO)
 def prelu_backward(grad_output: torch.Tensor, self: torch.Tensor, weight: torch.Tensor,
                    output_mask: Sequence[bool] = (True, True)) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """Gradients of torch.prelu(self, weight) in one pass: (grad_input, grad_weight), grad_weight in weight's

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 import torch
 
 from .._runtime import FLOAT_DTYPES, remember, values_key
-from ..autograd_routing import direct_apply, plain_gradient, plain_tensors
+from ..autograd_routing import STOCK_IN_AUTO, direct_apply, plain_gradient, plain_tensors
 from ..dispatch import stock_call
 from ..elementwise import check_tensor
 from ..errors import InvalidProblem, RankUnsupported
@@ -188,4 +188,5 @@ def _fake(grad: torch.Tensor, repeats, input_shape) -> torch.Tensor:
 
 
 register_op(_OP, aten={"repeat": _repeat_autograd}, dispatch="autograd", accumulates=True,
-            reference=_stock_repeat_backward, cases=_cases, aten_examples=_aten_examples, fake=_fake)(repeat_backward)
+            reference=_stock_repeat_backward, cases=_cases, aten_examples=_aten_examples, fake=_fake,
+            **STOCK_IN_AUTO)(repeat_backward)

@@ -33,7 +33,7 @@ import triton.language as tl
 
 from .. import _runtime, dispatch
 from .._runtime import DEVICE_TYPE, FLOAT_DTYPES, cdiv, meta_key
-from ..autograd_routing import plain_tensors
+from ..autograd_routing import STOCK_IN_AUTO, plain_tensors
 from ..elementwise import check_tensor, launch, launch_consts, pdl_ok
 from ..errors import InvalidProblem, Unsupported
 from ..registry import Case, register_op
@@ -880,4 +880,4 @@ register_op("segment_max_backward", exact=True, reference=_reference_backward, c
             fake=_fake_backward)(segment_max_backward)
 register_op("_segment_reduce_backward", aten={"_segment_reduce_backward": _segment_reduce_backward_aten},
             dispatch="autograd", exact=True, cases=_segred_cases, aten_examples=_segred_examples,
-            fake=_fake_segment_reduce_backward)(_segment_reduce_backward)
+            fake=_fake_segment_reduce_backward, **STOCK_IN_AUTO)(_segment_reduce_backward)

@@ -15,7 +15,7 @@ import triton.language as tl
 
 from .._cases import matrix_shape, randn, stand_in
 from .._runtime import FLOAT_DTYPES, checked, meta_key
-from ..autograd_routing import fused_autograd
+from ..autograd_routing import STOCK_IN_AUTO, fused_autograd
 from ..elementwise import broadcast_shape, check_tensor
 from ..errors import InvalidProblem
 from ..multi_pointwise import MultiPointwise, check_output_mask
@@ -102,7 +102,7 @@ _WHERE_OVERRIDE = fused_autograd(_OP, "where.self", accepts=_where_accepts, save
 
 
 @register_op(_OP, aten={"where.self": _WHERE_OVERRIDE}, dispatch="autograd", accumulates=True,
-             reference=_where_backward_reference, cases=_where_cases, aten_examples=_where_examples)
+             reference=_where_backward_reference, cases=_where_cases, aten_examples=_where_examples, **STOCK_IN_AUTO)
 def where_backward(grad: torch.Tensor, condition: torch.Tensor, self, other,
                    output_mask: Sequence[bool] = (True, True)) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """Gradients of torch.where(condition, self, other) in one pass: (grad_self, grad_other), each at its input's
