@@ -36,20 +36,84 @@ def test_bad_model_arguments_are_usage_errors(argv):
 
 
 def test_smoke_run_writes_the_records(tmp_path, capfd, monkeypatch):
-    monkeypatch.setattr(bench_models, "REPEATS", 1)  # (on a GPU: short runs)
+    monkeypatch.setattr(bench_models, "REPEATS", 2)  # (on a GPU: short runs)
     monkeypatch.setattr(bench_models, "TARGET_S", 0.01)
-    path = tmp_path / "models.json"
-    assert cli.main(["bench", "--models", "gated-rnn", "--dtypes", "f32", "--json", str(path)]) == 0
-    assert "gated-rnn" in capfd.readouterr().out
+    path, png = tmp_path / "models.json", tmp_path / "models.png"
+    assert cli.main(["bench", "--models", "gated-rnn", "--dtypes", "f32", "--json", str(path), "--plot", str(png)]) == 0
+    out = capfd.readouterr().out
+    assert "gated-rnn" in out and "speedup (stock min / gradkern min)" in out and "det vs stock det-off" in out
+    assert png.stat().st_size > 0
     result = json.loads(path.read_text())
-    assert {"device", "torch", "triton", "date", "records"} <= result.keys()
+    assert {"device", "torch", "triton", "date", "repeats", "records"} <= result.keys()
     assert [r["deterministic"] for r in result["records"]] == [False, True] * (len(result["records"]) // 2)
     for r in result["records"]:
         assert r["model"] == "gated-rnn" and r["dtype"] == "f32"
         assert r["stock_status"] == r["gradkern_status"] == "ok"
-        for key in ("stock_ms", "gradkern_ms", "stock_issue_ms", "gradkern_issue_ms", "speedup"):
+        for key in ("stock_ms", "gradkern_ms", "stock_ms_median", "gradkern_ms_median", "stock_issue_ms",
+                    "gradkern_issue_ms", "speedup", "speedup_median"):
             assert math.isfinite(r[key]) and r[key] > 0, key
+        for m in ("stock", "gradkern"):
+            assert len(r[f"{m}_wall_ms_all"]) == len(r[f"{m}_issue_ms_all"]) == r["repeats"]
+            assert r[f"{m}_ms"] == min(r[f"{m}_wall_ms_all"]) <= r[f"{m}_ms_median"]
         assert r["stock_issue_ms"] <= r["stock_ms"]
+        assert r["speedup"] == r["stock_ms"] / r["gradkern_ms"]
+    for off, on in zip(result["records"][::2], result["records"][1::2]):
+        assert off["det_vs_stock_det_off"] is None and off["stock_det_off_ms"] is None
+        assert on["stock_det_off_ms"] == off["stock_ms"]
+        assert on["det_vs_stock_det_off"] == off["stock_ms"] / on["gradkern_ms"]
+
+
+def test_timed_runs_take_turns_and_the_fastest_is_the_headline(monkeypatch):
+    calls = []
+    walls = iter([5.0, 4.0, 3.0, 6.0, 4.5, 2.5])  # stock, gradkern, stock, ...
+
+    def fake_timed_run(step, n, warmup, gpu):
+        calls.append((gradkern.is_enabled(), n, warmup))
+        w = next(walls)
+        return w, w / 2
+
+    monkeypatch.setattr(bench_models, "_timed_run", fake_timed_run)
+    rec = bench_models.measure(bench_models.GatedRecurrent, "tiny", torch.float32, False, torch.device(DEVICE),
+                               gpu=False, repeats=3, steps=4, warmup=0, run_warmup=2)
+    assert calls == [(False, 4, 2), (True, 4, 2)] * 3
+    assert rec["stock_wall_ms_all"] == [5.0, 3.0, 4.5] and rec["gradkern_wall_ms_all"] == [4.0, 6.0, 2.5]
+    assert (rec["stock_ms"], rec["stock_ms_median"], rec["stock_issue_ms"]) == (3.0, 4.5, 1.5)
+    assert (rec["gradkern_ms"], rec["gradkern_ms_median"], rec["gradkern_issue_ms"]) == (2.5, 4.0, 1.25)
+    assert rec["speedup"] == 3.0 / 2.5 and rec["speedup_median"] == 4.5 / 4.0
+    assert bench_models._speedup_cell(rec) == "1.20x" and bench_models._det_off_cell(rec) == "-"
+
+
+def test_a_timed_run_warms_up_collects_and_times_with_the_collector_off(monkeypatch):
+    seen, collected = [], []
+    monkeypatch.setattr(bench_models.gc, "collect", lambda *a: collected.append(len(seen)) or 0)
+    wall, issue = bench_models._timed_run(lambda: seen.append(bench_models.gc.isenabled()), 3, 2, gpu=False)
+    assert seen == [True, True, False, False, False] and collected == [2]
+    assert bench_models.gc.isenabled() and wall >= issue > 0
+
+
+def test_deterministic_rows_compare_with_stock_det_off():
+    def rec(det, stock, gk, model="m", dtype="f32", status="ok"):
+        return {"model": model, "config": "large", "dtype": dtype, "deterministic": det, "stock_ms": stock,
+                "gradkern_ms": gk, "gradkern_status": status}
+
+    records = [rec(False, 10.0, 8.0), rec(True, 20.0, 12.5), rec(True, 20.0, 5.0, dtype="bf16"),
+               rec(True, None, None, model="n", status="raises")]
+    bench_models.link_det_off(records)
+    assert [r["det_vs_stock_det_off"] for r in records] == [None, 0.8, None, None]
+    assert [r["stock_det_off_ms"] for r in records] == [None, 10.0, None, None]
+    assert [bench_models._det_off_cell(r) for r in records] == ["-", "0.80x", "-", "gradkern raises"]
+
+
+def test_configs_keep_tiny_tiny_and_large_larger_than_small():
+    for cls in bench_models.MODELS.values():
+        assert {"tiny", "small", "large"} <= cls.configs.keys()
+        torch.manual_seed(0)
+        sizes = {}
+        for size in ("tiny", "small", "large"):
+            cfg = cls.configs[size]
+            work = cls.make(cfg.batch, torch.float32, torch.device("meta"), **cfg.kw)
+            sizes[size] = sum(t.numel() for t in work.inputs)
+        assert sizes["tiny"] <= 1000 and sizes["small"] < sizes["large"] <= 2**26, (cls.name, sizes)
 
 
 class _StockRaises(torch.nn.Module):
