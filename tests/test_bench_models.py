@@ -128,7 +128,7 @@ class _StockRaises(torch.nn.Module):
 
     def forward(self, x):
         if not gradkern.is_enabled():  # put_ without accumulate has no deterministic implementation
-            x.new_zeros(4).put_(torch.tensor([0, 0]), x.new_ones(2))
+            x.new_zeros(4).put_(torch.tensor([0, 0], device=x.device), x.new_ones(2))
         return self.fc(x)
 
     @classmethod
