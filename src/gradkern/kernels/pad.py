@@ -57,7 +57,7 @@ import triton.language as tl
 from .. import _runtime
 from .._cases import randn
 from .._runtime import cdiv, remember, values_key
-from ..alloc import empty
+from ..alloc import empty, empty_contiguous_like
 from ..dispatch import intercept, is_enabled
 from ..elementwise import check_out_overlap, check_tensor, launch, launch_consts
 from ..errors import InvalidProblem, Unsupported
@@ -847,7 +847,7 @@ def _backward(spec: _Spec, grad_output, self, padding, grad_input=None, resize: 
         except (AttributeError, TypeError):
             key = plan = None
         if plan is not None:
-            out = empty(self.shape, self.dtype, self.device)
+            out = empty_contiguous_like(self)
             device = self.get_device()
             launch(_pad_backward_kernel, (plan.grid,), (out, grad_output), plan.args, plan.consts, device,
                    (plan, device))
