@@ -14,11 +14,10 @@ decomposition F.pad takes in deterministic mode) are put in place by `enable()` 
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import threading
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -113,6 +112,8 @@ def _register(always: bool) -> None:
     for every descriptor (`route=False`) only for mode "always" (elsewhere they would cost host time and route
     nothing)."""
     global _lib
+    if _covered.get(always) == len(REGISTRY):  # (every op of the registry as it was then: done)
+        return
     if _lib is None:
         _lib = torch.library.Library("aten", "IMPL")
     with warnings.catch_warnings():
@@ -127,9 +128,11 @@ def _register(always: bool) -> None:
                     stock = stock_call(info, overload)  # (captured before this overload's router is in place)
                     _lib.impl(overload, _router(info, overload, stock), key)
                     _registered.add(overload)
+    _covered[always] = len(REGISTRY)
 
 
 _registered: set[str] = set()
+_covered: dict[bool, int] = {}  # mode "always" (True) or "auto" -> the registry's size when it was last registered
 
 
 # ----------------------------------------------------------------------------------------------- interceptions
@@ -138,7 +141,8 @@ class _Interception:
     module: object
     attr: str
     wrap: Callable[[Callable], Callable]  # the original -> the function put in its place
-    original: Callable | None = None
+    original: Callable | None = None  # what stood there before enable() (None while disabled)
+    wrapped: tuple | None = None  # (an original, its wrapper): built once, not at every enable()
 
 
 _interceptions: list[_Interception] = []
@@ -157,7 +161,9 @@ def _set_interceptions(on: bool) -> None:
             continue
         if on and i.original is None:
             i.original = current
-            setattr(i.module, i.attr, functools.update_wrapper(i.wrap(current), current))
+            if i.wrapped is None or i.wrapped[0] is not current:
+                i.wrapped = (current, functools.update_wrapper(i.wrap(current), current))
+            setattr(i.module, i.attr, i.wrapped[1])
         elif not on and i.original is not None:
             setattr(i.module, i.attr, i.original)
             i.original = None
@@ -178,6 +184,8 @@ _MODES = ("auto", "always")
 
 def _set(on: bool, always: bool) -> None:
     global _enabled, _always
+    if on == _enabled and always == _always and (not on or _covered.get(always) == len(REGISTRY)):
+        return  # (nothing to switch: a nested block's usual case)
     with _lock:
         if on:
             _register(always)
@@ -218,18 +226,25 @@ def unregister() -> None:
             _lib = None
             _captured.clear()
             _registered.clear()
+            _covered.clear()
 
 
-@contextlib.contextmanager
-def use(enabled: bool = True, mode: str = "auto") -> Iterator[None]:
+class use:  # noqa: N801 - used as a function: `with gradkern.use():`
     """`with gradkern.use():` routes through gradkern inside the block (`use(False)` routes to stock; `mode` as
     for enable) and restores the previous state on exit; scopes nest. Entering and leaving a block switches a
     flag (registration happens once). Routing is process-wide: a block turns it on for every thread, the autograd
     engine's included (a block around `loss.backward()` routes the backward), and blocks that overlap in several
     threads restore each other's state out of order: there, call enable() once instead."""
-    previous = (_enabled, _always)
-    _set(enabled, _check_mode(mode) if enabled else _always)
-    try:
-        yield
-    finally:
-        _set(*previous)
+
+    __slots__ = ("_on", "_always", "_previous")
+
+    def __init__(self, enabled: bool = True, mode: str = "auto"):
+        self._on = bool(enabled)
+        self._always = _check_mode(mode) if enabled else None
+
+    def __enter__(self) -> None:
+        self._previous = (_enabled, _always)
+        _set(self._on, _always if self._always is None else self._always)
+
+    def __exit__(self, *exc) -> None:
+        _set(*self._previous)
