@@ -1,0 +1,281 @@
+"""Adaptive average pooling backward, 2d and 3d: a gather, no atomics.
+
+ATen pools output o along a dim of input size I and output size O over the window [floor(o*I/O), ceil((o+1)*I/O))
+and averages it; the gradient of input i is the sum of g[o] / (its window's volume) over the outputs whose windows
+hold i. Along a dim those outputs are the range [floor(i*O/I), ceil((i+1)*O/I)) (start(o) <= i <=> o*I < (i+1)*O;
+end(o) > i <=> (o+1)*I > i*O), at most ceil(O/I) + 1 of them, so each grad_input element sums its few terms in one
+fixed order (od, oh, ow ascending) in fp32 (fp64 for f64) and is written once. ATen's CUDA kernels scatter each
+g[o] over its window with atomicAdd instead (nondeterministic; raising under torch.use_deterministic_algorithms).
+
+A program owns a [BH, BW] tile of one (n, c, d) plane of grad_input (past 2^30 tiles, several in turn): the output
+ranges and window sizes along H and W are per-row and per-column vectors, the D range a scalar loop; grad_output
+is read in place through its strides. grad_input takes ATen's layout: 2d channels_last where a 4-D self's strides
+suggest it (ATen's CUDA and CPU kernels both do), contiguous otherwise (3d always, as ATen's CUDA kernel)."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from .._cases import randn, stand_in
+from .._runtime import cdiv, remember
+from ..alloc import empty
+from ..elementwise import check_tensor, launch, launch_consts
+from ..errors import InvalidProblem, Unsupported
+from ..registry import Case, register_op
+from ..tl_helpers import cast_out
+
+_I32_MAX = 2**31 - 1
+_MAX_PROGRAMS = 2**30  # beyond, each program takes several tiles in turn (a grid-stride loop)
+_TILE = 1024  # elements a program owns (a plane smaller than that: the plane, rounded up to powers of two)
+_MAX_BW = 128  # columns a tile spans at most (wider planes: several column tiles)
+
+
+# ----------------------------------------------------------------------------------------------- kernel
+@triton.jit
+def _window(o, n_in, n_out):
+    """The size of output o's window along a dim of n_in inputs and n_out outputs: ceil((o+1)n_in/n_out) -
+    floor(o n_in/n_out)."""
+    return ((o + 1) * n_in + n_out - 1) // n_out - (o * n_in) // n_out
+
+
+@triton.jit
+def _adaptive_avg_pool_backward_kernel(gi, go, n_tiles, n_hb, n_wb, C, D, H, W, Do, Ho, Wo,
+                                       gsN, gsC, gsD, gsH, gsW, isN, isC, isD, isH, isW, KH, KW,
+                                       BH: tl.constexpr, BW: tl.constexpr, ACC: tl.constexpr, I64: tl.constexpr):
+    for t in range(tl.program_id(0), n_tiles, tl.num_programs(0)):
+        wb = t % n_wb
+        hb = (t // n_wb) % n_hb
+        s = t // n_wb // n_hb  # the (n, c, d) plane
+        d = (s % D).to(tl.int64)
+        c = ((s // D) % C).to(tl.int64)
+        n = (s // D // C).to(tl.int64)
+        h = hb * BH + tl.arange(0, BH)[:, None]
+        w = wb * BW + tl.arange(0, BW)[None, :]
+        rm = h < H
+        cm = w < W
+        h = tl.minimum(h, H - 1)  # (lanes past the plane: in-range index math, their loads and store masked)
+        w = tl.minimum(w, W - 1)
+        if I64:
+            h = h.to(tl.int64)
+            w = w.to(tl.int64)
+        oh_lo = (h * Ho) // H  # the outputs whose windows hold each row / column: [lo, hi)
+        oh_hi = ((h + 1) * Ho + H - 1) // H
+        ow_lo = (w * Wo) // W
+        ow_hi = ((w + 1) * Wo + W - 1) // W
+        od_lo = (d * Do) // D
+        od_hi = ((d + 1) * Do + D - 1) // D
+        src = go + n * gsN + c * gsC
+        acc = tl.zeros([BH, BW], dtype=ACC)
+        for od in range(od_lo, od_hi):
+            kd = _window(od, D, Do).to(ACC)
+            plane = src + od * gsD
+            for j in range(0, KH):
+                oh = oh_lo + j
+                mh = rm & (oh < oh_hi)
+                kdh = kd * _window(oh, H, Ho).to(ACC)
+                for k in range(0, KW):
+                    ow = ow_lo + k
+                    m = mh & cm & (ow < ow_hi)
+                    g = tl.load(plane + oh * gsH + ow * gsW, mask=m, other=0.0).to(ACC)
+                    acc += g / (kdh * _window(ow, W, Wo).to(ACC))
+        dst = gi + n * isN + c * isC + d * isD + h * isH + w * isW
+        tl.store(dst, cast_out(acc, gi.dtype.element_ty), mask=rm & cm)
+
+
+# ----------------------------------------------------------------------------------------------- host
+@dataclass(frozen=True)
+class _Spec:
+    name: str
+    dims: int  # pooled dims: 2 (H, W) or 3 (D, H, W)
+
+
+@dataclass(frozen=True, eq=False)  # hashed by identity: keys the relaunch cache
+class _Plan:
+    shape: tuple[int, ...]  # grad_input's
+    stride: tuple[int, ...] | None  # grad_input's where not contiguous
+    grid: int
+    args: tuple
+    consts: dict
+
+
+def max_outputs(i: int, o: int) -> int:
+    """An upper bound (exact where one size divides the other) on how many outputs' windows hold one input, along
+    a dim of input size i and output size o: ceil((x+1)o/i) - floor(xo/i) < o/i + 2."""
+    if i % o == 0:
+        return 1
+    if o % i == 0:
+        return o // i
+    return min(o, -(-o // i) + 1)
+
+
+def suggests_channels_last(t: torch.Tensor) -> bool:
+    """ATen's `suggest_memory_format() == channels_last` for a 4-D tensor (c10's is_channels_last_strides_2d_s4:
+    strides decreasing in the order C, W, H, N, ambiguous cases contiguous), which picks ATen's output layout."""
+    if t.dim() != 4:
+        return False
+    sizes, strides = t.shape, t.stride()
+    if strides[1] == 0:
+        return False
+    low = 0
+    for d in (1, 3, 2, 0):
+        if sizes[d] == 0 or strides[d] < low or (d == 0 and low == strides[1]):
+            return False
+        low = strides[d] * sizes[d] if sizes[d] > 1 else strides[d]
+    return True
+
+
+def _check(spec: _Spec, grad_output, self) -> None:
+    """Every check, as named errors, before anything is allocated or launched."""
+    check_tensor(spec.name, "grad_output", grad_output)
+    check_tensor(spec.name, "self", self)
+    if grad_output.dtype != self.dtype:
+        raise Unsupported(spec.name, "grad_output", f"dtype {self.dtype} (the dtype of self)", grad_output.dtype)
+    if grad_output.device != self.device:
+        raise Unsupported(spec.name, "grad_output", f"a tensor on {self.device} (the device of self)",
+                          grad_output.device)
+    lo, hi = spec.dims + 1, spec.dims + 2
+    if self.dim() not in (lo, hi):
+        raise InvalidProblem(spec.name, "self", f"a {lo}-D or {hi}-D (batched) tensor",
+                             f"a {self.dim()}-D tensor of shape {tuple(self.shape)}")
+    g_shape, x_shape = tuple(grad_output.shape), tuple(self.shape)
+    lead = self.dim() - spec.dims
+    if grad_output.dim() != self.dim() or g_shape[:lead] != x_shape[:lead]:
+        raise InvalidProblem(spec.name, "grad_output", f"a {self.dim()}-D tensor of shape "
+                             f"({', '.join(map(str, x_shape[:lead]))}, <output sizes>) (self's leading sizes)",
+                             f"shape {g_shape}")
+    if 0 in g_shape[1:]:  # (ATen's check: only the first dim may be empty)
+        raise InvalidProblem(spec.name, "grad_output", "non-zero sizes in every dim but the first", f"shape {g_shape}")
+    if 0 in x_shape[-spec.dims:]:  # (no window can be empty: ATen's CPU kernel writes out of bounds there)
+        raise InvalidProblem(spec.name, "self", "non-zero pooled sizes", f"shape {x_shape}")
+
+
+@functools.lru_cache(maxsize=4096)
+def _plan(spec: _Spec, g_shape: tuple, g_stride: tuple, x_shape: tuple, cl: bool, dtype: torch.dtype) -> _Plan:
+    """The launch of a validated, non-empty problem: every shape as (N, C, D, H, W), unbatched N = 1 with stride 0,
+    2d with D = 1."""
+    pad = 5 - len(x_shape)
+    size = (1,) * pad + x_shape if spec.dims == 3 else (1,) * (pad - 1) + x_shape[:-2] + (1,) + x_shape[-2:]
+    gsize = (1,) * pad + g_shape if spec.dims == 3 else (1,) * (pad - 1) + g_shape[:-2] + (1,) + g_shape[-2:]
+    gstr = (0,) * pad + g_stride if spec.dims == 3 else (0,) * (pad - 1) + g_stride[:-2] + (0,) + g_stride[-2:]
+    meta = torch.empty(x_shape, device="meta", memory_format=torch.channels_last if cl else torch.contiguous_format)
+    out_stride = meta.stride()
+    istr = (0,) * pad + out_stride if spec.dims == 3 else \
+        (0,) * (pad - 1) + out_stride[:-2] + (0,) + out_stride[-2:]
+    n, c, d_in, h_in, w_in = size
+    d_out, h_out, w_out = gsize[2:]
+    kh, kw = max_outputs(h_in, h_out), max_outputs(w_in, w_out)
+    bw = min(triton.next_power_of_2(w_in), _MAX_BW)
+    bh = min(triton.next_power_of_2(h_in), max(1, _TILE // bw))
+    n_hb, n_wb = cdiv(h_in, bh), cdiv(w_in, bw)
+    n_tiles = n * c * d_in * n_hb * n_wb
+    # 32-bit in-plane index math unless a row/column product or an in-plane offset (a masked lane's too) can pass
+    # 2^31 (plane offsets are int64 always)
+    reach = max(2 * (h_in + 2) * (h_out + 2), 2 * (w_in + 2) * (w_out + 2),
+                (h_out + kh) * gstr[3] + (w_out + kw) * gstr[4], h_in * istr[3] + w_in * istr[4])
+    acc = tl.float64 if dtype == torch.float64 else tl.float32
+    tile = bh * bw
+    consts = launch_consts({"BH": bh, "BW": bw, "ACC": acc, "I64": reach > _I32_MAX},
+                           4 if tile >= 512 else 2 if tile >= 128 else 1)
+    args = (n_tiles, n_hb, n_wb, c, d_in, h_in, w_in, d_out, h_out, w_out, *gstr, *istr, kh, kw)
+    return _Plan(x_shape, out_stride if cl else None, min(n_tiles, _MAX_PROGRAMS), args, consts)
+
+
+_VALIDATED: dict = {}  # a problem's (tensor layouts) -> its plan, checked once
+
+
+def clear_plans() -> None:
+    """Forget every plan (after the launch constants change: tests)."""
+    _plan.cache_clear()
+    _VALIDATED.clear()
+
+
+def _backward(spec: _Spec, grad_output, self) -> torch.Tensor:
+    """Validate (once per problem), allocate grad_input in ATen's layout, launch."""
+    try:
+        key = (spec, grad_output.shape, grad_output.stride(), grad_output.dtype, grad_output.device,
+               grad_output.is_neg(), self.shape, self.stride(), self.dtype, self.device, self.is_neg())
+        plan = _VALIDATED.get(key)
+    except (AttributeError, TypeError):  # not tensors: validation names the argument
+        key = plan = None
+    if plan is None:
+        _check(spec, grad_output, self)
+        cl = spec.dims == 2 and suggests_channels_last(self)
+        if self.numel() == 0:
+            fmt = torch.channels_last if cl else torch.contiguous_format
+            return torch.empty(self.shape, dtype=self.dtype, device=self.device, memory_format=fmt)
+        plan = remember(_VALIDATED, key, _plan(spec, tuple(grad_output.shape), grad_output.stride(),
+                                               tuple(self.shape), cl, self.dtype))
+    out = empty(plan.shape, self.dtype, self.device, plan.stride)
+    device = self.get_device()
+    launch(_adaptive_avg_pool_backward_kernel, (plan.grid,), (out, grad_output), plan.args, plan.consts, device,
+           (plan, device))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------- cases
+# (self shape, output sizes, channels_last): downsampling with and without remainders, upsampling-like (O > I),
+# global along a dim, batched and unbatched
+_SHAPES = {
+    2: {
+        "tiny": [((1, 4, 32, 32), (7, 5), False)],
+        "small": [((2, 3, 9, 11), (4, 5), False), ((3, 5, 7), (8, 3), False), ((2, 4, 6, 5), (3, 1), True)],
+        "check": [((8, 64, 56, 57), (7, 9), False), ((4, 96, 30, 41), (6, 45), True), ((64, 14, 14), (20, 3), False)],
+        "large": [((128, 256, 56, 56), (7, 7), False), ((32, 512, 64, 64), (6, 6), False),
+                  ((32, 512, 64, 64), (3, 3), True)],
+    },
+    3: {
+        "tiny": [((1, 2, 8, 16, 16), (3, 5, 6), False)],
+        "small": [((1, 2, 5, 6, 7), (2, 4, 3), False), ((3, 4, 5, 6), (5, 2, 8), False)],
+        "check": [((2, 16, 16, 28, 30), (4, 7, 9), False), ((8, 10, 12, 13), (3, 20, 1), False)],
+        "large": [((8, 64, 32, 64, 64), (4, 7, 7), False), ((4, 128, 16, 96, 96), (2, 5, 5), False)],
+    },
+}
+
+
+def _example(shape, out, cl, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(grad_output, self); self only lends its shape, dtype and layout: a broadcast zero unless channels_last."""
+    g_shape = (*shape[:len(shape) - len(out)], *out)
+    if cl:
+        fmt = torch.channels_last
+        return randn(g_shape, device, dtype).contiguous(memory_format=fmt), \
+            torch.zeros(shape, device=device, dtype=dtype).contiguous(memory_format=fmt)
+    return randn(g_shape, device, dtype), stand_in(shape, device, dtype)
+
+
+def _moved_bytes(grad_output: torch.Tensor, self: torch.Tensor) -> int:
+    # self is not read: grad_output read once, grad_input written once
+    return (grad_output.numel() + self.numel()) * self.element_size()
+
+
+def _declare(spec: _Spec):
+    """Register op `spec.name` with ATen's signature and name."""
+
+    def fn(grad_output: torch.Tensor, self: torch.Tensor) -> torch.Tensor:
+        return _backward(spec, grad_output, self)
+
+    def cases(device, dtype, size: str) -> list[Case]:
+        el = torch.empty((), dtype=dtype).element_size()
+        out = []
+        for shape, osize, cl in _SHAPES[spec.dims][size]:
+            g, x = _example(shape, osize, cl, device, dtype)
+            label = f"{'x'.join(map(str, shape))} -> {'x'.join(map(str, osize))}{' channels_last' if cl else ''}"
+            out.append(Case(label, (g, x), bytes=(g.numel() + x.numel()) * el, elements=x.numel()))
+        return out
+
+    fn.__name__ = fn.__qualname__ = spec.name
+    dims = "D, H, W" if spec.dims == 3 else "H, W"
+    fn.__doc__ = (f"Gradient of adaptive_avg_pool{spec.dims}d: each grad_input element sums g / window size over "
+                  f"the outputs whose windows hold it, in a fixed order (no atomics); pooled dims ({dims}).")
+    register_op(spec.name, aten=(spec.name,), accumulates=True, cases=cases, moved_bytes=_moved_bytes,
+                route_doc="gradkern, for every problem: stock's CUDA kernels scatter with atomics "
+                          "(nondeterministic, and raising under torch.use_deterministic_algorithms(True))")(fn)
+    return fn
+
+
+_adaptive_avg_pool2d_backward = _declare(_Spec("_adaptive_avg_pool2d_backward", 2))
+_adaptive_avg_pool3d_backward = _declare(_Spec("_adaptive_avg_pool3d_backward", 3))

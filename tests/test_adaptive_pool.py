@@ -1,0 +1,332 @@
+"""Adaptive average pooling backward (2d, 3d): the window ranges, every small (input, output) size pair against
+stock PyTorch, dtypes, strided grad_output read in place, ATen's output layout, empty batches, bitwise repeats
+(across tilings and index widths too), bad inputs, and training through enable() in deterministic mode."""
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import gradkern
+from conftest import DEVICE, DTYPES, dtype_id, gpu_only
+from gradkern import ops
+from gradkern.kernels import adaptive_pool as ap
+from gradkern.registry import REGISTRY
+from gradkern.testing import assert_bitwise_equal, assert_close, check_case, run_reference
+
+OPS = ["_adaptive_avg_pool2d_backward", "_adaptive_avg_pool3d_backward"]
+GPU = DEVICE == "cuda"
+SIZES = range(1, 10)
+
+
+def _dims(op: str) -> int:
+    return 3 if "3d" in op else 2
+
+
+def _problem(shape, out, dtype=torch.float32, memory_format=torch.contiguous_format):
+    """(grad_output, self) for pooling an input of `shape` to output sizes `out`."""
+    x = torch.randn(shape, device=DEVICE).to(dtype).contiguous(memory_format=memory_format)
+    g = torch.randn(*shape[:len(shape) - len(out)], *out, device=DEVICE).to(dtype)
+    return g.contiguous(memory_format=memory_format), x
+
+
+def _start(o, i_size, o_size):
+    return (o * i_size) // o_size
+
+
+def _end(o, i_size, o_size):
+    return -(-((o + 1) * i_size) // o_size)
+
+
+def test_each_input_gets_the_output_range_whose_windows_hold_it():
+    """ATen's window of output o is [floor(o*I/O), ceil((o+1)*I/O)); the outputs whose windows hold input i are
+    [floor(i*O/I), ceil((i+1)*O/I)) (the kernel's range), never more than `max_outputs` of them (its loop count:
+    exact where one size divides the other)."""
+    for i_size in range(1, 41):
+        for o_size in range(1, 41):
+            most = 0
+            for i in range(i_size):
+                holding = [o for o in range(o_size) if _start(o, i_size, o_size) <= i < _end(o, i_size, o_size)]
+                assert holding == list(range(_start(i, o_size, i_size), _end(i, o_size, i_size))), (i_size, o_size, i)
+                most = max(most, len(holding))
+            bound = ap.max_outputs(i_size, o_size)
+            assert most <= bound, (i_size, o_size)
+            if i_size % o_size == 0 or o_size % i_size == 0:
+                assert most == bound, (i_size, o_size)
+
+
+@pytest.mark.parametrize("axis", ["H", "W"])
+def test_2d_every_size_pair_along_each_axis_matches_stock(axis):
+    """Every input size I and output size O in 1..9 (O > I: windows overlap, each input in several; O = 1: one
+    global window; O = I: the identity) along H, then W, the other axis also pooled."""
+    for i_size in SIZES:
+        for o_size in SIZES:
+            shape, out = ((1, 1, i_size, 2), (o_size, 1)) if axis == "H" else ((1, 1, 2, i_size), (1, o_size))
+            check_case(OPS[0], _problem(shape, out), what=f"{axis} {i_size} -> {o_size}")
+
+
+def test_3d_every_size_pair_along_d_matches_stock():
+    for i_size in SIZES:
+        for o_size in SIZES:
+            check_case(OPS[1], _problem((1, i_size, 1, 2), (o_size, 1, 1)), what=f"D {i_size} -> {o_size}")
+
+
+# (self shape, output sizes): batched and unbatched, every dim pooled, down and up (O > I) at once, global along a
+# dim, the identity, sizes of 1
+SEMANTICS = {
+    2: [((2, 3, 9, 11), (4, 5)), ((3, 7, 5), (10, 3)), ((2, 2, 6, 6), (6, 6)), ((1, 2, 13, 1), (1, 4)),
+        ((2, 1, 5, 7), (3, 1))],
+    3: [((1, 2, 5, 6, 7), (2, 4, 3)), ((2, 3, 4, 5), (5, 2, 8)), ((2, 1, 3, 4, 5), (1, 1, 5)),
+        ((2, 4, 4, 4), (4, 4, 4))],
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("op", OPS)
+def test_matches_stock(op, dtype):
+    for shape, out in SEMANTICS[_dims(op)]:
+        res = check_case(op, _problem(shape, out, dtype), what=f"{op} {shape} -> {out}")
+        assert res.shape == shape and res.dtype == dtype and res.is_contiguous()
+
+
+def _launches(monkeypatch) -> list[tuple]:
+    """Every kernel launch from here on, as (pointer arguments, ints, consts); the launches still run."""
+    seen = []
+    real = ap.launch
+    monkeypatch.setattr(ap, "launch", lambda kernel, grid, ptrs, ints, consts, *a: (
+        seen.append((ptrs, ints, consts)), real(kernel, grid, ptrs, ints, consts, *a)))
+    return seen
+
+
+def _layouts(g: torch.Tensor):
+    """grad_output views that are not contiguous: a slice of a wider buffer, transposed, channels-last, a broadcast
+    batch, a broadcast plane."""
+    big = torch.zeros(*g.shape[:-1], 2 * g.shape[-1], dtype=g.dtype, device=g.device)
+    big[..., ::2] = g
+    yield "strided", big[..., ::2]
+    yield "transposed", g.transpose(-1, -2).contiguous().transpose(-1, -2)
+    yield "channels_last", g.contiguous(memory_format=torch.channels_last if g.dim() == 4 else
+                                        torch.channels_last_3d)
+    yield "broadcast batch", g[:1].expand(g.shape)
+    yield "broadcast plane", g[..., :1, :1].expand(g.shape)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
+@pytest.mark.parametrize("op", OPS)
+def test_strided_grad_output_is_read_in_place(op, dtype, monkeypatch):
+    shape, out = SEMANTICS[_dims(op)][0]
+    g0, x = _problem(shape, out, dtype)
+    launches = _launches(monkeypatch)
+    for name, g in _layouts(g0):
+        launches.clear()
+        check_case(op, (g, x), what=f"{op} grad_output {name}")
+        read = launches[0][0][1]  # the kernel's grad_output argument
+        assert read.data_ptr() == g.data_ptr() and read.stride() == g.stride(), f"{name}: grad_output was copied"
+
+
+def _selves():
+    """(label, self) of many layouts, for the output layout rule (ATen's suggest_memory_format)."""
+    cl = torch.channels_last
+    yield "contiguous", torch.randn(2, 3, 5, 7, device=DEVICE)
+    yield "channels_last", torch.randn(2, 3, 5, 7, device=DEVICE).contiguous(memory_format=cl)
+    yield "channels_last sliced", torch.randn(2, 6, 5, 9, device=DEVICE).contiguous(memory_format=cl)[:, ::2, :, 1:8]
+    yield "channels_last C=1", torch.randn(2, 1, 5, 7, device=DEVICE).contiguous(memory_format=cl)
+    yield "channels_last N=1", torch.randn(1, 3, 5, 7, device=DEVICE).contiguous(memory_format=cl)
+    yield "channels_last 1x1 planes", torch.randn(2, 3, 1, 1, device=DEVICE).contiguous(memory_format=cl)
+    yield "channels_last W=1", torch.randn(2, 3, 5, 1, device=DEVICE).contiguous(memory_format=cl)
+    yield "transposed", torch.randn(2, 3, 7, 5, device=DEVICE).transpose(-1, -2)
+    yield "permuted N, C", torch.randn(3, 2, 5, 7, device=DEVICE).transpose(0, 1)
+    yield "broadcast", torch.zeros((), device=DEVICE).expand(2, 3, 5, 7)
+    yield "unbatched transposed", torch.randn(3, 7, 5, device=DEVICE).transpose(-1, -2)
+    yield "3d channels_last_3d", torch.randn(2, 3, 4, 5, 6, device=DEVICE).contiguous(
+        memory_format=torch.channels_last_3d)
+    yield "3d unbatched", torch.randn(3, 4, 5, 6, device=DEVICE)
+
+
+def test_output_layout_is_atens():
+    """grad_input is channels_last where a 4-D self's strides suggest it (2d), else contiguous (3d always): the
+    strides stock PyTorch returns."""
+    for label, x in _selves():
+        op = OPS[x.dim() == 5 or (x.dim() == 4 and label.startswith("3d"))]
+        out = (3, 2, 4)[-_dims(op):]
+        g = torch.randn(*x.shape[:-_dims(op)], *out, device=DEVICE)
+        ours = check_case(op, (g, x), what=label)
+        stock = getattr(torch.ops.aten, op)(g.cpu(), x.cpu())
+        assert ours.stride() == stock.stride(), (label, ours.stride(), stock.stride())
+        if x.dim() == 4:
+            from torch._prims_common import suggest_memory_format
+            assert ap.suggests_channels_last(x) is (suggest_memory_format(x) == torch.channels_last), label
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_empty_batch(op, monkeypatch):
+    """N = 0 (and C = 0 unbatched): an empty grad_input of stock's shape and strides, nothing launched."""
+    d = _dims(op)
+    spatial, out = (5, 6, 7)[-d:], (2, 3, 4)[-d:]
+    launches = _launches(monkeypatch)
+    fmt = torch.channels_last if d == 2 else torch.channels_last_3d
+    for shape, memory_format in (((0, 3, *spatial), torch.contiguous_format), ((0, 3, *spatial), fmt),
+                                 ((0, *spatial), torch.contiguous_format)):
+        g, x = _problem(shape, out, memory_format=memory_format)
+        ours = getattr(ops, op)(g, x)
+        stock = getattr(torch.ops.aten, op)(g.cpu(), x.cpu())
+        assert ours.shape == stock.shape == shape and ours.stride() == stock.stride()
+    assert not launches
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_repeats_tilings_and_index_widths_give_the_same_bits(op, monkeypatch):
+    """Each element sums its terms in one order whatever the tiling: runs repeated, tiles of a few elements (several
+    per plane), programs that take several tiles in turn (the grid-stride loop, normally past 2^30 tiles) and int64
+    index math (normally past 2^31) all give the same bits."""
+    shape, out = SEMANTICS[_dims(op)][1]
+    g, x = _problem(shape, out)
+    first = getattr(ops, op)(g, x)
+    assert_bitwise_equal(getattr(ops, op)(g, x), first, f"{op} run twice")
+    launches = _launches(monkeypatch)
+    for knob, value in (("_TILE", 4), ("_MAX_BW", 2), ("_MAX_PROGRAMS", 2), ("_I32_MAX", 16)):
+        ap.clear_plans()
+        monkeypatch.setattr(ap, knob, value)
+        launches.clear()
+        assert_bitwise_equal(getattr(ops, op)(g, x), first, f"{op} {knob}={value}")
+        _, ints, consts = launches[0]
+        if knob == "_MAX_PROGRAMS":
+            assert ints[0] > value  # (more tiles than programs)
+        if knob == "_I32_MAX":
+            assert consts["I64"]
+        monkeypatch.undo()
+        launches = _launches(monkeypatch)
+    ap.clear_plans()
+
+
+def test_bad_inputs_raise_named_errors_and_launch_nothing(monkeypatch):
+    g2, x2 = _problem((2, 3, 7, 8), (3, 4))
+    g3, x3 = _problem((2, 3, 4, 5, 6), (2, 3, 4))
+    p2, p3 = ops._adaptive_avg_pool2d_backward, ops._adaptive_avg_pool3d_backward
+    before = [t.clone() for t in (g2, x2, g3, x3)]
+    launches = _launches(monkeypatch)
+    cases = [
+        (gradkern.InvalidProblem, r"self.*3-D or 4-D.*2-D tensor of shape \(7, 8\)", lambda: p2(g2[0, 0], x2[0, 0])),
+        (gradkern.InvalidProblem, r"self.*4-D or 5-D.*3-D", lambda: p3(g3[0, 0], x3[0, 0])),
+        (gradkern.InvalidProblem, r"self.*3-D or 4-D.*5-D", lambda: p2(g3, x3)),
+        (gradkern.InvalidProblem, r"grad_output.*4-D tensor of shape \(2, 3, <output sizes>\).*\(3, 3, 4\)",
+         lambda: p2(g2[0], x2)),
+        (gradkern.InvalidProblem, r"grad_output.*\(2, 3, <output sizes>\).*\(2, 2, 3, 4\)", lambda: p2(g2[:, :2], x2)),
+        (gradkern.InvalidProblem, r"grad_output.*\(2, 3, <output sizes>\).*\(1, 3, 2, 3, 4\)", lambda: p3(g3[:1], x3)),
+        (gradkern.InvalidProblem, r"grad_output.*non-zero sizes.*\(2, 3, 0, 4\)", lambda: p2(g2[:, :, :0], x2)),
+        (gradkern.InvalidProblem, r"grad_output.*non-zero sizes.*\(2, 0, 3, 4\)",
+         lambda: p2(g2[:, :0], x2[:, :0])),
+        (gradkern.InvalidProblem, r"self.*non-zero pooled sizes.*\(2, 3, 4, 0, 6\)", lambda: p3(g3, x3[..., :0, :])),
+        (gradkern.Unsupported, r"grad_output.*dtype torch.float32.*float64", lambda: p2(g2.double(), x2)),
+        (gradkern.Unsupported, r"self.*dtype", lambda: p3(g3, x3.int())),
+        (gradkern.Unsupported, r"grad_output.*torch.Tensor.*list", lambda: p2(g2.tolist(), x2)),
+        (gradkern.Unsupported, r"self.*device", lambda: p2(g2, x2.to("meta"))),
+    ]
+    if GPU:
+        cases.append((gradkern.Unsupported, r"grad_output.*device cuda", lambda: p2(g2.cpu(), x2.cpu())))
+    for err, pattern, call in cases:
+        with pytest.raises(err, match=pattern) as info:
+            call()
+        assert str(info.value).split(":")[0] in OPS
+    assert not launches, "a rejected call launched a kernel"
+    for b, t in zip(before, (g2, x2, g3, x3), strict=True):
+        assert_bitwise_equal(t, b, "an input changed")
+
+
+def test_registry_entries():
+    for op in OPS:
+        info = REGISTRY[op]
+        assert set(info.aten) == {op} and info.accumulates and not info.exact and info.route is None
+        assert "atomics" in info.route_doc and "deterministic" in info.route_doc
+        for dt in DTYPES:
+            g = gradkern.guarantee(op, dt)
+            assert g.deterministic and g.bit_stable
+            assert g.accumulator_dtype == (torch.float64 if dt == torch.float64 else torch.float32)
+        case = info.cases("meta", torch.float32, "large")[0]
+        assert case.bytes >= 256 * 2**20
+        assert gradkern.plan(op, *info.cases(DEVICE, torch.float32, "tiny")[0].args).route == "gradkern"
+
+
+# ----------------------------------------------------------------------------------------------- training
+def _spy_on_ops(monkeypatch) -> list[str]:
+    calls = []
+    for op in OPS:
+        info = REGISTRY[op]
+        impl = info.aten[op]
+        monkeypatch.setitem(info.aten, op, lambda *a, _i=impl, _o=op, **k: (calls.append(_o), _i(*a, **k))[1])
+    return calls
+
+
+def _train_step(fn, x, w):
+    xi = x.clone().requires_grad_(True)
+    (fn(xi) * w).sum().backward()
+    return xi.grad
+
+
+def _modules():
+    """(label, function, input, the op its backward runs)."""
+    cl = torch.channels_last
+    return [
+        ("F.adaptive_avg_pool2d (3, 5)", lambda t: F.adaptive_avg_pool2d(t, (3, 5)), (2, 3, 7, 9), None, OPS[0]),
+        ("nn.AdaptiveAvgPool2d channels_last", nn.AdaptiveAvgPool2d((4, 2)), (2, 3, 6, 5), cl, OPS[0]),
+        ("nn.AdaptiveAvgPool2d unbatched upsampling", nn.AdaptiveAvgPool2d((7, 2)), (3, 4, 5), None, OPS[0]),
+        ("F.adaptive_avg_pool3d", lambda t: F.adaptive_avg_pool3d(t, (2, 3, 4)), (1, 2, 5, 4, 7), None, OPS[1]),
+    ]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_training_in_deterministic_mode_runs_gradkern(dtype, monkeypatch):
+    """Under gradkern.use() (mode "auto") with torch.use_deterministic_algorithms(True), adaptive average pooling's
+    backward runs gradkern's kernel and gives stock's gradients (layout included)."""
+    torch.manual_seed(0)
+    calls = _spy_on_ops(monkeypatch)
+    was = torch.are_deterministic_algorithms_enabled()
+    try:
+        for label, fn, shape, fmt, op in _modules():
+            x = torch.randn(shape, device=DEVICE).to(dtype)
+            if fmt is not None:
+                x = x.contiguous(memory_format=fmt)
+            w = torch.randn(fn(x).shape, device=DEVICE).to(dtype)
+            ref = run_reference(lambda a, b, _f=fn: _train_step(_f, a, b), (x, w))  # float64, CPU, stock
+            stock = _train_step(fn, x, w)
+            calls.clear()
+            torch.use_deterministic_algorithms(True)
+            with gradkern.use():
+                ours = _train_step(fn, x, w)
+            torch.use_deterministic_algorithms(was)
+            assert calls == [op], f"{label}: {calls}"
+            assert_close(ours, ref, dtype, label)
+            assert ours.stride() == stock.stride(), label
+    finally:
+        torch.use_deterministic_algorithms(was)
+
+
+# ----------------------------------------------------------------------------------------------- GPU only
+@gpu_only
+def test_stock_raises_in_deterministic_mode_and_gradkern_does_not():
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        for op in OPS:
+            shape, out = SEMANTICS[_dims(op)][0]
+            g, x = _problem(shape, out)
+            with pytest.raises(RuntimeError, match="deterministic"):
+                getattr(torch.ops.aten, op)(g, x)
+            with gradkern.use():
+                ours = getattr(torch.ops.aten, op)(g, x)
+            assert_bitwise_equal(ours, getattr(ops, op)(g, x), op)
+        x = torch.randn(8, 16, 30, 31, device=DEVICE, requires_grad=True)
+        with gradkern.use():
+            F.adaptive_avg_pool2d(x, (7, 9)).sum().backward()
+    finally:
+        torch.use_deterministic_algorithms(was)
+
+
+@gpu_only
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_bitwise_identical_repeats_on_gpu(dtype):
+    for op in OPS:
+        for case in REGISTRY[op].cases(DEVICE, dtype, "check"):
+            first = getattr(ops, op)(*case.args)
+            for _ in range(3):
+                assert_bitwise_equal(getattr(ops, op)(*case.args), first, f"{op} {case.label}")
