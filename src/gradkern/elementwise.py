@@ -313,10 +313,10 @@ def launch(kernel, grid: tuple[int, ...], ptrs: Sequence[torch.Tensor], ints: Se
     `ptrs` are the tensors of the kernel's leading pointer parameters, `ints` its parameters after them.
 
     With a `spec_key`, the compiled kernel is called directly after the first launch of that specialisation,
-    with the pointers as ints (which spares the launcher a driver query each: H200, 5 pointers, 5.3-6.3 -> 4.6-4.9
-    us a launch). The key must capture the device and everything Triton specialises `ints` and the pointers'
-    dtypes on (integer widths, values of 1, divisibility); launch adds the pointers' 16-byte alignment.
-    `consts` as `launch_consts` makes them."""
+    with the pointers as ints (which spares the launcher a driver query each: docs/tuning/pointwise.md). The key
+    must capture the device and everything Triton specialises `ints` and the pointers' dtypes on (integer widths,
+    values of 1, divisibility); launch adds the pointers' 16-byte alignment. `consts` as `launch_consts` makes
+    them."""
     if spec_key is not None and _FAST_OK:
         addrs = [p.data_ptr() for p in ptrs]
         spec_key = (spec_key, *[not a & 15 for a in addrs])

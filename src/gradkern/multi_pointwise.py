@@ -59,19 +59,12 @@ __all__ = ["MultiPointwise", "check_output_mask", "MAX_INPUTS", "MAX_OUTPUTS", "
 MAX_INPUTS, MAX_OUTPUTS, MAX_RANK = 4, 3, 8
 _I32_MAX = 2**31 - 1
 # the flat kernel's elements a program by the widest operand's element size (16 bytes a thread for 2- and 4-byte
-# ones), warps. H200, 8192x8192, against 1024 for all (tune.py `flat`, two runs each): f32 512 lerp scalar weight
-# 0.1993-0.1999 -> 0.1974 ms, tensor weight 0.4453 -> 0.4436-0.4439, where 0.2136-0.2140 -> 0.2123-0.2128; bf16 512:
-# lerp within 0.5%, where 0.1159-0.1165 -> 0.1172 (so 1024); 512 x 2 warps and 256 x 2 no better
-# (H100, tune.py `flat` and `multi`, f32: lerp scalar weight 0.2760-0.2800 ms, tensor weight 0.6282-0.6315, where
-# 0.2964-0.3000 over the 13 configs, but for where 4096 x 8 (0.3147) and lerp scalar 4096 x 4 (0.2810); none reaches
-# torch.compile's lerp, 0.2746 / 0.6249: 0.99x, both at the copy ceiling)
+# ones), warps: f32 512 against 1024, lerp 0.1993 -> 0.1974 ms (H200, 8192x8192; docs/tuning/pointwise.md)
 FLAT_BLOCK, FLAT_WARPS = {2: 1024, 4: 512, 8: 1024}, 4
 STRIDED_BLOCK, STRIDED_WARPS = 1024, 4
-# the summing pass's tile, its widest column block, warps: summing over columns (H200, 8192x8192 with an (8192, 1)
-# operand: against 4096 / 4096 / 8, lerp 1.03-1.17x, where 1.00-1.01x; 8192-element tiles and 1024-wide blocks no
-# better for both ops) and over rows, where the rows are split until about COLS_PROGRAMS programs run (H200, where
-# with an (8192,) operand: against the row pass's 2048 / 2048 / 4 with 2048 programs, 1.27-1.53x; tune.py `cols`;
-# walking row blocks strided across programs, a step ahead, or adding each step's rows at once: no faster)
+# the summing pass's tile, its widest column block, warps: summing over columns (ROWS_*: lerp 1.03-1.17x against
+# 4096 / 4096 / 8 warps) and over rows, split until about COLS_PROGRAMS programs run (COLS_*: where 1.27-1.53x against
+# the row pass's constants); H200, 8192x8192 (docs/tuning/pointwise.md)
 ROWS_TILE, ROWS_MAX_BC, ROWS_WARPS = 2048, 2048, 4
 COLS_TILE, COLS_MAX_BC, COLS_WARPS, COLS_PROGRAMS = 4096, 1024, 4, 512
 _TL_MATH = {torch.float32: tl.float32, torch.float64: tl.float64}

@@ -58,7 +58,7 @@ _MIN_STEPS_PER_SPLIT = 4  # ... but give each split at least this many tile step
 _MIN_SPLIT_TERMS = 1024  # and split only reductions of at least this many terms per output
 _MAX_SPLITS = 4096
 # tiles where the outputs are contiguous (see _blocks): bytes of a row across outputs (16-bit types: _16), bytes
-# of a tile for short (<= 16 terms) and longer reductions, warps
+# of a tile for short (<= 16 terms) and longer reductions, warps (docs/tuning/reduction.md)
 _ROW_BYTES, _ROW_BYTES_16 = 1024, 2048
 _SHORT_TILE_BYTES, _LONG_TILE_BYTES = 8192, 32768
 _O_WARPS = 4
@@ -229,8 +229,8 @@ def _hints(dims: list[tuple[int, int]], block: int, esize: int) -> tuple[int, in
 
 
 def _blocks(kdims, rdims, n_out: int, n_red: int, esize: int, spread: bool = False) -> tuple[int, int, int, bool]:
-    """(BLOCK_O, BLOCK_R, num_warps, STEP_SUM): the tile, from the layout alone (measured on an H200: see the
-    commit log).
+    """(BLOCK_O, BLOCK_R, num_warps, STEP_SUM): the tile, from the layout alone (measured on an H200:
+    docs/tuning/reduction.md).
 
     Outputs contiguous: rows of 1 KB (2 KB for 16-bit types) across outputs and a few reduction rows per step
     (8 KB tiles for short reductions, 32 KB for longer ones); Triton's pipeliner overlaps the steps' loads.

@@ -63,9 +63,7 @@ def _kernel_backward_cases(device, dtype, size: str) -> list[Case]:
 
 
 # enable()'s route for _prelu_kernel_backward (stock's is deterministic): gradkern from the size where the device time
-# it saves passes its extra host time (~20 us a call, H100): ATen's kernel runs at ~60% of the copy ceiling in f32
-# and ~30% in 16-bit, gradkern's at ~90% (gpu.md's H200 figures), which puts the crossing near 6M elements (f32,
-# f64) and 3M (16-bit), four tensors of that size moved
+# it saves passes its extra host time (~20 us a call, H100), near 6M elements (f32, f64) and 3M (16-bit)
 _FULL_ROUTE_MIN = {2: 3 << 20, 4: 6 << 20, 8: 6 << 20}
 
 
@@ -136,9 +134,8 @@ def _prelu_cols_kernel(g, x, w, gi, part, A, K, L, RPP, NKB, S,
     # x is (A, K) row-major, column k of channel k // L. Program s*NKB + kb walks rows [s*RPP, (s+1)*RPP) of
     # columns [kb*BK, (kb+1)*BK), BA rows at a time, each step's loads issued before the previous step's math
     # and stores; it writes column k's partial to part[k, s]. part is (C, L, S): a channel's partials are
-    # contiguous, so the second pass is one launch of a program a channel (H200, bf16 channels_last
-    # 64x64x128x128: 123.7 -> 107.9 us a call against (S, C, L), whose column sum took two launches and 8-28 us,
-    # although these stores do not coalesce; loading a step ahead: 1.03-1.10x)
+    # contiguous, so the second pass is one launch of a program a channel (although these stores do not
+    # coalesce: bf16 channels_last 123.7 -> 107.9 us a call against (S, C, L), H200; docs/tuning/prelu.md)
     pid = tl.program_id(0)
     s = pid // NKB
     k = (pid - s * NKB) * BK + tl.arange(0, BK)
@@ -177,43 +174,19 @@ def _cols_step(a0, a_end, k, kmask, K, BA: tl.constexpr, I64: tl.constexpr):
 # Launch parameters depend on the shape and dtype only (never on timing), so the summation order is fixed.
 _TILE_BYTES = 8192  # bytes of each operand a program loads per loop step (elements: this / element size)
 _ROWS_TPP = 2  # tiles per program of the row kernel (one partial per program) ...
-# ... but, for the element sizes named, at most this many partials a channel (H200, 64M elements with one weight:
-# bf16's 16384 partials took 7.2 us to sum in one program, 8192 take two steps: 0.1079 -> 0.1058 ms a call; 4096 /
-# 2048 / 1024: 0.1073 / 0.1139 / 0.1287 ms, the kernel slower with fewer programs. f32 is fastest uncapped, its
-# 32768 partials summed in two passes: 0.1991 ms, 8192: 0.2041; tune.py group prelu)
+# ... but, for the element sizes named, at most this many partials a channel (bf16, 64M elements, one weight: 16384
+# took 7.2 us to sum; 8192: 0.1079 -> 0.1058 ms a call; f32 is fastest uncapped. H200; docs/tuning/prelu.md)
 _ROWS_MAX_PARTIALS = {2: 8192}
 # the column kernel: elements per loop step (any dtype), and it splits the rows until about this many programs
-# run (H200, 64x64x128x128 channels_last and 262144x256: 4096 / 4096 against 2048 / 2048, 1.03-1.07x)
+# run (4096 / 4096 against 2048 / 2048: 1.03-1.07x, H200)
 _COLS_TILE = 4096
 _COLS_TARGET_PROGRAMS = 4096
 _COLS_MIN_ROWS = 256  # ... but gives each program at least this many rows (each writes BK partials, uncoalesced)
-# (Not kept, H200, bf16, a call of 64x64x128x128 channels_last 106.3 us, 262144x256 108.4. More programs, 8192 or
-# 16384: channels_last without grad_weight 102.8 -> 100.2 or 99.0 us, but with it 109.3 or 124.0 (a copy of the kernel
-# alone 104.3 -> 105.8 or 118.6: its partials' stores; their sum 2.6 -> 3.7 or 5.8). Grids sized to the SMs (the kernel
-# takes 163 registers: 3 programs an SM), 3 to 12 programs an SM: 107.9-124.9 us. Each step's x*g terms folded 4 rows
-# to 1 before the accumulator, without the step-ahead loads (80 registers): 107.0-107.5 / 109.2-109.6. Nsight Compute,
-# 262144x256: 99.6 us with grad_weight, 93.5 without (its runs flush the caches), 35.4M executed warp instructions
-# against 13.5M: a step's loop body is 583 SASS instructions a thread against 169 (Triton 3.9, sm_90), of which 116
-# LOP3 and 25 P2R keep 32 predicates packed in a register. Steps without per-element masks (every column block full,
-# every program's rows whole steps: one uniform predicate a step) cut that body to 389 instructions, but the call
-# measured the same: 262144x256 bf16 108.8 against 108.7 us, channels_last 106.6-106.7 against 106.6, f32 within 0.5%.
-# Against 262144x256 / channels_last 108.2-108.6 / 106.3-106.5 us: each step's terms folded 4 rows to 1 with the
-# step-ahead loads kept (140 registers, Triton 3.9) 108.4-108.5 / 106.6-106.7, and capped at 128 (4 programs an SM;
-# 48 bytes of spills) 106.9-107.0 / 107.1; folded 8 to 1 and capped: 136-140. Cache hints: x and g loaded
-# evict_first 114.5-114.6 / 113.6-113.7, grad_input stored .cs or evict_first within 0.3%. Against 108.5-108.7 /
-# 106.2-106.3, folded 2 to 1 and capped at 128: 106.9 / 108.0; folded 4 to 1 and capped with 512 rows a program 109.3
-# / 108.9-109.1, with 128 columns 108.1-108.2 / 106.7, with 8192 programs 107.0-107.1 / 106.7-106.8: the (N, C)
-# case's best, 106.9 us, is 89.3% of the copy ceiling)
-# (H100, 2026-11-26, bf16: a copy of the same bytes takes 134.5 us, a plain flat kernel writing grad_input alone
-# (no grad_weight, 1024-8192 elements a program) 138.0-139.2, this kernel without grad_weight 143.2 / 144.1
-# (channels_last / 262144x256), with it 144.9-146.7 (bench: 91.9-92.6% of copy); ATen's 0.415 ms a call makes 3x
-# 138.4 us, which the plain kernel that reduces nothing only ties. Swept and not kept: full rows (BK 256) with
-# 32-128 rows a program, 2048-8192 programs, 4 or 8 warps: (N, C) 0.1532-0.1836 ms against 0.1460; BK 128: 0.1967;
-# 8192 programs of 128 rows: 0.1480; 2048-element tiles: 0.1455; channels_last within 0.2% or slower)
+# (the column kernel runs at about 90% of the copy ceiling; more programs, SM-sized grids, folded accumulators,
+# unmasked steps, cache hints and an H100 sweep found nothing faster: docs/tuning/prelu.md)
 _ROWS_MIN_L = 32  # (A, C, L) inputs with L >= this walk rows of L; smaller L (channels_last: L = 1) walk columns
-# the column kernel's widest column block: 64 (H200, 262144x256, four programs on each range of rows, 64 columns
-# each, against one program of 256: bf16 114.7 -> 108.3 us, f32 206.6 -> 199.5; 128 columns: 111.4 / 204.7; 32:
-# 115.9 / 201.8; channels_last 64x64x128x128, 64 channels, unchanged)
+# the column kernel's widest column block (wider rows take several programs a range of rows): 262144x256 bf16
+# 114.7 -> 108.3 us against one program of 256 columns (H200)
 _COLS_BK = 64
 _WARPS = 4  # the row kernel's
 _COLS_WARPS = 4

@@ -311,20 +311,15 @@ def _strides(runs: list[tuple[int, int]], lo: int) -> tuple[int, int]:
     return stride, stride * max(lo, 1)
 
 
-# tiles: [BLOCK_L rows of a segment, BLOCK_D of the inner dims]; launch constants measured on an H200 (N = 2^20,
-# D = 64, segments of 16 and of 1-256 rows, f32 and f16): small tiles run with few warps, per kernel and element
-# size (the forward 1.2-3.4x faster with one warp than with four; the segment_reduce backward's f32 1.08x faster
-# with two than with one, its f16 1.8x slower)
+# tiles: [BLOCK_L rows of a segment, BLOCK_D of the inner dims]; small tiles run with few warps, per kernel and
+# element size (the forward 1.2-3.4x faster with one warp than with four; H200, docs/tuning/segment_max.md)
 _BD_MAX = 64
 _TILE = 4096
 _SMALL_TILE = 2048  # tiles up to this many elements get _WARPS_SMALL[kernel][element size] warps, larger ones 4
 _WARPS_SMALL = {"forward": {2: 1, 4: 1, 8: 1}, "backward": {2: 2, 4: 2, 8: 2}, "segment_reduce": {2: 1, 4: 2, 8: 2}}
 _WARPS_LARGE = 4
-# the segment_reduce backward's register caps, by (small tile, element size): more programs an SM. Small tiles
-# (it took 69 registers, 14 two-warp programs an SM): segments of 16, f32 2.70x -> 2.95x stock with 40 (32 spills:
-# 2.29x), f16 3.29x -> 3.91x with 56. Large 16-bit tiles (two passes, 89 registers): bf16 segments of 1-256,
-# 122 -> 107 us with 64. Large f32 tiles (the one-pass write, 115 registers) stay uncapped: capped at 64, they
-# spill (143.9 -> 170 us)
+# the segment_reduce backward's register caps, by (small tile, element size): more programs an SM (f16 segments of
+# 16: 3.29x -> 3.91x stock with 56); large f32 tiles stay uncapped, they spill (docs/tuning/segment_max.md)
 _SEGRED_MAXNREG = {(True, 2): 56, (True, 4): 40, (False, 2): 64}
 # _segment_reduce_backward with lengths: up to this many segments (and lengths re-read by all programs together),
 # each program sums its start from the lengths instead of a cumsum kernel reading them first
@@ -334,11 +329,9 @@ _LENS_MAX_READS = 1 << 20
 
 def _segred_options(tile: int, esize: int) -> tuple[dict, dict]:
     """The segment_reduce backward's (TWO_PASS and SKIP_EMPTY constexprs, compile options) for a tile of `tile`
-    elements of `esize` bytes. Measured on an H200 (N = 2^20, D = 64; segments of 16, of 1-256 rows): two passes
-    over segments longer than a tile hold fewer registers, which lets the small tiles' plain path run more programs
-    (f32 segments of 16: 144.8 -> 138.9 us, bf16 103.5 -> 99.4) and 16-bit large tiles too (bf16 1-256: 141.5 ->
-    107.2 us); f32 large tiles keep the one-pass write (two passes: 143.9 -> 197.6 us). Small 16-bit tiles skip
-    the branch over empty segments (bf16 segments of 16: 99.4 -> 94.2 us; f32 138.9 -> 140.0, kept)."""
+    elements of `esize` bytes: two passes over segments longer than a tile (fewer registers, so more programs an
+    SM) but for f32 and f64 large tiles, which keep the one-pass write; small 16-bit tiles do not branch over empty
+    segments (their masks do). Measured on an H200: docs/tuning/segment_max.md."""
     small = tile <= _SMALL_TILE
     consts = {"TWO_PASS": small or esize <= 2, "SKIP_EMPTY": not (small and esize <= 2)}
     cap = _SEGRED_MAXNREG.get((small, esize))

@@ -21,7 +21,7 @@ bit-stable) and evaluates the next thresholds on its chunk; rows already finishe
 Backward, one pass: dx = 1_S * (g - sum_S g / |S|) with S = {y > 0}, counted from y itself. Where the rows are
 contiguous (and held whole by a program), g is read only in the 16-byte vectors holding some y > 0: sparsemax's
 outputs are mostly 0, so it reads far less than its g (at 32768 x 1024, N(0, 4) inputs: 2.5 entries a row). With a
-whole-row support it reads everything, after y: bf16 about 4% slower than reading g and y together.
+whole-row support it reads everything, after y (docs/tuning/sparsemax.md).
 
 Special values (both directions are pinned by the tests):
 - a row holding a NaN gives NaN everywhere in that row;
@@ -63,17 +63,12 @@ _MAXIT = {torch.float64: 40}
 _MAXIT_DEFAULT = 24
 _BLOCK_MAX = 16384  # the longest row one program keeps in registers (8192 in fp64); longer rows are split
 # a program takes several short contiguous rows, up to _ROW_TILE elements, with one warp per _WARP_ELEMS of them (1 to
-# 16 warps), per direction (forward, backward): measured on an H200 at 32768 x 1024, the forward 1.3x (f32) faster
-# with 2048-element tiles than with 4096; the backward one 1024-element row a program in 4 warps (tune group smbwd1,
-# four runs each): bf16 3,826-3,848 GB/s against 3,756-3,795 with 4096-element tiles at 512 a warp, 3,788-3,790 in
-# 2 warps, 3,262-3,282 in 1; f32 4,077-4,108 against 4,036-4,056 (the long-row and strided cases, 16 warps either
-# way, unchanged)
+# 16 warps), per direction (forward, backward): the forward 1.3x faster (f32) with 2048 than 4096, the backward best
+# as one 1024-element row in 4 warps (H200, 32768 x 1024; docs/tuning/sparsemax.md)
 _ROW_TILE = {"forward": 2048, "backward": 1024}
 # The backward's vector kernel waits for y before it reads g, so it needs every warp the SM can hold: 32 registers
 # (64 warps of 128 threads) where a thread holds at most 8 elements (of 4 bytes or less) of each tile. Uncapped,
-# Triton 3.6 gives the bf16 one 35 (48 warps). Tune group smbwd_cap (H200, 32768 x 1024): bf16 4,218-4,299 GB/s
-# capped at 32, 3,740 uncapped, 3,739 at 40 (dense support 3,675-3,718 / 3,403 / 3,379); f32 5,704-5,712, the same
-# uncapped (32 either way), 5,450 at 40.
+# Triton 3.6 gives the bf16 one 35 (48 warps): 3,740 against 4,218-4,299 GB/s (H200, 32768 x 1024).
 _VEC_MAXNREG = 32
 _VEC_CAP_ELEMS = 8
 _COL_ROWS = 16  # rows a program takes when the reduced dim is strided (rows adjacent in memory)
