@@ -199,6 +199,84 @@ def test_repeats_tilings_and_index_widths_give_the_same_bits(op, monkeypatch):
     ap.clear_plans()
 
 
+def _tiled(op, g, x, tiling, monkeypatch):
+    """The op's result with `tiling` forced (fresh plans)."""
+    monkeypatch.setattr(ap, "_FORCE_TILING", tiling)
+    ap.clear_plans()
+    try:
+        return getattr(ops, op)(g, x)
+    finally:
+        monkeypatch.setattr(ap, "_FORCE_TILING", None)
+        ap.clear_plans()
+
+
+# (self shape, output sizes) for channels_last self: C not a multiple of the channel block (5 and 7 with blocks of
+# 4 below), down and up (O > I), global, the identity, unbatched; W = 1
+CHANNELS_LAST = [((2, 5, 9, 11), (4, 5)), ((1, 7, 6, 5), (10, 3)), ((2, 3, 7, 6), (1, 1)), ((1, 5, 6, 6), (6, 6)),
+                 ((2, 7, 13, 1), (3, 4)), ((7, 5, 9), (4, 9))]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_channels_last_row_tiling_matches_stock_and_the_plane_tiling(dtype, monkeypatch):
+    """A channels_last self of several channels gets the row kernel ([BW, BC] blocks of one (n, h) row, C fastest;
+    here two channel blocks a row; several column blocks: the test below): stock's values and strides, and the plane
+    kernel's bits on the same problem (each element sums the same terms in the same order), grad_output
+    channels_last or contiguous."""
+    op = OPS[0]
+    monkeypatch.setattr(ap, "_MAX_BC", 4)
+    launches = _launches(monkeypatch)
+    for shape, out in CHANNELS_LAST:
+        cl = torch.channels_last if len(shape) == 4 else torch.contiguous_format
+        g, x = _problem(shape, out, dtype, cl)
+        for g_name, gg in (("channels_last", g), ("contiguous", g.contiguous())):
+            what = f"{shape} -> {out} grad_output {g_name}"
+            ap.clear_plans()
+            launches.clear()
+            rows = check_case(op, (gg, x), what=what)
+            assert ("BC" in launches[0][2]) is (len(shape) == 4), f"{what}: the layout's tiling"
+            assert rows.stride() == getattr(torch.ops.aten, op)(gg.cpu(), x.cpu()).stride(), what
+            assert_bitwise_equal(_tiled(op, gg, x, "planes", monkeypatch), rows, f"{what} planes")
+    ap.clear_plans()
+
+
+def test_tiling_follows_the_layout(monkeypatch):
+    """Rows for a channels_last grad_input of several channels, planes otherwise (contiguous, C = 1, 3d)."""
+    launches = _launches(monkeypatch)
+    for label, x in _selves():
+        op = OPS[x.dim() == 5 or (x.dim() == 4 and label.startswith("3d"))]
+        out = (3, 2, 4)[-_dims(op):]
+        g = torch.randn(*x.shape[:-_dims(op)], *out, device=DEVICE)
+        launches.clear()
+        ours = getattr(ops, op)(g, x)
+        rows = ours.dim() == 4 and ours.shape[1] > 1 and ours.is_contiguous(memory_format=torch.channels_last) \
+            and not ours.is_contiguous()
+        assert ("BC" in launches[0][2]) is rows, label
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_row_tiling_repeats_tilings_and_index_widths_give_the_same_bits(op, monkeypatch):
+    """The row kernel (forced, for 3d and contiguous grad_input too: it reads and writes through strides) gives the
+    plane kernel's bits, across blocks of a few columns and channels, the grid-stride loop and int64 index math."""
+    shape, out = SEMANTICS[_dims(op)][0]
+    g, x = _problem(shape, out, memory_format=torch.channels_last if _dims(op) == 2 else torch.contiguous_format)
+    first = _tiled(op, g, x, "planes", monkeypatch)
+    assert_bitwise_equal(_tiled(op, g, x, "rows", monkeypatch), first, f"{op} rows")
+    launches = _launches(monkeypatch)
+    for knob, value in (("_TILE", 4), ("_MAX_BC", 2), ("_MAX_PROGRAMS", 2), ("_I32_MAX", 16)):
+        monkeypatch.setattr(ap, knob, value)
+        launches.clear()
+        assert_bitwise_equal(_tiled(op, g, x, "rows", monkeypatch), first, f"{op} rows {knob}={value}")
+        _, ints, consts = launches[0]
+        assert "BC" in consts
+        if knob == "_MAX_PROGRAMS":
+            assert ints[0] > value  # (more tiles than programs)
+        if knob == "_I32_MAX":
+            assert consts["I64"]
+        monkeypatch.undo()
+        launches = _launches(monkeypatch)
+    ap.clear_plans()
+
+
 def test_bad_inputs_raise_named_errors_and_launch_nothing(monkeypatch):
     g2, x2 = _problem((2, 3, 7, 8), (3, 4))
     g3, x3 = _problem((2, 3, 4, 5, 6), (2, 3, 4))

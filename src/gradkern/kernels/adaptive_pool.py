@@ -10,7 +10,12 @@ g[o] over its window with atomicAdd instead (nondeterministic; raising under tor
 A program owns a [BH, BW] tile of one (n, c, d) plane of grad_input (past 2^30 tiles, several in turn): the output
 ranges and window sizes along H and W are per-row and per-column vectors, the D range a scalar loop; grad_output
 is read in place through its strides. grad_input takes ATen's layout: 2d channels_last where a 4-D self's strides
-suggest it (ATen's CUDA and CPU kernels both do), contiguous otherwise (3d always, as ATen's CUDA kernel)."""
+suggest it (ATen's CUDA and CPU kernels both do), contiguous otherwise (3d always, as ATen's CUDA kernel).
+
+A channels_last grad_input (C > 1) is tiled by rows instead: a program owns one (n, d, h) row and a [BW, BC] block
+of its (w, c), C the fastest axis, so its stores (and channels_last grad_output's loads) are contiguous along C where
+a plane tile's would stride by C. The H and D ranges are then scalars; the terms and their order are the plane
+kernel's, so both give the same bits."""
 
 from __future__ import annotations
 
@@ -33,6 +38,8 @@ _I32_MAX = 2**31 - 1
 _MAX_PROGRAMS = 2**30  # beyond, each program takes several tiles in turn (a grid-stride loop)
 _TILE = 1024  # elements a program owns (a plane smaller than that: the plane, rounded up to powers of two)
 _MAX_BW = 128  # columns a tile spans at most (wider planes: several column tiles)
+_MAX_BC = 128  # channels a row tile spans at most (more channels: several channel blocks)
+_FORCE_TILING: str | None = None  # "planes" or "rows" overrides the layout's choice (tests)
 
 
 # ----------------------------------------------------------------------------------------------- kernel
@@ -87,6 +94,48 @@ def _adaptive_avg_pool_backward_kernel(gi, go, n_tiles, n_hb, n_wb, C, D, H, W, 
         tl.store(dst, cast_out(acc, gi.dtype.element_ty), mask=rm & cm)
 
 
+@triton.jit
+def _adaptive_avg_pool_backward_rows_kernel(gi, go, n_tiles, n_wb, n_cb, C, D, H, W, Do, Ho, Wo,
+                                            gsN, gsC, gsD, gsH, gsW, isN, isC, isD, isH, isW, KW,
+                                            BW: tl.constexpr, BC: tl.constexpr, ACC: tl.constexpr,
+                                            I64: tl.constexpr):
+    for t in range(tl.program_id(0), n_tiles, tl.num_programs(0)):
+        cb = t % n_cb  # channel blocks fastest: consecutive programs write consecutive memory (channels_last)
+        wb = (t // n_cb) % n_wb
+        s = t // n_cb // n_wb  # the (n, d, h) row
+        h = (s % H).to(tl.int64)
+        d = ((s // H) % D).to(tl.int64)
+        n = (s // H // D).to(tl.int64)
+        w = wb * BW + tl.arange(0, BW)[:, None]
+        c = cb * BC + tl.arange(0, BC)[None, :]
+        m = (w < W) & (c < C)
+        w = tl.minimum(w, W - 1)  # (columns past the row: in-range index math; every lane past it masked)
+        # (c unclamped, < C + BC: a min would hide its contiguity from Triton and so the vector loads and stores)
+        if I64:
+            w = w.to(tl.int64)
+            c = c.to(tl.int64)
+        ow_lo = (w * Wo) // W  # the outputs whose windows hold each column: [lo, hi); along H and D one range
+        ow_hi = ((w + 1) * Wo + W - 1) // W
+        oh_lo = (h * Ho) // H
+        oh_hi = ((h + 1) * Ho + H - 1) // H
+        od_lo = (d * Do) // D
+        od_hi = ((d + 1) * Do + D - 1) // D
+        src = go + n * gsN + c * gsC
+        acc = tl.zeros([BW, BC], dtype=ACC)
+        for od in range(od_lo, od_hi):  # (od, oh, ow ascending, each term as the plane kernel forms it: same bits)
+            kd = _window(od, D, Do).to(ACC)
+            for oh in range(oh_lo, oh_hi):
+                kdh = kd * _window(oh, H, Ho).to(ACC)
+                row = src + od * gsD + oh * gsH
+                for k in range(0, KW):
+                    ow = ow_lo + k
+                    mk = m & (ow < ow_hi)
+                    g = tl.load(row + ow * gsW, mask=mk, other=0.0).to(ACC)
+                    acc += g / (kdh * _window(ow, W, Wo).to(ACC))
+        dst = gi + n * isN + d * isD + h * isH + w * isW + c * isC
+        tl.store(dst, cast_out(acc, gi.dtype.element_ty), mask=m)
+
+
 # ----------------------------------------------------------------------------------------------- host
 @dataclass(frozen=True)
 class _Spec:
@@ -101,6 +150,7 @@ class _Plan:
     grid: int
     args: tuple
     consts: dict
+    kernel: object  # the plane or the row kernel
 
 
 def max_outputs(i: int, o: int) -> int:
@@ -154,6 +204,12 @@ def _check(spec: _Spec, grad_output, self) -> None:
         raise InvalidProblem(spec.name, "self", "non-zero pooled sizes", f"shape {x_shape}")
 
 
+def _tiling(cl: bool, c: int) -> str:
+    """The tiling: "rows" for a channels_last grad_input of several channels (C its contiguous axis: row tiles
+    coalesce), "planes" otherwise (W contiguous); `_FORCE_TILING` overrides."""
+    return _FORCE_TILING or ("rows" if cl and c > 1 else "planes")
+
+
 @functools.lru_cache(maxsize=4096)
 def _plan(spec: _Spec, g_shape: tuple, g_stride: tuple, x_shape: tuple, cl: bool, dtype: torch.dtype) -> _Plan:
     """The launch of a validated, non-empty problem: every shape as (N, C, D, H, W), unbatched N = 1 with stride 0,
@@ -169,6 +225,22 @@ def _plan(spec: _Spec, g_shape: tuple, g_stride: tuple, x_shape: tuple, cl: bool
     n, c, d_in, h_in, w_in = size
     d_out, h_out, w_out = gsize[2:]
     kh, kw = max_outputs(h_in, h_out), max_outputs(w_in, w_out)
+    acc = tl.float64 if dtype == torch.float64 else tl.float32
+    if _tiling(cl, c) == "rows":
+        bc = min(triton.next_power_of_2(c), _MAX_BC)
+        bw = min(triton.next_power_of_2(w_in), max(1, _TILE // bc))
+        n_wb, n_cb = cdiv(w_in, bw), cdiv(c, bc)
+        n_tiles = n * d_in * h_in * n_wb * n_cb
+        # 32-bit in-row index math unless a column product or an in-row offset (a masked lane's too) can pass 2^31
+        # (row offsets are int64 always)
+        reach = max(2 * (w_in + 2) * (w_out + 2), (w_out + kw) * gstr[4] + (c + bc) * gstr[1],
+                    w_in * istr[4] + (c + bc) * istr[1])
+        tile = bw * bc
+        consts = launch_consts({"BW": bw, "BC": bc, "ACC": acc, "I64": reach > _I32_MAX},
+                               4 if tile >= 512 else 2 if tile >= 128 else 1)
+        args = (n_tiles, n_wb, n_cb, c, d_in, h_in, w_in, d_out, h_out, w_out, *gstr, *istr, kw)
+        return _Plan(x_shape, out_stride if cl else None, min(n_tiles, _MAX_PROGRAMS), args, consts,
+                     _adaptive_avg_pool_backward_rows_kernel)
     bw = min(triton.next_power_of_2(w_in), _MAX_BW)
     bh = min(triton.next_power_of_2(h_in), max(1, _TILE // bw))
     n_hb, n_wb = cdiv(h_in, bh), cdiv(w_in, bw)
@@ -177,12 +249,12 @@ def _plan(spec: _Spec, g_shape: tuple, g_stride: tuple, x_shape: tuple, cl: bool
     # 2^31 (plane offsets are int64 always)
     reach = max(2 * (h_in + 2) * (h_out + 2), 2 * (w_in + 2) * (w_out + 2),
                 (h_out + kh) * gstr[3] + (w_out + kw) * gstr[4], h_in * istr[3] + w_in * istr[4])
-    acc = tl.float64 if dtype == torch.float64 else tl.float32
     tile = bh * bw
     consts = launch_consts({"BH": bh, "BW": bw, "ACC": acc, "I64": reach > _I32_MAX},
                            4 if tile >= 512 else 2 if tile >= 128 else 1)
     args = (n_tiles, n_hb, n_wb, c, d_in, h_in, w_in, d_out, h_out, w_out, *gstr, *istr, kh, kw)
-    return _Plan(x_shape, out_stride if cl else None, min(n_tiles, _MAX_PROGRAMS), args, consts)
+    return _Plan(x_shape, out_stride if cl else None, min(n_tiles, _MAX_PROGRAMS), args, consts,
+                 _adaptive_avg_pool_backward_kernel)
 
 
 _VALIDATED: dict = {}  # a problem's (tensor layouts) -> its plan, checked once
@@ -212,8 +284,7 @@ def _backward(spec: _Spec, grad_output, self) -> torch.Tensor:
                                                tuple(self.shape), cl, self.dtype))
     out = empty(plan.shape, self.dtype, self.device, plan.stride)
     device = self.get_device()
-    launch(_adaptive_avg_pool_backward_kernel, (plan.grid,), (out, grad_output), plan.args, plan.consts, device,
-           (plan, device))
+    launch(plan.kernel, (plan.grid,), (out, grad_output), plan.args, plan.consts, device, (plan, device))
     return out
 
 
