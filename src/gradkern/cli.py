@@ -1,4 +1,4 @@
-"""`python -m gradkern list | check | bench [--models]`."""
+"""`python -m gradkern list | check | bench [--models | --sweep]`."""
 
 from __future__ import annotations
 
@@ -47,6 +47,36 @@ def _models_arg(names: str) -> list[str]:
     if unknown or not models:
         raise argparse.ArgumentTypeError(f"unknown model(s) {unknown}; one of {sorted(MODELS)} or all")
     return models
+
+
+_SWEEP_INTERP_CASES = 2  # (bench_sweep.INTERP_CASES, without importing it for --help)
+
+
+def _positive_int(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"a positive integer, not {value!r}")
+    return n
+
+
+def _positive_float(value: str) -> float:
+    try:
+        x = float(value)
+    except ValueError:
+        x = 0.0
+    if not x > 0:
+        raise argparse.ArgumentTypeError(f"a positive number, not {value!r}")
+    return x
+
+
+def _paths_arg(value: str) -> list[str]:
+    paths = [v.strip() for v in value.split(",") if v.strip()]
+    if not paths:
+        raise argparse.ArgumentTypeError("no file given")
+    return paths
 
 
 def print_table(headers: list[str], rows: list[list], out=None) -> None:
@@ -124,15 +154,33 @@ def main(argv: list[str] | None = None) -> int:
     pc.add_argument("--dtypes", type=_dtype_arg, default=list(_runtime.FLOAT_DTYPES), help="f32,f16,bf16,f64|all")
     pc.add_argument("-v", "--verbose", action="store_true")
     pb.add_argument("--dtypes", type=_dtype_arg, default=None,
-                    help="comma-separated f32,f16,bf16,f64 or all (default f32,bf16; --models without a GPU: f32)")
+                    help="comma-separated f32,f16,bf16,f64 or all (default f32,bf16; --sweep: f32,bf16,f16; "
+                         "--models and --sweep without a GPU: f32)")
     pb.add_argument("--json", default=None, help="write every figure to this JSON file")
     pb.add_argument("--plot", default=None,
-                    help="write a PNG chart (kernels: %% of the copy ceiling; --models: speedup per model)")
+                    help="write a PNG chart (kernels: %% of the copy ceiling; --models: speedup per model; --sweep: "
+                         "speedup per case, a panel per op family)")
     # (argparse does not pass const through type: a bare --models leaves "all")
     pb.add_argument("--models", nargs="?", const="all", default=None, type=_models_arg, metavar="NAMES",
                     help="time training steps of small real models instead, stock vs gradkern (all, or "
                          "comma-separated names)")
-    pb.add_argument("--list", action="store_true", help="with --models: print the models and exit")
+    pb.add_argument("--sweep", action="store_true",
+                    help="every op over many seeded shapes, layouts and sizes (at least 24 cases per op and dtype), "
+                         "judged per op by min and geometric mean (default dtypes f32,bf16,f16; without a GPU: f32, "
+                         f"{_SWEEP_INTERP_CASES} tiny cases per op)")
+    pb.add_argument("--cases", type=_positive_int, default=None, metavar="N",
+                    help="with --sweep: the first N cases per op and dtype only")
+    pb.add_argument("--compile-cases", type=_positive_int, default=None, metavar="N",
+                    help="with --sweep: the torch.compile baseline on the first N cases per op and dtype only (an "
+                         "Inductor compile a case is most of a sweep's time)")
+    pb.add_argument("--time-limit", type=_positive_float, default=None, metavar="SECONDS",
+                    help="with --sweep: start no case after this long (the tables, JSON and plot cover what ran)")
+    pb.add_argument("--merge", type=_paths_arg, default=None, metavar="A.json,B.json",
+                    help="with --sweep: run nothing; merge these sweep JSONs (one per run) into one table, and "
+                         "--json / --plot")
+    pb.add_argument("--list", action="store_true",
+                    help="with --models: print the models; with --sweep: print its cases, '<op> <dtype> <case>' a "
+                         "line (every case unless --cases); then exit")
     pb.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
     pb.add_argument("--size", default=None, choices=SIZES,
                     help="case size class (default: large on a GPU, small otherwise)")
@@ -141,8 +189,14 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_list(args)
     if args.cmd == "check":
         return cmd_check(args)
-    if args.list and args.models is None:
-        p.error("argument --list: only with --models")
+    if args.sweep and args.models is not None:
+        p.error("argument --sweep: not with --models")
+    if args.list and args.models is None and not args.sweep:
+        p.error("argument --list: only with --models or --sweep")
+    sweep_only = [o for o, v in (("--cases", args.cases), ("--compile-cases", args.compile_cases),
+                                 ("--time-limit", args.time_limit), ("--merge", args.merge)) if v is not None]
+    if sweep_only and not args.sweep:
+        p.error(f"argument {sweep_only[0]}: only with --sweep")
     if args.models is not None:
         kernel_only = [o for o, v in (("--ops", args.ops), ("--size", args.size), ("--no-compile", args.no_compile))
                        if v]
@@ -153,6 +207,21 @@ def main(argv: list[str] | None = None) -> int:
 
             print("\n".join(list_lines()))
             return 0
+    if args.sweep:
+        if args.size is not None:
+            p.error("argument --size: not with --sweep (its cases come in one size: full on a GPU, tiny otherwise)")
+        if args.merge is not None and (args.list or args.ops or args.dtypes or args.cases or args.time_limit
+                                       or args.compile_cases or args.no_compile):
+            p.error("argument --merge: only with --json and --plot (it runs nothing)")
+        if args.list:
+            from .bench_sweep import SWEEP_DTYPES, list_lines
+
+            ops = args.ops or sorted(REGISTRY)
+            print("\n".join(list_lines(ops, args.dtypes or list(SWEEP_DTYPES), args.cases)))
+            return 0
+        for path in args.merge or ():
+            if not os.path.isfile(path):
+                p.error(f"argument --merge: no file {path!r}")
     for opt, path in (("--json", args.json), ("--plot", args.plot)):  # (written at the end: check before the run)
         if path is not None and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
             p.error(f"argument {opt}: the folder of {path!r} does not exist")
@@ -161,6 +230,14 @@ def main(argv: list[str] | None = None) -> int:
 
         return run_models(None if args.models == "all" else args.models, args.dtypes, json_path=args.json,
                           plot_path=args.plot)
+    if args.sweep:
+        from .bench_sweep import merge, run_sweep
+
+        if args.merge is not None:
+            return merge(args.merge, json_path=args.json, plot_path=args.plot)
+        return run_sweep(args.ops, args.dtypes, args.cases, json_path=args.json, plot_path=args.plot,
+                         compile_ok=False if args.no_compile else None, time_limit_s=args.time_limit,
+                         compile_cases=args.compile_cases)
     from .bench import run_bench
 
     args.dtypes = args.dtypes or [torch.float32, torch.bfloat16]
