@@ -121,6 +121,14 @@ def check_tensor(op: str, arg: str, t, dtypes: Sequence[torch.dtype] = _runtime.
                           "a negative-bit view")
 
 
+def check_like(op: str, arg: str, t: torch.Tensor, ref_arg: str, ref: torch.Tensor) -> None:
+    """Raise the named error (Unsupported) unless tensor `t` (argument `arg`) has the dtype and device of `ref`."""
+    if t.dtype != ref.dtype:
+        raise Unsupported(op, arg, f"dtype {ref.dtype} (the dtype of {ref_arg})", t.dtype)
+    if t.device != ref.device:
+        raise Unsupported(op, arg, f"a tensor on {ref.device} (the device of {ref_arg})", t.device)
+
+
 _BROADCAST: dict = {}  # shapes -> broadcast shape (torch.broadcast_shapes costs 10-20 us a call)
 
 

@@ -29,8 +29,8 @@ import triton.language as tl
 from .._cases import randn, stand_in
 from .._runtime import cdiv, remember
 from ..alloc import empty
-from ..elementwise import check_tensor, launch, launch_consts
-from ..errors import InvalidProblem, Unsupported
+from ..elementwise import check_like, check_tensor, launch, launch_consts
+from ..errors import InvalidProblem
 from ..registry import Case, register_op
 from ..tl_helpers import cast_out
 
@@ -183,11 +183,7 @@ def _check(spec: _Spec, grad_output, self) -> None:
     """Every check, as named errors, before anything is allocated or launched."""
     check_tensor(spec.name, "grad_output", grad_output)
     check_tensor(spec.name, "self", self)
-    if grad_output.dtype != self.dtype:
-        raise Unsupported(spec.name, "grad_output", f"dtype {self.dtype} (the dtype of self)", grad_output.dtype)
-    if grad_output.device != self.device:
-        raise Unsupported(spec.name, "grad_output", f"a tensor on {self.device} (the device of self)",
-                          grad_output.device)
+    check_like(spec.name, "grad_output", grad_output, "self", self)
     lo, hi = spec.dims + 1, spec.dims + 2
     if self.dim() not in (lo, hi):
         raise InvalidProblem(spec.name, "self", f"a {lo}-D or {hi}-D (batched) tensor",

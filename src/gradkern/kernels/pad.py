@@ -59,7 +59,7 @@ from .._cases import randn
 from .._runtime import cdiv, remember, values_key
 from ..alloc import empty, empty_contiguous_like
 from ..dispatch import intercept, is_enabled
-from ..elementwise import check_out_overlap, check_tensor, launch, launch_consts
+from ..elementwise import check_like, check_out_overlap, check_tensor, launch, launch_consts
 from ..errors import InvalidProblem, Unsupported
 from ..registry import Case, register_op
 from ..tl_helpers import cast_out
@@ -786,11 +786,7 @@ def _backward(spec: _Spec, grad_output, self, padding, grad_input=None, resize: 
         return _complex_backward(spec, grad_output, self, padding, grad_input, resize)
     check_tensor(spec.name, "grad_output", grad_output)
     check_tensor(spec.name, "self", self)
-    if grad_output.dtype != self.dtype:
-        raise Unsupported(spec.name, "grad_output", f"dtype {self.dtype} (the dtype of self)", grad_output.dtype)
-    if grad_output.device != self.device:
-        raise Unsupported(spec.name, "grad_output", f"a tensor on {self.device} (the device of self)",
-                          grad_output.device)
+    check_like(spec.name, "grad_output", grad_output, "self", self)
     pads = _padding(spec, padding)
     g_shape, self_shape = tuple(grad_output.shape), tuple(self.shape)
     _check_shapes(spec, g_shape, self_shape, pads)
