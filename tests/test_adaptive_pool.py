@@ -12,7 +12,7 @@ from conftest import DEVICE, DTYPES, dtype_id, gpu_only
 from gradkern import ops
 from gradkern.kernels import adaptive_pool as ap
 from gradkern.registry import REGISTRY
-from gradkern.testing import assert_bitwise_equal, assert_close, check_case, run_reference
+from gradkern.testing import assert_bitwise_equal, assert_close, assert_repeats_bitwise, check_case, run_reference
 
 OPS = ["_adaptive_avg_pool2d_backward", "_adaptive_avg_pool3d_backward"]
 GPU = DEVICE == "cuda"
@@ -183,20 +183,29 @@ def test_repeats_tilings_and_index_widths_give_the_same_bits(op, monkeypatch):
     g, x = _problem(shape, out)
     first = getattr(ops, op)(g, x)
     assert_bitwise_equal(getattr(ops, op)(g, x), first, f"{op} run twice")
+    _same_bits_with_small_knobs(lambda: getattr(ops, op)(g, x), first, ("_TILE", "_MAX_BW"), op, monkeypatch)
+
+
+def _same_bits_with_small_knobs(run, first, tile_knobs, label, monkeypatch) -> list[dict]:
+    """`run()` gives `first`'s bits with each of `tile_knobs` (then the grid-stride loop's and the int32 limit's)
+    set small, each alone, and its launch takes the branch the knob forces; the launches' consts."""
     launches = _launches(monkeypatch)
-    for knob, value in (("_TILE", 4), ("_MAX_BW", 2), ("_MAX_PROGRAMS", 2), ("_I32_MAX", 16)):
+    seen = []
+    for knob, value in ((tile_knobs[0], 4), (tile_knobs[1], 2), ("_MAX_PROGRAMS", 2), ("_I32_MAX", 16)):
         ap.clear_plans()
         monkeypatch.setattr(ap, knob, value)
         launches.clear()
-        assert_bitwise_equal(getattr(ops, op)(g, x), first, f"{op} {knob}={value}")
+        assert_bitwise_equal(run(), first, f"{label} {knob}={value}")
         _, ints, consts = launches[0]
         if knob == "_MAX_PROGRAMS":
             assert ints[0] > value  # (more tiles than programs)
         if knob == "_I32_MAX":
             assert consts["I64"]
+        seen.append(consts)
         monkeypatch.undo()
         launches = _launches(monkeypatch)
     ap.clear_plans()
+    return seen
 
 
 def _tiled(op, g, x, tiling, monkeypatch):
@@ -261,20 +270,9 @@ def test_row_tiling_repeats_tilings_and_index_widths_give_the_same_bits(op, monk
     g, x = _problem(shape, out, memory_format=torch.channels_last if _dims(op) == 2 else torch.contiguous_format)
     first = _tiled(op, g, x, "planes", monkeypatch)
     assert_bitwise_equal(_tiled(op, g, x, "rows", monkeypatch), first, f"{op} rows")
-    launches = _launches(monkeypatch)
-    for knob, value in (("_TILE", 4), ("_MAX_BC", 2), ("_MAX_PROGRAMS", 2), ("_I32_MAX", 16)):
-        monkeypatch.setattr(ap, knob, value)
-        launches.clear()
-        assert_bitwise_equal(_tiled(op, g, x, "rows", monkeypatch), first, f"{op} rows {knob}={value}")
-        _, ints, consts = launches[0]
-        assert "BC" in consts
-        if knob == "_MAX_PROGRAMS":
-            assert ints[0] > value  # (more tiles than programs)
-        if knob == "_I32_MAX":
-            assert consts["I64"]
-        monkeypatch.undo()
-        launches = _launches(monkeypatch)
-    ap.clear_plans()
+    seen = _same_bits_with_small_knobs(lambda: _tiled(op, g, x, "rows", monkeypatch), first, ("_TILE", "_MAX_BC"),
+                                       f"{op} rows", monkeypatch)
+    assert all("BC" in consts for consts in seen)
 
 
 def test_bad_inputs_raise_named_errors_and_launch_nothing(monkeypatch):
@@ -403,8 +401,4 @@ def test_stock_raises_in_deterministic_mode_and_gradkern_does_not():
 @gpu_only
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 def test_bitwise_identical_repeats_on_gpu(dtype):
-    for op in OPS:
-        for case in REGISTRY[op].cases(DEVICE, dtype, "check"):
-            first = getattr(ops, op)(*case.args)
-            for _ in range(3):
-                assert_bitwise_equal(getattr(ops, op)(*case.args), first, f"{op} {case.label}")
+    assert_repeats_bitwise(OPS, dtype, DEVICE, "check")

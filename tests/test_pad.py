@@ -15,7 +15,14 @@ from conftest import DEVICE, DTYPES, dtype_id, gpu_only, small_pad_tiles
 from gradkern import ops
 from gradkern.kernels import pad as padmod
 from gradkern.registry import REGISTRY
-from gradkern.testing import assert_bitwise_equal, assert_close, check_case, poison_like, run_reference
+from gradkern.testing import (
+    assert_bitwise_equal,
+    assert_close,
+    assert_repeats_bitwise,
+    check_case,
+    poison_like,
+    run_reference,
+)
 
 OPS = [f"{mode}_pad{d}d_backward" for mode in ("replication", "reflection") for d in (1, 2, 3)]
 GPU = DEVICE == "cuda"
@@ -575,11 +582,7 @@ def test_deterministic_mode_ops_and_training_do_not_raise_on_cuda(monkeypatch):
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 def test_bitwise_identical_repeats_on_gpu(dtype):
     """Repeated runs (plain calls, deterministic-mode training steps) give identical bits."""
-    for op in OPS:
-        for case in REGISTRY[op].cases(DEVICE, dtype, "check"):
-            first = getattr(ops, op)(*case.args)
-            for _ in range(3):
-                assert_bitwise_equal(getattr(ops, op)(*case.args), first, f"{op} {case.label}")
+    assert_repeats_bitwise(OPS, dtype, DEVICE, "check")
     was = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True)
     try:

@@ -90,6 +90,19 @@ def assert_bitwise_equal(actual: Any, expected: Any, what: str = "") -> None:
                              f"{idx}: {a[tuple(idx)].item()!r} vs expected {e[tuple(idx)].item()!r}")
 
 
+def assert_repeats_bitwise(op_names, dtype: torch.dtype, device, size: str, repeats: int = 3) -> None:
+    """Each op's registry cases of `size`, run `repeats` times more through `gradkern.ops`, give the first run's
+    bits."""
+    from . import ops
+
+    for name in op_names:
+        fn = getattr(ops, name)
+        for case in get_op(name).cases(device, dtype, size):
+            first = fn(*case.args, **case.kwargs)
+            for _ in range(repeats):
+                assert_bitwise_equal(fn(*case.args, **case.kwargs), first, f"{name} {case.label}")
+
+
 def assert_close(actual: Any, expected: Any, dtype: torch.dtype | None = None, what: str = "", *,
                  summed_from: int = 0) -> None:
     """Compare a result with the float64 reference (rounded to `dtype`, default the result's) within the

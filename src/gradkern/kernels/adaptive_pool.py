@@ -51,6 +51,12 @@ def _window(o, n_in, n_out):
 
 
 @triton.jit
+def _holding(i, n_in, n_out):
+    """The outputs whose windows hold input i along a dim of n_in inputs and n_out outputs: [lo, hi)."""
+    return (i * n_out) // n_in, ((i + 1) * n_out + n_in - 1) // n_in
+
+
+@triton.jit
 def _adaptive_avg_pool_backward_kernel(gi, go, n_tiles, n_hb, n_wb, C, D, H, W, Do, Ho, Wo,
                                        gsN, gsC, gsD, gsH, gsW, isN, isC, isD, isH, isW, KH, KW,
                                        BH: tl.constexpr, BW: tl.constexpr, ACC: tl.constexpr, I64: tl.constexpr):
@@ -70,12 +76,9 @@ def _adaptive_avg_pool_backward_kernel(gi, go, n_tiles, n_hb, n_wb, C, D, H, W, 
         if I64:
             h = h.to(tl.int64)
             w = w.to(tl.int64)
-        oh_lo = (h * Ho) // H  # the outputs whose windows hold each row / column: [lo, hi)
-        oh_hi = ((h + 1) * Ho + H - 1) // H
-        ow_lo = (w * Wo) // W
-        ow_hi = ((w + 1) * Wo + W - 1) // W
-        od_lo = (d * Do) // D
-        od_hi = ((d + 1) * Do + D - 1) // D
+        oh_lo, oh_hi = _holding(h, H, Ho)  # the outputs whose windows hold each row / column
+        ow_lo, ow_hi = _holding(w, W, Wo)
+        od_lo, od_hi = _holding(d, D, Do)
         src = go + n * gsN + c * gsC
         acc = tl.zeros([BH, BW], dtype=ACC)
         for od in range(od_lo, od_hi):
@@ -114,12 +117,9 @@ def _adaptive_avg_pool_backward_rows_kernel(gi, go, n_tiles, n_wb, n_cb, C, D, H
         if I64:
             w = w.to(tl.int64)
             c = c.to(tl.int64)
-        ow_lo = (w * Wo) // W  # the outputs whose windows hold each column: [lo, hi); along H and D one range
-        ow_hi = ((w + 1) * Wo + W - 1) // W
-        oh_lo = (h * Ho) // H
-        oh_hi = ((h + 1) * Ho + H - 1) // H
-        od_lo = (d * Do) // D
-        od_hi = ((d + 1) * Do + D - 1) // D
+        ow_lo, ow_hi = _holding(w, W, Wo)  # the outputs whose windows hold each column; along H and D one range
+        oh_lo, oh_hi = _holding(h, H, Ho)
+        od_lo, od_hi = _holding(d, D, Do)
         src = go + n * gsN + c * gsC
         acc = tl.zeros([BW, BC], dtype=ACC)
         for od in range(od_lo, od_hi):  # (od, oh, ow ascending, each term as the plane kernel forms it: same bits)
@@ -210,14 +210,13 @@ def _tiling(cl: bool, c: int) -> str:
 def _plan(spec: _Spec, g_shape: tuple, g_stride: tuple, x_shape: tuple, cl: bool, dtype: torch.dtype) -> _Plan:
     """The launch of a validated, non-empty problem: every shape as (N, C, D, H, W), unbatched N = 1 with stride 0,
     2d with D = 1."""
-    pad = 5 - len(x_shape)
-    size = (1,) * pad + x_shape if spec.dims == 3 else (1,) * (pad - 1) + x_shape[:-2] + (1,) + x_shape[-2:]
-    gsize = (1,) * pad + g_shape if spec.dims == 3 else (1,) * (pad - 1) + g_shape[:-2] + (1,) + g_shape[-2:]
-    gstr = (0,) * pad + g_stride if spec.dims == 3 else (0,) * (pad - 1) + g_stride[:-2] + (0,) + g_stride[-2:]
+    def ncdhw(values: tuple, fill: int) -> tuple:  # sizes (fill 1) or strides (fill 0) as (N, C, D, H, W)
+        lead = (fill,) * (5 - len(values))
+        return lead + values if spec.dims == 3 else lead[1:] + values[:-2] + (fill,) + values[-2:]
+
     meta = torch.empty(x_shape, device="meta", memory_format=torch.channels_last if cl else torch.contiguous_format)
     out_stride = meta.stride()
-    istr = (0,) * pad + out_stride if spec.dims == 3 else \
-        (0,) * (pad - 1) + out_stride[:-2] + (0,) + out_stride[-2:]
+    size, gsize, gstr, istr = ncdhw(x_shape, 1), ncdhw(g_shape, 1), ncdhw(g_stride, 0), ncdhw(out_stride, 0)
     n, c, d_in, h_in, w_in = size
     d_out, h_out, w_out = gsize[2:]
     kh, kw = max_outputs(h_in, h_out), max_outputs(w_in, w_out)
