@@ -177,14 +177,14 @@ def _host_row(name: str, path: str, label: str, ours: Callable, stock: Callable 
               routed: bool = True) -> dict:
     """Both timed twice, alternating, keeping each one's best. `stock` None: `ours` itself with gradkern
     unregistered; `routed`: `ours` runs under use()."""
-    best_ours = best_stock = None
+    stock_us, ours_us = [], []
     for _ in range(2):
         dispatch.unregister()
-        t = _safe(lambda: host_overhead_us(stock or ours, calls), f"stock {name} {path}")
-        best_stock = t if best_stock is None or (t is not None and t < best_stock) else best_stock
+        stock_us.append(_safe(lambda: host_overhead_us(stock or ours, calls), f"stock {name} {path}"))
         with use(routed, mode="always"):
-            t = host_overhead_us(ours, calls)
-        best_ours = t if best_ours is None else min(best_ours, t)
+            ours_us.append(host_overhead_us(ours, calls))
+    best_ours = min(ours_us)
+    best_stock = min((t for t in stock_us if t is not None), default=None)
     ratio = best_ours / best_stock if best_stock else None
     if "fwd+bwd" in path:
         met = best_stock is not None and best_ours <= best_stock + HOST_DELTA_TARGET_US

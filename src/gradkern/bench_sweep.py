@@ -816,14 +816,18 @@ def _offsets(lens: torch.Tensor, dtype=torch.int64) -> torch.Tensor:
     return torch.cat([lens.new_zeros(1), lens.cumsum(0)]).to(dtype)
 
 
+def _seg_problem(c: _Ctx, n: int, d: int, dist: str, lay: str, outer: int, i32: bool):
+    """(data, offsets) of a segment_max case: offsets int32 or int64."""
+    return _seg_data(c, n, d, lay, outer), _offsets(_seg_lengths(c, dist, n), torch.int32 if i32 else torch.int64)
+
+
 def _segment_max_forward_cases(op: str, S: Scale) -> list:
     from .kernels.segment_max import _bench_segment_reduce_max
 
     out = []
     for label, n, d, dist, lay, outer, i32 in _seg_specs(S):
         def make(c: _Ctx, n=n, d=d, dist=dist, lay=lay, outer=outer, i32=i32) -> Built:
-            data = _seg_data(c, n, d, lay, outer)
-            offs = _offsets(_seg_lengths(c, dist, n), torch.int32 if i32 else torch.int64)
+            data, offs = _seg_problem(c, n, d, dist, lay, outer, i32)
             s = offs.numel() - 1
             nbytes = distinct_bytes(data) + s * d * max(1, outer) * (c.el + 8) + distinct_bytes(offs)
             stock = None
@@ -840,8 +844,7 @@ def _segment_max_backward_cases(op: str, S: Scale) -> list:
         def make(c: _Ctx, n=n, d=d, dist=dist, lay=lay, outer=outer, i32=i32) -> Built:
             from . import ops
 
-            data = _seg_data(c, n, d, lay, outer)
-            offs = _offsets(_seg_lengths(c, dist, n), torch.int32 if i32 else torch.int64)
+            data, offs = _seg_problem(c, n, d, dist, lay, outer, i32)
             axis = 1 if outer else 0
             with torch.no_grad():
                 _vals, idx = ops.segment_max_forward(data, offs, axis)

@@ -100,8 +100,6 @@ def _router(info: OpInfo, overload: str, stock: Callable) -> Callable:
     return router
 
 
-
-
 def routed_overloads() -> dict[str, str]:
     """ATen overload -> gradkern op name, for every registration `enable()` makes."""
     return {ov: info.name for info in REGISTRY.values() for ov in info.aten}
