@@ -38,9 +38,8 @@ from .registry import REGISTRY
 __all__ = ["fused_autograd", "plain_tensors", "plain_gradient", "direct_apply", "STOCK_IN_AUTO"]
 
 # enable()'s route (registry.OpInfo.route) for the autograd-key overrides: stock is deterministic for them, and an
-# override costs host time on every call of its op, even one it declines (H100, forward + backward at 4K elements:
-# where +60 us registered but off, lerp +18, prelu +20, repeat +10), more than the fused backward saves at the sizes
-# models use; so mode "auto" leaves them unregistered and mode "always" uses them
+# override costs host time on every call of its op, even one it declines (where: +60 us a forward + backward, H100;
+# docs/tuning/routing.md), more than the fused backward saves at the sizes models use
 STOCK_IN_AUTO = {"route": False, "route_doc": "stock (deterministic; an autograd-key override costs 10-60 us of "
                  "host time a call, declined or not); gradkern's fused backward only in mode \"always\""}
 
