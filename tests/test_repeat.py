@@ -267,6 +267,11 @@ def test_negative_zero_where_nothing_is_summed(dtype):
             (gx,) = torch.autograd.grad(x.repeat(list(reps)), x, g)
         (ref,) = torch.autograd.grad(x.repeat(list(reps)), x, g)
         assert_bitwise_equal(gx, ref, f"enable() {reps} {shape}")
+    g = torch.randn(2, 3, device=DEVICE).to(dtype)
+    x = torch.zeros(2, 3, dtype=dtype, device=DEVICE, requires_grad=True)
+    with gradkern.use(mode="always"):
+        (gx,) = torch.autograd.grad(x.repeat(1, 1), x, g)
+    assert gx.data_ptr() == g.data_ptr(), "enable(): a copy where autograd's formula hands grad on"
     t = torch.full((2, 3), -0.0, dtype=dtype, device=DEVICE).t()  # a strided grad: a fresh contiguous copy
     out = ops.repeat_backward(t, (1, 1), (3, 2))
     assert out.is_contiguous() and out.data_ptr() != t.data_ptr()

@@ -124,6 +124,8 @@ class _Repeat(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
+        if len(ctx.repeats) == len(ctx.input_shape) and all(r == 1 for r in ctx.repeats):
+            return grad, None  # nothing to sum: autograd's formula hands grad on as it is (no copy)
         if torch.is_grad_enabled() or not ctx.kernel or not plain_gradient(grad):
             # create_graph=True (the gradient must itself be differentiable), a dtype the kernel does not take,
             # or a gradient it cannot read as plain storage (see plain_gradient): autograd's own formula, so
