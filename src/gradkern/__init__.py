@@ -22,3 +22,4 @@ __all__ = [
 ]
 from .kernels.sparsemax import sparsemax  # noqa: E402,I001  (an autograd-aware op PyTorch lacks)
 from .kernels.segment_max import segment_max  # noqa: E402,I001  (an autograd-aware op PyTorch lacks)
+from . import python_routes  # noqa: E402,F401,I001  (declares the Python-level routes enable() installs)

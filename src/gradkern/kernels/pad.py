@@ -44,7 +44,6 @@ tiles x column tiles, at most 2^30 programs), plane offsets are int64, in-plane 
 from __future__ import annotations
 
 import functools
-import importlib
 import math
 import operator
 from collections.abc import Sequence
@@ -58,7 +57,6 @@ from .. import _runtime
 from .._cases import randn
 from .._runtime import cdiv, remember, values_key
 from ..alloc import empty, empty_contiguous_like
-from ..dispatch import intercept, is_enabled
 from ..elementwise import check_like, check_out_overlap, check_tensor, launch, launch_consts
 from ..errors import InvalidProblem, Unsupported
 from ..registry import Case, register_op
@@ -888,32 +886,3 @@ replication_pad3d_backward = _declare(_Spec("replication_pad3d_backward", 3, Fal
 reflection_pad1d_backward = _declare(_Spec("reflection_pad1d_backward", 1, True))
 reflection_pad2d_backward = _declare(_Spec("reflection_pad2d_backward", 2, True))
 reflection_pad3d_backward = _declare(_Spec("reflection_pad3d_backward", 3, True))
-
-
-# ----------------------------------------------------------------------------------------------- F.pad route
-# In deterministic mode, F.pad(mode="replicate") on CUDA (nn.ReplicationPad*d included) does not call
-# aten::replication_pad*d, whose backward gradkern replaces: it calls `torch._decomp.decompositions.
-# _replication_pad`, an indexing decomposition whose backward is a sort-based index_put, ~34x slower. F.pad looks
-# that function up on the module at every call, so while gradkern is enabled a wrapper stands there (installed by
-# enable(), removed by disable()): it takes the path F.pad takes outside deterministic mode (`torch._C._nn.pad`,
-# i.e. aten::replication_pad*d, whose forward is deterministic); while compiling, and for tensors of 2^31 elements
-# or more (which ATen's CUDA kernel cannot index) it calls the original.
-def _replication_pad_route(original):
-    def routed(a, padding, *args, **kwargs):
-        if not args and not kwargs and _routable(a, padding):
-            return torch._C._nn.pad(a, padding, "replicate")
-        return original(a, padding, *args, **kwargs)
-    return routed
-
-
-def _routable(a, padding) -> bool:
-    if not (is_enabled() and isinstance(a, torch.Tensor) and a.device.type == _runtime.DEVICE_TYPE):
-        return False
-    if torch.compiler.is_compiling() or len(padding) > 2 * a.dim() or len(padding) % 2:  # (the original's rules)
-        return False
-    out = padded_shape(a.shape, padding)
-    # ATen's kernel refuses an empty input or output (the decomposition returns them): those keep the original
-    return a.numel() > 0 and min(out) > 0 and max(a.numel(), math.prod(out)) <= _I32_MAX
-
-
-intercept(importlib.import_module("torch._decomp.decompositions"), "_replication_pad", _replication_pad_route)
