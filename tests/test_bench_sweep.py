@@ -293,3 +293,15 @@ def test_bad_sweep_arguments_are_usage_errors(argv):
 
 def test_cli_help_states_the_interpreter_case_count():
     assert cli._SWEEP_INTERP_CASES == bench_sweep.INTERP_CASES
+
+
+def test_records_say_who_serves_a_case_under_enable_and_its_speedup_there():
+    """A case whose route sends it to stock (activation backwards: route=False) counts 1.0x as enable() routes
+    it; one gradkern serves keeps the kernel's speedup; the summary has both."""
+    recs = [bench_sweep.measure_case(bench_sweep.sweep_cases(op, torch.float32, False)[0], DEVICE, False, 1.0, False)
+            for op in ("hardsigmoid_backward", "_adaptive_avg_pool2d_backward")]
+    assert [r["route"] for r in recs] == ["stock", "gradkern"]
+    assert recs[0]["speedup_routed"] == 1.0 and recs[1]["speedup_routed"] == recs[1]["speedup_vs_aten"]
+    rows = {r["op"]: r for r in bench_sweep.summarize(recs)["per_op"]}
+    assert rows["hardsigmoid_backward"]["routed_min"] == 1.0 and rows["hardsigmoid_backward"]["routed_stock_cases"] == 1
+    assert rows["_adaptive_avg_pool2d_backward"]["routed_geomean"] == pytest.approx(recs[1]["speedup_vs_aten"])

@@ -50,10 +50,12 @@ the op's reference on the device (loose tolerance: it catches garbage, not ulps;
 reference runs in float32 for 16-bit cases); a case that fails or raises is marked and not timed. The compiled code
 is inspected: "inductor" (Inductor generated every kernel), "mixed" (its own kernels beside ATen fallbacks, e.g. a
 sort), "fallback" (no kernel of its own, or the stock ATen op itself kept beside helper kernels). Speedups vs
-torch.compile are summarised only over "inductor" and "mixed" cases. Per op the summary gives min and geometric mean
-of the speedups and of % of the copy ceiling (and of % copy over cases moving >= 64 MiB), the case of the minimum,
-and the Triton variants gradkern compiled during the op's cases (shared kernels compiled by an earlier op are not
-counted again).
+torch.compile are summarised only over "inductor" and "mixed" cases. Each case also records who serves it under
+`enable()` (mode "auto": the op's route, a function of the descriptor), and its speedup as a user of enable() sees
+it: the kernel's where gradkern serves it, 1.0 where the route sends it to stock. Per op the summary gives min and
+geometric mean of the speedups (the kernel's, and as enable() routes) and of % of the copy ceiling (and of % copy
+over cases moving >= 64 MiB), the case of the minimum, and the Triton variants gradkern compiled during the op's
+cases (shared kernels compiled by an earlier op are not counted again).
 """
 
 from __future__ import annotations
@@ -75,6 +77,7 @@ from . import _runtime
 from .bench import _f, _safe, copy_ceiling_gbs
 from .cli import _device_name, print_table
 from .dispatch import use
+from .plan import route_of
 from .registry import REGISTRY
 
 __all__ = ["SweepCase", "Built", "GENERATORS", "FAMILIES", "sweep_cases", "list_lines", "measure_case",
@@ -97,6 +100,12 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "sparsemax": ("sparsemax_forward", "sparsemax_backward"),
     "segment max": ("segment_max_forward", "segment_max_backward", "_segment_reduce_backward"),
     "adaptive average pool backwards": ("_adaptive_avg_pool2d_backward", "_adaptive_avg_pool3d_backward"),
+    "max and 3-D pool backwards": ("max_pool3d_with_indices_backward", "avg_pool3d_backward",
+                                   "adaptive_max_pool2d_backward", "adaptive_max_pool3d_backward"),
+    "upsampling backwards": ("upsample_linear1d_backward", "upsample_bilinear2d_backward",
+                             "upsample_bicubic2d_backward", "_upsample_bilinear2d_aa_backward",
+                             "upsample_trilinear3d_backward"),
+    "segmentation loss": ("nll_loss2d_forward",),
 }
 
 
@@ -968,6 +977,303 @@ def _adaptive_pool_cases(op: str, S: Scale) -> list:
     return out
 
 
+# ----------------------------------------------------------------------------------------------- upsampling
+def _tiny_sizes(sizes: Sequence[int], cap: int = 24) -> tuple[int, ...]:
+    """Spatial sizes shrunk for the interpreter, ratios kept: all divided by one factor so that the largest is at
+    most `cap` (a size of 1 stays 1)."""
+    k = max(1, -(-max(sizes) // cap))
+    return tuple(max(1, round(s / k)) if s > 1 else 1 for s in sizes)
+
+
+def _shrink(full: tuple, lead: int) -> tuple:
+    """A full input shape's tiny version: batch and channels at most 2 and 3, spatial sizes by `_tiny_sizes`."""
+    return (min(full[0], 2),) + ((min(full[1], 3),) if lead == 2 else ()) + _tiny_sizes(full[lead:])
+
+
+# per spatial dims: (note, full input shape, output sizes or scale factors, align_corners, grad layout); a float
+# entry is a scale factor given to the op (output = floor(input * scale), as F.interpolate computes it)
+_UPSAMPLE = {
+    1: [
+        ("x2", (32, 64, 1024), (2048,), False, "contig"),
+        ("x2 align_corners", (64, 256, 500), (1000,), True, "contig"),
+        ("downsample 1/4.1", (32, 64, 4096), (1000,), False, "contig"),
+        ("x1.7", (64, 128, 577), (981,), False, "contig"),
+        ("prime", (16, 32, 997), (1499,), True, "contig"),
+        ("scale 2.5 given", (32, 64, 800), (2.5,), False, "contig"),
+        ("scale 0.3 given", (32, 64, 4000), (0.3,), False, "contig"),
+        ("identity", (64, 64, 1024), (1024,), False, "contig"),
+        ("1 -> 100", (256, 256, 1), (100,), False, "contig"),
+        ("1 -> 100 align_corners", (256, 256, 1), (100,), True, "contig"),
+        ("2 -> 9", (512, 128, 2), (9,), False, "contig"),
+        ("audio x4", (8, 32, 16000), (64000,), False, "contig"),
+        ("", (32, 64, 1024), (2048,), False, "t"),
+        ("", (32, 64, 1024), (2048,), False, "s2"),
+        ("", (32, 64, 1024), (2048,), False, "off1"),
+        ("", (32, 64, 1024), (2048,), False, "perm01"),
+        ("", (32, 64, 1024), (2048,), False, "pitch"),
+        ("", (32, 64, 1024), (2048,), False, "exp0"),
+        (">=256MB", (64, 256, 2048), (4096,), False, "contig"),
+        (">=256MB downsample", (64, 256, 8192), (2048,), True, "contig"),
+        ("many short rows", (4096, 64, 7), (14,), False, "contig"),
+        ("odd", (33, 17, 1001), (2003,), False, "contig"),
+        ("downsample 1/2", (32, 64, 4096), (2048,), False, "contig"),
+        ("64K", (1, 64, 512), (1024,), False, "contig"),
+    ],
+    2: [
+        ("segmentation head x2", (16, 21, 64, 64), (128, 128), False, "contig"),
+        ("PSPNet logits x8", (8, 21, 64, 64), (512, 512), False, "contig"),
+        ("x2 align_corners", (16, 64, 64, 64), (128, 128), True, "contig"),
+        ("FPN x2", (8, 256, 50, 68), (100, 136), False, "contig"),
+        ("downsample 1/2", (16, 64, 128, 128), (64, 64), False, "contig"),
+        ("downsample 225 -> 64", (8, 32, 225, 225), (64, 64), False, "contig"),
+        ("x1.7", (16, 32, 57, 61), (97, 104), False, "contig"),
+        ("scale 2.5 given", (16, 32, 60, 60), (2.5, 2.5), False, "contig"),
+        ("scale 0.3 given", (16, 32, 200, 200), (0.3, 0.3), False, "contig"),
+        ("PSPNet pyramid 1 -> 60", (16, 512, 1, 1), (60, 60), False, "contig"),
+        ("PSPNet pyramid 6 -> 60", (16, 512, 6, 6), (60, 60), False, "contig"),
+        ("pyramid 3 -> 60 align_corners", (16, 512, 3, 3), (60, 60), True, "contig"),
+        ("identity", (32, 64, 56, 56), (56, 56), False, "contig"),
+        ("1-row planes", (4, 64, 1, 1024), (1, 2048), False, "contig"),
+        ("prime", (4, 16, 97, 101), (211, 199), True, "contig"),
+        ("", (16, 64, 64, 64), (128, 128), False, "cl"),
+        ("", (16, 64, 64, 64), (128, 128), False, "t"),
+        ("", (16, 64, 64, 64), (128, 128), False, "s2"),
+        ("", (16, 64, 64, 64), (128, 128), False, "off1"),
+        ("", (16, 64, 64, 64), (128, 128), False, "perm01"),
+        (">=256MB", (32, 64, 128, 128), (256, 256), False, "contig"),
+        (">=256MB downsample", (32, 64, 256, 256), (128, 128), True, "contig"),
+        ("super-resolution x4", (16, 3, 64, 64), (256, 256), False, "contig"),
+        ("many 7x7 planes", (4096, 16, 7, 7), (14, 14), False, "contig"),
+        ("wide", (2, 8, 16, 4096), (32, 8192), False, "contig"),
+        ("64K", (1, 16, 32, 32), (64, 64), False, "contig"),
+    ],
+    3: [
+        ("U-Net x2", (2, 32, 32, 32, 32), (64, 64, 64), False, "contig"),
+        ("U-Net x2 align_corners", (2, 32, 32, 32, 32), (64, 64, 64), True, "contig"),
+        ("bottleneck x2", (4, 128, 8, 8, 8), (16, 16, 16), False, "contig"),
+        ("video", (4, 16, 8, 64, 64), (16, 128, 128), False, "contig"),
+        ("downsample 1/2", (2, 16, 64, 64, 64), (32, 32, 32), False, "contig"),
+        ("anisotropic", (2, 32, 20, 64, 64), (40, 96, 96), False, "contig"),
+        ("scale 1.5 given", (2, 16, 30, 30, 30), (1.5, 1.5, 1.5), False, "contig"),
+        ("scale 0.4 given", (2, 16, 60, 60, 60), (0.4, 0.4, 0.4), True, "contig"),
+        ("global 1 -> 16", (8, 256, 1, 1, 1), (16, 16, 16), False, "contig"),
+        ("2 -> 16", (8, 128, 2, 2, 2), (16, 16, 16), True, "contig"),
+        ("identity", (2, 32, 32, 32, 32), (32, 32, 32), False, "contig"),
+        ("prime", (2, 8, 17, 19, 23), (37, 41, 43), False, "contig"),
+        ("", (2, 32, 32, 32, 32), (64, 64, 64), False, "cl"),
+        ("", (2, 32, 32, 32, 32), (64, 64, 64), False, "t"),
+        ("", (2, 32, 32, 32, 32), (64, 64, 64), False, "s2"),
+        ("", (2, 32, 32, 32, 32), (64, 64, 64), False, "off1"),
+        ("", (2, 32, 32, 32, 32), (64, 64, 64), False, "perm01"),
+        (">=256MB", (4, 32, 32, 64, 64), (64, 128, 128), False, "contig"),
+        (">=256MB downsample", (4, 32, 64, 128, 128), (32, 64, 64), True, "contig"),
+        ("D only", (4, 32, 16, 64, 64), (32, 64, 64), False, "contig"),
+        ("x1.3", (2, 16, 40, 40, 40), (52, 52, 52), False, "contig"),
+        ("many 4^3 volumes", (512, 32, 4, 4, 4), (8, 8, 8), False, "contig"),
+        ("1-D-like", (2, 8, 1, 1, 4096), (1, 1, 8192), False, "contig"),
+        ("64K", (1, 8, 8, 16, 16), (16, 32, 32), False, "contig"),
+    ],
+}
+_UPSAMPLE_DIMS = {"upsample_linear1d_backward": 1, "upsample_bilinear2d_backward": 2,
+                  "upsample_bicubic2d_backward": 2, "_upsample_bilinear2d_aa_backward": 2,
+                  "upsample_trilinear3d_backward": 3}
+
+
+def _upsample_cases(op: str, S: Scale) -> list:
+    dims = _UPSAMPLE_DIMS[op]
+    out = []
+    for note, full, size, align, gl in _UPSAMPLE[dims]:
+        shape = S(full, _shrink(full, 2))
+        scales = tuple(float(s) for s in size) if isinstance(size[0], float) else None
+        if scales:
+            osize = tuple(math.floor(i * s) for i, s in zip(shape[2:], scales))
+        else:
+            osize = size if S.full else tuple(max(1, round(o * t / f)) for o, t, f in zip(size, shape[2:], full[2:]))
+        lay = f" grad {LAYOUTS[gl]}" if gl != "contig" else ""
+        label = (f"{_dims(shape)} -> {_dims(osize)}{' align_corners' if align else ''}{lay}"
+                 + (f" ({note})" if note else ""))
+
+        def make(c: _Ctx, shape=shape, osize=osize, align=align, scales=scales, gl=gl) -> Built:
+            g = c.arrange(shape[:2] + osize, gl)
+            args = (g, list(osize), list(shape), align, *(scales or (None,) * dims))
+            return Built(args, {}, distinct_bytes(g) + _numel(shape) * c.el)
+        out.append((label, make))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------- 3-D pools
+# (note, full input shape, kernel, stride, padding, dilation / (ceil_mode, count_include_pad, divisor_override),
+# ceil_mode, input layout); the tiny shape by `_shrink`
+_POOL3D = [
+    ("U-Net MaxPool3d(2)", (2, 32, 64, 64, 64), 2, 2, 0, False, "contig"),
+    ("overlapping 3/2/1", (2, 32, 64, 64, 64), 3, 2, 1, False, "contig"),
+    ("3/1/1 (same size)", (2, 16, 32, 32, 32), 3, 1, 1, False, "contig"),
+    ("ceil_mode", (2, 32, 33, 33, 33), 2, 2, 0, True, "contig"),
+    ("ceil_mode overlapping", (2, 32, 31, 45, 45), 3, 2, 1, True, "contig"),
+    ("video (1,2,2)", (8, 64, 16, 56, 56), (1, 2, 2), (1, 2, 2), 0, False, "contig"),
+    ("video (3,3,3)/(1,2,2)", (8, 64, 16, 56, 56), 3, (1, 2, 2), 1, False, "contig"),
+    ("anisotropic", (2, 32, 20, 64, 64), (2, 3, 3), (2, 2, 2), (0, 1, 1), False, "contig"),
+    ("kernel 5", (2, 16, 40, 40, 40), 5, 2, 2, False, "contig"),
+    ("kernel 4 stride 4", (2, 16, 64, 64, 64), 4, 4, 0, False, "contig"),
+    ("prime", (2, 8, 37, 41, 43), 2, 2, 0, False, "contig"),
+    ("bottleneck", (16, 256, 8, 8, 8), 2, 2, 0, False, "contig"),
+    ("", (2, 32, 64, 64, 64), 2, 2, 0, False, "cl"),
+    ("", (2, 32, 64, 64, 64), 3, 2, 1, False, "cl"),
+    ("", (2, 32, 64, 64, 64), 2, 2, 0, False, "perm01"),
+    ("", (2, 32, 64, 64, 64), 2, 2, 0, False, "t"),
+    ("", (2, 32, 64, 64, 64), 2, 2, 0, False, "s2"),
+    ("", (2, 32, 64, 64, 64), 2, 2, 0, False, "off1"),
+    (">=256MB", (4, 32, 128, 128, 64), 2, 2, 0, False, "contig"),
+    (">=256MB overlapping", (4, 32, 96, 96, 96), 3, 2, 1, False, "contig"),
+    ("unbatched", (32, 32, 64, 64), 2, 2, 0, False, "contig"),
+    ("D=1", (8, 64, 1, 128, 128), (1, 3, 3), (1, 2, 2), (0, 1, 1), False, "contig"),
+    ("many 4^3 volumes", (512, 32, 4, 4, 4), 2, 2, 0, False, "contig"),
+    ("64K", (1, 8, 16, 32, 32), 2, 2, 0, False, "contig"),
+    ("global-ish 8", (4, 64, 16, 16, 16), 8, 8, 0, False, "contig"),
+]
+# per op, the variant of each row (by index, cycling): max pool: dilation; avg pool: (count_include_pad,
+# divisor_override)
+_MAX3D_DILATION = (1, 1, 1, 2, 1, 1, 1, (1, 2, 2), 1, 1)
+_AVG3D_VARIANT = ((True, None), (False, None), (True, None), (True, 3), (False, None))
+
+
+def _pool3d_shape(full: tuple, S: Scale) -> tuple:
+    if S.full:
+        return full
+    lead = 2 if len(full) == 5 else 1
+    return (min(full[0], 2),) * (lead == 2) + (min(full[lead - 1], 3),) + _tiny_sizes(full[lead:], 12)
+
+
+def _pool3d_cases(op: str, S: Scale) -> list:
+    maxpool = op == "max_pool3d_with_indices_backward"
+    out = []
+    for i, (note, full, k, s, p, ceil, xl) in enumerate(_POOL3D):
+        shape = _pool3d_shape(full, S)
+        k3, s3, p3 = (_triple(v) for v in (k, s, p))
+        k3 = tuple(min(kk, n) for kk, n in zip(k3, shape[-3:]))  # (tiny shapes: windows fit, pads at most k/2)
+        p3 = tuple(min(pp, kk // 2) for pp, kk in zip(p3, k3))
+        if maxpool:
+            d3 = _triple(_MAX3D_DILATION[i % len(_MAX3D_DILATION)])
+            d3 = tuple(dd if (kk - 1) * dd + 1 <= n + 2 * pp else 1 for dd, kk, n, pp in zip(d3, k3, shape[-3:], p3))
+            extra = (list(d3), ceil)
+            variant = f" dilation {d3}" if max(d3) > 1 else ""
+        else:
+            include, divisor = _AVG3D_VARIANT[i % len(_AVG3D_VARIANT)]
+            extra = (ceil, include, divisor)
+            variant = ("" if include else " count_include_pad=False") + (f" divisor {divisor}" if divisor else "")
+        lay = f" {LAYOUTS[xl]}" if xl != "contig" else ""
+        label = (f"{_dims(shape)} k{_dims(k3)} s{_dims(s3)} p{_dims(p3)}{' ceil_mode' if ceil else ''}{variant}{lay}"
+                 + (f" ({note})" if note else ""))
+        out.append((label, _pool3d_builder(maxpool, shape, k3, s3, p3, extra, xl)))
+    return _dedupe(out)
+
+
+def _pool_format(y: torch.Tensor) -> torch.memory_format:
+    cl = y.dim() == 5 and y.is_contiguous(memory_format=torch.channels_last_3d) and not y.is_contiguous()
+    return torch.channels_last_3d if cl else torch.contiguous_format
+
+
+def _triple(v) -> tuple:
+    return tuple(v) if isinstance(v, tuple) else (v,) * 3
+
+
+def _pool3d_builder(maxpool, shape, k3, s3, p3, extra, xl):
+    def make(c: _Ctx) -> Built:
+        x = c.arrange(shape, xl)
+        window = (list(k3), list(s3), list(p3))
+        if maxpool:
+            y, idx = torch.ops.aten.max_pool3d_with_indices(x, *window, *extra)
+        else:
+            y = torch.ops.aten.avg_pool3d(x, *window, *extra)
+        g = c.randn(y.shape).contiguous(memory_format=_pool_format(y))  # (grad_output in the forward's layout)
+        # grad_output (and max pooling's int64 indices) read, grad_input written; self only lends its layout
+        nbytes = distinct_bytes(g) + _numel(shape) * c.el
+        if maxpool:
+            return Built((g, x, *window, *extra, idx), {}, nbytes + idx.numel() * 8)
+        return Built((g, x, *window, *extra), {}, nbytes)
+    return make
+
+
+# ----------------------------------------------------------------------------------------------- adaptive max pool
+def _adaptive_max_pool_cases(op: str, S: Scale) -> list:
+    """The adaptive average pools' problems, with self real (the forward's indices come from it) and the indices
+    read besides grad_output."""
+    dims = 3 if "3d" in op else 2
+    out = []
+    for note, full, tiny, osizes, gl, cl in _POOL[dims]:
+        shape, osize = S(full, tiny), S(*osizes)
+        lay = f" grad {LAYOUTS[gl]}" if gl != "contig" else ""
+        label = f"{_dims(shape)} -> {_dims(osize)}{lay}" + (f" ({note})" if note else "")
+
+        def make(c: _Ctx, shape=shape, osize=osize, gl=gl, cl=cl) -> Built:
+            x = c.arrange(shape, "cl" if cl else "contig")
+            fwd = torch.ops.aten.adaptive_max_pool3d if dims == 3 else torch.ops.aten.adaptive_max_pool2d
+            _, idx = fwd(x, list(osize))
+            g = c.arrange(idx.shape, gl) if not cl else c.randn(idx.shape).contiguous(memory_format=torch.channels_last)
+            return Built((g, x, idx), {}, distinct_bytes(g) + idx.numel() * 8 + _numel(shape) * c.el)
+        out.append((label, make))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------- nll_loss2d
+# (note, full logits shape, weighted, ignore_index (None: no target is ignored), reduction, logits layout); 5-D
+# problems as nll_loss_nd hands them on: (N, C, 1, D*H*W)
+_NLL = [
+    ("VOC 21 classes", (16, 21, 128, 128), False, None, 1, "contig"),
+    ("VOC, ignore 255", (16, 21, 128, 128), False, 255, 1, "contig"),
+    ("VOC, weighted, ignore 255", (16, 21, 128, 128), True, 255, 1, "contig"),
+    ("Cityscapes 19", (8, 19, 256, 512), False, 255, 1, "contig"),
+    ("Cityscapes weighted", (8, 19, 256, 512), True, 255, 1, "contig"),
+    ("ADE20K 150", (8, 150, 128, 128), False, -100, 1, "contig"),
+    ("binary", (32, 2, 256, 256), False, None, 1, "contig"),
+    ("sum", (16, 21, 128, 128), False, None, 2, "contig"),
+    ("sum weighted", (16, 21, 128, 128), True, 255, 2, "contig"),
+    ("none", (16, 21, 128, 128), False, 255, 0, "contig"),
+    ("none weighted", (16, 21, 128, 128), True, None, 0, "contig"),
+    ("3-D 64^3, 4 classes", (2, 4, 1, 262144), False, None, 1, "contig"),
+    ("3-D 96^3, 14 classes weighted", (2, 14, 1, 884736), True, None, 1, "contig"),
+    ("3-D 128^3, 3 classes", (1, 3, 1, 2097152), False, -100, 2, "contig"),
+    ("", (16, 21, 128, 128), False, 255, 1, "cl"),
+    ("", (16, 21, 128, 128), True, 255, 1, "cl"),
+    ("", (16, 21, 128, 128), False, 255, 1, "perm01"),
+    ("", (16, 21, 128, 128), False, 255, 1, "t"),
+    ("", (16, 21, 128, 128), False, 255, 1, "s2"),
+    ("", (16, 21, 128, 128), False, 255, 1, "off1"),
+    ("prime", (7, 13, 97, 101), True, 255, 1, "contig"),
+    ("one class", (8, 1, 128, 128), False, None, 1, "contig"),
+    ("1000 classes", (2, 1000, 32, 32), True, None, 1, "contig"),
+    ("64K pixels", (1, 21, 256, 256), False, 255, 1, "contig"),
+    ("large", (32, 21, 512, 512), False, 255, 1, "contig"),
+]
+
+
+def _nll_cases(op: str, S: Scale) -> list:
+    out = []
+    for note, full, weighted, ignore, reduction, xl in _NLL:
+        shape = S(full, (min(full[0], 2), min(full[1], 5), *_tiny_sizes(full[2:], 16)))
+        lay = f" {LAYOUTS[xl]}" if xl != "contig" else ""
+        label = (f"{_dims(shape)} {('none', 'mean', 'sum')[reduction]}{' weighted' if weighted else ''}"
+                 f"{f' ignore {ignore}' if ignore is not None else ''}{lay}" + (f" ({note})" if note else ""))
+
+        def make(c: _Ctx, shape=shape, weighted=weighted, ignore=ignore, reduction=reduction, xl=xl) -> Built:
+            n, classes = shape[0], shape[1]
+            x = c.arrange(shape, xl)
+            gen = torch.Generator().manual_seed(c.seed)
+            target = torch.randint(0, classes, (n, *shape[2:]), generator=gen)
+            if ignore is not None:
+                target[torch.rand(target.shape, generator=gen) < 0.1] = ignore
+            target = target.to(c.device)
+            weight = c.rand((classes,)) + 0.5 if weighted else None
+            pixels = target.numel()
+            # the target read once, one logit a pixel (the target's class: C-fold fewer than the logits), the
+            # weight; the loss (per pixel under reduction none) and total_weight written
+            nbytes = pixels * (8 + c.el) + (classes * c.el if weighted else 0) \
+                + (pixels if reduction == 0 else 2) * c.el
+            return Built((x, target, weight, reduction, -100 if ignore is None else ignore), {}, nbytes)
+        out.append((label, make))
+    return out
+
+
 # ----------------------------------------------------------------------------------------------- fallback
 def _registry_cases(op: str, S: Scale, dtype: torch.dtype) -> list:
     """An op without a generator: its registry cases (sizes "check" and "large" on a GPU, "small" otherwise), each
@@ -1030,6 +1336,12 @@ GENERATORS: dict[str, Callable[[str, Scale], list]] = {
     "_segment_reduce_backward": _segment_reduce_backward_cases,
     "_adaptive_avg_pool2d_backward": _adaptive_pool_cases,
     "_adaptive_avg_pool3d_backward": _adaptive_pool_cases,
+    **{op: _upsample_cases for op in _UPSAMPLE_DIMS},
+    "max_pool3d_with_indices_backward": _pool3d_cases,
+    "avg_pool3d_backward": _pool3d_cases,
+    "adaptive_max_pool2d_backward": _adaptive_max_pool_cases,
+    "adaptive_max_pool3d_backward": _adaptive_max_pool_cases,
+    "nll_loss2d_forward": _nll_cases,
 }
 
 
@@ -1189,6 +1501,7 @@ def measure_case(case: SweepCase, device, gpu: bool, ceiling: float, compile_ok:
         fn = getattr(ops, case.op)
         a, kw = built.args, built.kwargs
         sfn, sa, skw = built.stock or (info.stock(), a, kw)
+        rec["route"] = route_of(info, a, kw)
         with torch.no_grad(), use(False):
             try:
                 ours = fn(*a, **kw)
@@ -1235,6 +1548,9 @@ def _derive(rec: dict, ceiling: float) -> None:
     rec["pct_copy"] = rec["gradkern_pct_copy"]
     ours = rec["gradkern_ms"]
     rec["speedup_vs_aten"] = rec["aten_ms"] / ours if ours and rec["aten_ms"] else None
+    # what a user of enable() (mode "auto") gets: stock's own time where the route sends the problem to stock
+    routed_stock = rec.get("route") == "stock" and rec["speedup_vs_aten"] is not None
+    rec["speedup_routed"] = 1.0 if routed_stock else rec["speedup_vs_aten"]
     own = (rec["compile_kernel"] or "").startswith(("inductor", "mixed"))
     rec["compile_own_kernel"] = own
     rec["speedup_vs_compile"] = rec["compile_ms"] / ours if ours and rec["compile_ms"] else None
@@ -1269,6 +1585,9 @@ def summarize(records: list[dict], variants: dict | None = None) -> dict:
                "errors": sum(r["status"].startswith("error") for r in recs)}
         row["vs_aten_min"], row["vs_aten_min_case"] = _min_case(ok, "speedup_vs_aten")
         row["vs_aten_geomean"] = _geomean([r["speedup_vs_aten"] for r in ok])
+        row["routed_min"], _ = _min_case(ok, "speedup_routed")
+        row["routed_geomean"] = _geomean([r.get("speedup_routed") for r in ok])
+        row["routed_stock_cases"] = sum(r.get("route") == "stock" for r in ok)
         row["vs_compile_min"], row["vs_compile_min_case"] = _min_case(comp, "speedup_vs_compile")
         row["vs_compile_geomean"] = _geomean([r["speedup_vs_compile"] for r in comp])
         row["compile_cases"] = sum(r["speedup_vs_compile"] is not None for r in comp)
@@ -1293,7 +1612,9 @@ def _table_rows(rows: list[dict], with_dtype: bool) -> list[list]:
         cells = [s["op"]] + ([s["dtype"]] if with_dtype else []) + [
             f"{s['ok']}/{s['cases']}" + (f" FAIL {s['failed']}" if s["failed"] else "")
             + (f" err {s['errors']}" if s["errors"] else ""),
-            f"{_f(s['vs_aten_min'], '.2f', 'x')} / {_f(s['vs_aten_geomean'], '.2f', 'x')}", comp,
+            f"{_f(s['vs_aten_min'], '.2f', 'x')} / {_f(s['vs_aten_geomean'], '.2f', 'x')}",
+            f"{_f(s['routed_min'], '.2f', 'x')} / {_f(s['routed_geomean'], '.2f', 'x')} ({s['routed_stock_cases']})",
+            comp,
             f"{_f(s['pct_copy_min'], '.0f', '%')} / {_f(s['pct_copy_geomean'], '.0f', '%')}",
             (f"{_f(s['large_pct_copy_min'], '.0f', '%')} / {_f(s['large_pct_copy_geomean'], '.0f', '%')} "
              f"({s['large_cases']})") if s["large_cases"] else "-"]
@@ -1305,7 +1626,8 @@ def _table_rows(rows: list[dict], with_dtype: bool) -> list[list]:
 
 
 def print_summary(summary: dict) -> None:
-    heads = ["cases ok", "vs ATen min / geomean", "vs compile min / geomean (n)", "% copy min / geomean",
+    heads = ["cases ok", "vs ATen min / geomean", "enable() min / geomean (n stock)", "vs compile min / geomean (n)",
+             "% copy min / geomean",
              ">=64MiB % copy min / geomean (n)"]
     print_table(["op", *heads, "variants", "worst vs ATen"], _table_rows(summary["per_op"], False))
     print()

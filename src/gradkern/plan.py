@@ -103,13 +103,15 @@ def plan(op_name: str, *args, **kwargs) -> Plan:
         found = _plans.get(key)
         if found is None:
             launches, result = _recorded(lambda: _validate(info.fn, args, kwargs))
-            found = Plan(op_name, key, _route(info, args, kwargs), route_rule(info),
+            found = Plan(op_name, key, route_of(info, args, kwargs), route_rule(info),
                          _guarantee(info, args), tuple(launches), _bytes(info, args, kwargs, result), info.fn)
             _runtime.remember(_plans, key, found)
     return found
 
 
-def _route(info: OpInfo, args: tuple, kwargs: Mapping) -> str:
+def route_of(info: OpInfo, args: tuple, kwargs: Mapping) -> str:
+    """Who serves this problem under enable() in mode "auto": "gradkern" or "stock" (a function of the
+    descriptor)."""
     if info.route is False or (callable(info.route) and not info.route(*args, **kwargs)):
         return "stock"
     return "gradkern"
