@@ -21,7 +21,8 @@ def _digest(x):
     if x is None:
         return None
     if isinstance(x, torch.Tensor):
-        return hashlib.sha256(x.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()
+        flat = x.detach().cpu().contiguous().reshape(-1)  # (0-d results too)
+        return hashlib.sha256(flat.view(torch.uint8).numpy().tobytes()).hexdigest()
     return [_digest(v) for v in x]
 
 
