@@ -1,0 +1,357 @@
+"""Average pooling 3d backward: a gather, no atomics.
+
+avg_pool3d's output o along a dim of input size I (kernel k, stride s, padding p) averages the window
+[o*s - p, o*s - p + k) of the zero-padded input, so the gradient of input i is the sum of g[o] / divisor(o) over
+the outputs whose windows hold i. Along a dim those are o in [lo, hi) with lo = 0 if i + p < k else
+(i + p - k) // s + 1 and hi = min((i + p) // s + 1, O): at most ceil(k / s) of them (the "taps"). Each grad_input
+element sums its terms in one fixed order (od, oh, ow ascending) in fp32 (fp64 for f64) and is written once: the
+avg_pool2d backward gather, and Inductor's avg_pool3d_backward lowering. ATen's CUDA kernel scatters each
+g[o] / divisor(o) over its window with atomicAdd where windows overlap (nondeterministic; raising under
+torch.use_deterministic_algorithms).
+
+The divisor is ATen's (AveragePool3d.cu, AvgPoolKernel.cpp), per output: `divisor_override` where given, else the
+product over the three dims of the window's extent, clipped as ATen clips it. With count_include_pad the window is
+clipped to the padded input only, end = min(start + k, I + p) (its part past that, which ceil_mode can add, is not
+counted), and the extent is end - start; without it, to the input itself: min(end, I) - max(start, 0). ATen's
+output size rule (ceil_mode: the last window must start inside the input or its left padding) keeps every window's
+extent positive.
+
+A program owns a [BP, BH, BW] tile of grad_input: BP consecutive (n, c, d) planes (several where planes are small)
+by a [BH, BW] block of their (h, w); the output ranges and extents are per-plane, per-row and per-column vectors.
+grad_output is read in place through its strides (strided, channels_last_3d, broadcast). grad_input is contiguous
+whatever self's layout, as ATen's: avg_pool3d_backward's meta function allocates it with input.sizes() and no
+strides on both CUDA and CPU (ATen's CUDA kernels have no channels_last_3d path: the forward makes its input
+contiguous, and the backward reshapes grad_input to (N*C, D, H, W))."""
+
+from __future__ import annotations
+
+import functools
+import operator
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from .._cases import randn, stand_in
+from .._runtime import cdiv, remember, values_key
+from ..alloc import empty
+from ..elementwise import check_like, check_tensor, launch, launch_consts
+from ..errors import InvalidProblem
+from ..registry import Case, register_op
+from ..tl_helpers import cast_out
+
+OP = "avg_pool3d_backward"
+_I32_MAX = 2**31 - 1
+_MAX_PROGRAMS = 2**30  # beyond, each program takes several tiles in turn (a grid-stride loop)
+_TILE = 1024  # elements a program owns (planes smaller than that: several planes, sizes rounded to powers of two)
+_MAX_BW = 128  # columns a tile spans at most (wider planes: several column blocks)
+
+# how the divisor is formed (the kernel's MODE): divisor_override, or the window's extent clipped to the padded
+# input (count_include_pad) or to the input
+_OVERRIDE, _INCLUDE_PAD, _EXCLUDE_PAD = 0, 1, 2
+
+
+# ----------------------------------------------------------------------------------------------- kernel
+@triton.jit
+def _holding(i, n_out, k, s, p):
+    """The outputs whose windows hold input i along a dim of n_out outputs (kernel k, stride s, padding p):
+    [lo, hi)."""
+    lo = tl.where(i + p < k, 0, (i + p - k) // s + 1)
+    hi = tl.minimum((i + p) // s + 1, n_out)
+    return lo, hi
+
+
+@triton.jit
+def _extent(o, n_in, k, s, p, MODE: tl.constexpr):
+    """Output o's window extent along a dim of n_in inputs as its divisor counts it (see the module docstring)."""
+    start = o * s - p
+    end = tl.minimum(start + k, n_in + p)
+    if MODE == 2:
+        end = tl.minimum(end, n_in)
+        start = tl.maximum(start, 0)
+    return end - start
+
+
+@triton.jit(do_not_specialize=["divisor"])  # (a divisor of 1 compiled in as a constant would have no .to)
+def _avg_pool3d_backward_kernel(gi, go, n_tiles, n_hb, n_wb, n_planes, C, SIZE, OUT, GS, K, S, P, TAPS, divisor,
+                                BP: tl.constexpr, BH: tl.constexpr, BW: tl.constexpr, MODE: tl.constexpr,
+                                ACC: tl.constexpr, I64: tl.constexpr):
+    # SIZE (D, H, W) and OUT (Do, Ho, Wo): input and output sizes; GS: grad_output's (N, C, D, H, W) strides;
+    # K, S, P: the window per dim; TAPS: the most outputs whose windows hold one input, per dim
+    D = SIZE[0]
+    H = SIZE[1]
+    W = SIZE[2]
+    div = divisor.to(ACC)
+    for t in range(tl.program_id(0), n_tiles, tl.num_programs(0)):
+        wb = t % n_wb
+        hb = (t // n_wb) % n_hb
+        pb = t // n_wb // n_hb
+        q = pb * BP + tl.arange(0, BP)[:, None, None]  # the (n, c, d) planes
+        h = hb * BH + tl.arange(0, BH)[None, :, None]
+        w = wb * BW + tl.arange(0, BW)[None, None, :]
+        qm = q < n_planes
+        hm = h < H
+        wm = w < W
+        q = tl.minimum(q, n_planes - 1)  # (lanes past the tile's extent: in-range index math, loads and store masked)
+        h = tl.minimum(h, H - 1)
+        w = tl.minimum(w, W - 1)
+        if I64:
+            q = q.to(tl.int64)
+            h = h.to(tl.int64)
+            w = w.to(tl.int64)
+        d = q % D
+        c = ((q // D) % C).to(tl.int64)
+        n = (q // D // C).to(tl.int64)
+        od_lo, od_hi = _holding(d, OUT[0], K[0], S[0], P[0])
+        oh_lo, oh_hi = _holding(h, OUT[1], K[1], S[1], P[1])
+        ow_lo, ow_hi = _holding(w, OUT[2], K[2], S[2], P[2])
+        src = go + n * GS[0] + c * GS[1]
+        acc = tl.zeros([BP, BH, BW], dtype=ACC)
+        for a in range(0, TAPS[0]):
+            od = od_lo + a
+            md = qm & (od < od_hi)
+            od = tl.minimum(od, OUT[0] - 1)  # (past the range: a real window, so a positive extent; loads masked)
+            ed = _extent(od, D, K[0], S[0], P[0], MODE).to(ACC)
+            plane = src + od.to(tl.int64) * GS[2]
+            for b in range(0, TAPS[1]):
+                oh = oh_lo + b
+                mh = md & hm & (oh < oh_hi)
+                oh = tl.minimum(oh, OUT[1] - 1)
+                edh = ed * _extent(oh, H, K[1], S[1], P[1], MODE).to(ACC)
+                row = plane + oh * GS[3]
+                for e in range(0, TAPS[2]):
+                    ow = ow_lo + e
+                    m = mh & wm & (ow < ow_hi)
+                    ow = tl.minimum(ow, OUT[2] - 1)
+                    g = tl.load(row + ow * GS[4], mask=m, other=0.0).to(ACC)
+                    if MODE == 0:
+                        acc += g / div
+                    else:
+                        acc += g / (edh * _extent(ow, W, K[2], S[2], P[2], MODE).to(ACC))
+        dst = gi + q.to(tl.int64) * H * W + h * W + w
+        tl.store(dst, cast_out(acc, gi.dtype.element_ty), mask=qm & hm & wm)
+
+
+# ----------------------------------------------------------------------------------------------- host
+@dataclass(frozen=True)
+class _Window:
+    """The pooling window per dim (D, H, W), as ATen normalises kernel_size, stride and padding."""
+
+    kernel: tuple[int, int, int]
+    stride: tuple[int, int, int]
+    padding: tuple[int, int, int]
+    ceil_mode: bool
+
+
+@dataclass(frozen=True, eq=False)  # hashed by identity: keys the relaunch cache
+class _Plan:
+    shape: tuple[int, ...]  # grad_input's (contiguous)
+    grid: int
+    args: tuple
+    consts: dict
+
+
+def output_size(i: int, k: int, s: int, p: int, ceil_mode: bool) -> int:
+    """ATen's pooling_output_shape (dilation 1): the number of windows along a dim of input size i; with ceil_mode
+    a last partial window is kept only where it starts inside the input or its left padding."""
+    o = (i + 2 * p - k + (s - 1 if ceil_mode else 0)) // s + 1
+    if ceil_mode and (o - 1) * s >= i + p:
+        o -= 1
+    return o
+
+
+def taps(k: int, s: int) -> int:
+    """The most outputs whose windows hold one input along a dim: ceil(k / s) (windows of k every s)."""
+    return cdiv(k, s)
+
+
+def _triple(arg: str, value, lengths: tuple[int, ...]) -> tuple[int, int, int]:
+    """One of kernel_size / stride / padding as ATen takes it: a single int for all three dims, or three
+    (stride also empty: the kernel size, which the caller fills in)."""
+    if isinstance(value, int):
+        value = (value,)
+    try:
+        ints = tuple(operator.index(v) for v in value)
+    except TypeError:
+        ints = None
+    if ints is None or len(ints) not in lengths:
+        want = "a single int or three ints" + (", or empty (the kernel size)" if 0 in lengths else "")
+        raise InvalidProblem(OP, arg, want, repr(value))
+    return ints * 3 if len(ints) == 1 else ints
+
+
+def _window(kernel_size, stride, padding, ceil_mode) -> _Window:
+    """ATen's checks of the window arguments, as named errors."""
+    k = _triple("kernel_size", kernel_size, (1, 3))
+    s = _triple("stride", stride, (0, 1, 3)) or k
+    p = _triple("padding", padding, (1, 3))
+    if min(k) <= 0:
+        raise InvalidProblem(OP, "kernel_size", "sizes greater than zero", k)
+    if min(s) <= 0:
+        raise InvalidProblem(OP, "stride", "strides greater than zero", s)
+    if min(p) < 0 or any(pi > ki // 2 for pi, ki in zip(p, k, strict=True)):
+        raise InvalidProblem(OP, "padding", f"pads >= 0 and at most half the kernel size (kernel_size {k})", p)
+    return _Window(k, s, p, bool(ceil_mode))
+
+
+def _divisor(divisor_override) -> int | None:
+    if divisor_override is None:
+        return None
+    try:
+        value = operator.index(divisor_override)
+    except TypeError:
+        value = 0
+    if value == 0 or isinstance(divisor_override, bool):
+        raise InvalidProblem(OP, "divisor_override", "None or a non-zero int", repr(divisor_override))
+    return value
+
+
+def _check(grad_output, self, win: _Window) -> None:
+    """The tensors' checks, as named errors, before anything is allocated or launched."""
+    check_tensor(OP, "grad_output", grad_output)
+    check_tensor(OP, "self", self)
+    check_like(OP, "grad_output", grad_output, "self", self)
+    x_shape, g_shape = tuple(self.shape), tuple(grad_output.shape)
+    if self.dim() not in (4, 5):
+        raise InvalidProblem(OP, "self", "a 4-D (C, D, H, W) or 5-D (N, C, D, H, W) tensor",
+                             f"a {self.dim()}-D tensor of shape {x_shape}")
+    if 0 in x_shape[-4:]:  # (ATen's check: only the batch may be empty)
+        raise InvalidProblem(OP, "self", "non-zero sizes in every dim but the batch", f"shape {x_shape}")
+    spatial = x_shape[-3:]
+    if any(i < k for i, k in zip(spatial, win.kernel, strict=True)):
+        raise InvalidProblem(OP, "self", f"(D, H, W) sizes at least the kernel size {win.kernel}",
+                             f"shape {x_shape}")
+    out = tuple(output_size(i, k, s, p, win.ceil_mode)
+                for i, k, s, p in zip(spatial, win.kernel, win.stride, win.padding, strict=True))
+    want = (*x_shape[:-3], *out)
+    if g_shape != want:
+        raise InvalidProblem(OP, "grad_output", f"shape {want} (the pooled shape of self)", f"shape {g_shape}")
+
+
+@functools.lru_cache(maxsize=4096)
+def _plan(g_shape: tuple, g_stride: tuple, x_shape: tuple, win: _Window, mode: int, divisor: int,
+          dtype: torch.dtype) -> _Plan:
+    """The launch of a validated, non-empty problem; an unbatched one as a batch of one (N's stride 0)."""
+    lead = (1,) * (5 - len(x_shape))
+    n, c, d_in, h_in, w_in = lead + x_shape
+    g_shape, g_stride = lead + g_shape, (0,) * len(lead) + g_stride
+    out = g_shape[2:]
+    t = tuple(taps(k, s) for k, s in zip(win.kernel, win.stride, strict=True))
+    n_planes = n * c * d_in
+    bw = min(triton.next_power_of_2(w_in), _MAX_BW)
+    bh = min(triton.next_power_of_2(h_in), max(1, _TILE // bw))
+    bp = min(triton.next_power_of_2(n_planes), max(1, _TILE // (bh * bw)))
+    n_hb, n_wb = cdiv(h_in, bh), cdiv(w_in, bw)
+    n_tiles = cdiv(n_planes, bp) * n_hb * n_wb
+    # 32-bit plane and in-plane index math unless a plane index, an in-plane offset of either tensor or the window
+    # arithmetic (sizes plus kernel, stride and padding) can pass 2^31 (the tensors' plane offsets are int64 always)
+    reach = max(n_planes + bp, h_in * w_in, (out[1] - 1) * g_stride[3], (out[2] - 1) * g_stride[4],
+                max(d_in, h_in, w_in) + 2 * max(win.kernel) + max(win.stride))
+    tile = bp * bh * bw
+    consts = launch_consts({"BP": bp, "BH": bh, "BW": bw, "MODE": mode,
+                            "ACC": tl.float64 if dtype == torch.float64 else tl.float32, "I64": reach > _I32_MAX},
+                           4 if tile >= 512 else 2 if tile >= 128 else 1)
+    args = (n_tiles, n_hb, n_wb, n_planes, c, (d_in, h_in, w_in), tuple(out), tuple(g_stride), win.kernel,
+            win.stride, win.padding, t, divisor)
+    return _Plan(x_shape, min(n_tiles, _MAX_PROGRAMS), args, consts)
+
+
+_VALIDATED: dict = {}  # a problem (grad_output's layout, self's shape, the window arguments) -> its plan
+
+
+def clear_plans() -> None:
+    """Forget every plan (after the launch constants change: tests)."""
+    _plan.cache_clear()
+    _VALIDATED.clear()
+
+
+def avg_pool3d_backward(grad_output: torch.Tensor, self: torch.Tensor, kernel_size: Sequence[int],
+                        stride: Sequence[int], padding: Sequence[int], ceil_mode: bool, count_include_pad: bool,
+                        divisor_override: int | None) -> torch.Tensor:
+    """Gradient of avg_pool3d: each grad_input element sums g / divisor over the outputs whose windows hold it, in
+    a fixed order (no atomics)."""
+    try:
+        ks, ss, ps = values_key(kernel_size), values_key(stride), values_key(padding)
+        key = None if None in (ks, ss, ps) else (
+            grad_output.shape, grad_output.stride(), grad_output.dtype, grad_output.device, grad_output.is_neg(),
+            self.shape, self.dtype, self.device, self.is_neg(), ks, ss, ps, ceil_mode, count_include_pad,
+            divisor_override, type(divisor_override))
+        plan = _VALIDATED.get(key)
+    except (AttributeError, TypeError):  # not tensors, or a window argument that is not a sequence
+        key = plan = None
+    if plan is None:
+        win = _window(kernel_size, stride, padding, ceil_mode)
+        divisor = _divisor(divisor_override)
+        _check(grad_output, self, win)
+        if self.numel() == 0:
+            return torch.empty(self.shape, dtype=self.dtype, device=self.device)
+        mode = _OVERRIDE if divisor is not None else _INCLUDE_PAD if count_include_pad else _EXCLUDE_PAD
+        plan = remember(_VALIDATED, key, _plan(tuple(grad_output.shape), grad_output.stride(), tuple(self.shape),
+                                               win, mode, 1 if divisor is None else divisor, self.dtype))
+    out = empty(plan.shape, self.dtype, self.device)
+    device = self.get_device()
+    launch(_avg_pool3d_backward_kernel, (plan.grid,), (out, grad_output), plan.args, plan.consts, device,
+           (plan, device))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------- cases
+# (self shape, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override, grad_output
+# channels_last_3d): the layers of 3-D nets: AvgPool3d(2) (DenseNet-3D / 3-D U-Net transitions), (3, stride 1,
+# padding 1) (Inception-3D branches), (3, stride 2, padding 1, ceil_mode) without counting the pads, a divisor
+# override; odd sizes, unbatched
+_CASES = {
+    "tiny": [((1, 2, 8, 16, 16), (2, 2, 2), (), (0, 0, 0), False, True, None, False)],
+    "small": [((2, 3, 6, 7, 8), (2, 2, 2), (), (0, 0, 0), False, True, None, False),
+              ((3, 5, 6, 7), (3, 3, 3), (1, 1, 1), (1, 1, 1), False, True, None, False),
+              ((1, 2, 7, 9, 8), (3, 3, 3), (2, 2, 2), (1, 1, 1), True, False, None, True),
+              ((2, 2, 5, 6, 7), (2, 3, 2), (1, 2, 2), (0, 1, 1), False, True, 5, False)],
+    "check": [((2, 16, 16, 28, 30), (2, 2, 2), (), (0, 0, 0), False, True, None, False),
+              ((4, 32, 8, 14, 14), (3, 3, 3), (1, 1, 1), (1, 1, 1), False, True, None, True),
+              ((2, 24, 9, 17, 17), (3, 3, 3), (2, 2, 2), (1, 1, 1), True, False, None, False),
+              ((8, 10, 12, 13), (1, 3, 3), (1, 2, 2), (0, 1, 1), True, True, 7, False)],
+    "large": [((8, 64, 32, 64, 64), (2, 2, 2), (), (0, 0, 0), False, True, None, False),
+              ((16, 64, 16, 56, 56), (3, 3, 3), (1, 1, 1), (1, 1, 1), False, True, None, False),
+              ((16, 128, 19, 41, 41), (3, 3, 3), (2, 2, 2), (1, 1, 1), True, False, None, False),
+              ((32, 256, 8, 32, 32), (2, 2, 2), (), (0, 0, 0), False, True, 6, False)],
+}
+
+
+def _label(shape, k, s, p, ceil_mode, count_include_pad, divisor, cl) -> str:
+    words = [f"{'x'.join(map(str, shape))} k{''.join(map(str, k))}"]
+    for text, shown in ((f"s{''.join(map(str, s))}", bool(s)), (f"p{''.join(map(str, p))}", any(p)),
+                        ("ceil", ceil_mode), ("excl. pad", not count_include_pad), (f"div {divisor}", divisor),
+                        ("grad_output channels_last_3d", cl)):
+        if shown:
+            words.append(text)
+    return " ".join(words)
+
+
+def _cases(device, dtype, size: str) -> list[Case]:
+    el = torch.empty((), dtype=dtype).element_size()
+    out = []
+    for shape, k, s, p, ceil_mode, cip, divisor, cl in _CASES[size]:
+        win = _window(k, s, p, ceil_mode)
+        g_shape = (*shape[:-3], *(output_size(i, *w, ceil_mode) for i, *w in
+                                  zip(shape[-3:], win.kernel, win.stride, win.padding, strict=True)))
+        g = randn(g_shape, device, dtype)
+        if cl:
+            g = g.contiguous(memory_format=torch.channels_last_3d)
+        x = stand_in(shape, device, dtype)  # (self lends its shape and dtype only)
+        out.append(Case(_label(shape, k, s, p, ceil_mode, cip, divisor, cl),
+                        (g, x, list(k), list(s), list(p), ceil_mode, cip, divisor),
+                        bytes=(g.numel() + x.numel()) * el, elements=x.numel()))
+    return out
+
+
+def _moved_bytes(grad_output: torch.Tensor, self: torch.Tensor, *_) -> int:
+    # self is not read: grad_output read once, grad_input written once
+    return (grad_output.numel() + self.numel()) * self.element_size()
+
+
+register_op(OP, aten=(OP,), accumulates=True, cases=_cases, moved_bytes=_moved_bytes,
+            route_doc="gradkern, for every problem: stock's CUDA kernel scatters with atomics where windows "
+                      "overlap (nondeterministic, and raising under torch.use_deterministic_algorithms(True))")(
+    avg_pool3d_backward)
