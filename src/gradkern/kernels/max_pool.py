@@ -1,0 +1,539 @@
+"""Max pooling backward with indices: max_pool3d, adaptive_max_pool2d and adaptive_max_pool3d. A gather, no atomics.
+
+The forward records, for each output o of an (n, c) plane (volume), the flat index over (D, H, W) of the input it
+took (`indices[o]`, int64; (H, W) for 2d). The gradient of input i is the sum of g[o] over the outputs o whose
+windows hold i and whose index is i's. ATen's CUDA kernels scatter each g[o] to grad_input[indices[o]] with
+atomicAdd instead: max_pool3d's and adaptive_max_pool2d's raise under torch.use_deterministic_algorithms(True);
+adaptive_max_pool3d's does not, and is silently nondeterministic where a size does not divide (overlapping
+windows).
+
+Along each dim the outputs whose windows hold input i form a short range, so each grad_input element visits its
+few candidate outputs in one fixed order (od, oh, ow ascending), loads their indices, adds g[o] where the index is
+its own (fp32 accumulation for f16/bf16/f32, fp64 for f64) and is written once:
+
+* max_pool3d (kernel k, stride s, padding p, dilation d, span = (k - 1) d): output o's window is the inputs
+  o s - p + j d, j in [0, k). It holds i iff o s <= i + p <= o s + span and d divides i + p - o s: the o in
+  [ceil((i + p - span) / s), floor((i + p) / s)] within [0, O) (ceil(k / s) of them at most without dilation) with
+  o s = i + p (mod d). Those form an arithmetic progression of step d / gcd(s, d) (none unless gcd(s, d) divides
+  i + p), whose first term takes the inverse of s / gcd mod that step (a host constant): at most k a dim.
+* adaptive pooling: output o's window is [floor(o I / O), ceil((o + 1) I / O)); the outputs holding i are
+  `adaptive_pool._holding`'s range, at most `adaptive_pool.max_outputs` a dim.
+
+The forward's indices lie in their output's window, so a candidate's index test is all that selects. Indices that
+do not are never followed: an index outside its window, or outside the plane, adds nothing anywhere, and no address
+is formed from an index (ATen's kernels add g[o] wherever indices[o] points, out of bounds included). The forward
+itself gives one such index: for a window that holds no input (a dilation stepping over the whole input, which
+ATen accepts), -inf and the window's first grid point past the padding, outside it; that gradient goes nowhere.
+grad_output and indices are read in place through their strides (stock's adaptive_max_pool3d_backward, CPU and
+CUDA, reads indices as if contiguous, whatever their strides).
+
+grad_input takes ATen's layout: max_pool3d channels_last_3d where a 5-D self suggests it, adaptive 2d channels_last
+where a 4-D self suggests it, contiguous otherwise (adaptive 3d always). An unbatched max_pool3d gets contiguous
+strides, as ATen's meta function declares (what compiled graphs assume); ATen's kernels disagree there: its CUDA
+source resizes grad_input to a channels_last_3d (1, C, D, H, W) where self seen so is channels_last_3d-contiguous,
+and its CPU kernel (torch 2.13) follows grad_output's layout.
+
+A program owns a [BA, BB] tile of grad_input: BA consecutive lines (n, c, d, h) by a block of BB columns w
+("lines", W contiguous), or, for a channels_last grad_input of several channels, BA consecutive positions
+(n, d, h, w) by a block of BB channels ("channels": C contiguous, so stores and channels_last loads coalesce). A
+tile spans planes and batch entries where they are small (a 7 x 7 plane pooled to (1, 1), a deep 3-D layer's 4^3
+volume), so programs stay full; past 2^30 tiles each program takes several in turn. Both tilings sum the same terms
+in the same order: same bits."""
+
+from __future__ import annotations
+
+import functools
+import math
+import operator
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from .._cases import randn
+from .._runtime import cdiv, remember, values_key
+from ..alloc import empty
+from ..elementwise import check_like, check_tensor, launch, launch_consts
+from ..errors import InvalidProblem, Unsupported
+from ..registry import Case, register_op
+from ..tl_helpers import cast_out
+from .adaptive_pool import _holding, max_outputs, suggests_channels_last
+
+_I32_MAX = 2**31 - 1
+_MAX_PROGRAMS = 2**30  # beyond, each program takes several tiles in turn (a grid-stride loop)
+_TILE = 1024  # elements a program owns: BA rows by BB columns, both powers of two (fewer for a smaller problem)
+_MAX_BW = 128  # columns a "lines" tile spans at most (wider rows: several column blocks)
+_MAX_BC = 128  # channels a "channels" tile spans at most (more channels: several channel blocks)
+_FORCE_TILING: str | None = None  # "lines" or "channels" overrides the layout's choice (tests)
+
+
+# ----------------------------------------------------------------------------------------------- kernel
+@triton.jit
+def _candidates(i, n_in, n_out, span, s, p, g, inv, step, ADAPTIVE: tl.constexpr, DILATED: tl.constexpr):
+    """(first, hi): the outputs whose windows hold input i along a dim are first, first + step, ... below hi."""
+    if ADAPTIVE:
+        first, hi = _holding(i, n_in, n_out)
+    else:  # (numerators kept non-negative: integer division truncates)
+        first = (tl.maximum(i + p - span, 0) + s - 1) // s
+        hi = tl.minimum((i + p) // s + 1, n_out)
+        if DILATED:  # the first o >= first with o s = i + p (mod dilation), if any (else none: first = hi)
+            r = (i + p) // g * inv % step
+            first = tl.where((i + p) % g == 0, first + (r - first % step + step) % step, hi)
+    return first, hi
+
+
+@triton.jit
+def _gather(go, xi, n, c, d, h, w, m, SIZES, GS, XS, POOL, KS, BA: tl.constexpr, BB: tl.constexpr,
+            ADAPTIVE: tl.constexpr, DILATED: tl.constexpr, ACC: tl.constexpr):
+    """The gradient of the [BA, BB] inputs (n, c, d, h, w) (each a row or a column vector; lanes where m is false
+    skipped): the sum of g over their candidate outputs (od, oh, ow ascending) whose index is theirs."""
+    D, H, W = SIZES[0], SIZES[1], SIZES[2]
+    od0, od_hi = _candidates(d, D, SIZES[3], POOL[0], POOL[3], POOL[6], POOL[9], POOL[12], POOL[15], ADAPTIVE,
+                             DILATED)
+    oh0, oh_hi = _candidates(h, H, SIZES[4], POOL[1], POOL[4], POOL[7], POOL[10], POOL[13], POOL[16], ADAPTIVE,
+                             DILATED)
+    ow0, ow_hi = _candidates(w, W, SIZES[5], POOL[2], POOL[5], POOL[8], POOL[11], POOL[14], POOL[17], ADAPTIVE,
+                             DILATED)
+    flat = (d * H + h) * W + w  # what indices hold for this input
+    g_at = go + n * GS[0] + c * GS[1]
+    x_at = xi + n * XS[0] + c * XS[1]
+    acc = tl.zeros([BA, BB], dtype=ACC)
+    for jd in range(0, KS[0]):
+        od = od0 + jd * POOL[15]
+        for jh in range(0, KS[1]):
+            oh = oh0 + jh * POOL[16]
+            mdh = m & (od < od_hi) & (oh < oh_hi)
+            for jw in range(0, KS[2]):
+                ow = ow0 + jw * POOL[17]
+                mo = mdh & (ow < ow_hi)
+                idx = tl.load(x_at + od * XS[2] + oh * XS[3] + ow * XS[4], mask=mo, other=-1)
+                hit = mo & (idx == flat)
+                acc += tl.load(g_at + od * GS[2] + oh * GS[3] + ow * GS[4], mask=hit, other=0.0).to(ACC)
+    return acc
+
+
+@triton.jit
+def _max_pool_backward_kernel(gi, go, xi, n_tiles, n_b, n_rows, C, SIZES, GS, XS, IS, POOL, KS,
+                              BA: tl.constexpr, BB: tl.constexpr, CHANNELS: tl.constexpr, ADAPTIVE: tl.constexpr,
+                              DILATED: tl.constexpr, ACC: tl.constexpr, I64: tl.constexpr):
+    # SIZES (D, H, W, Do, Ho, Wo); GS, XS, IS the (N, C, D, H, W) strides of grad_output, indices, grad_input;
+    # POOL six triples over (D, H, W): max pooling's spans, strides, paddings, and the candidates' progression
+    # (gcd(stride, dilation), the inverse of stride / gcd mod step, step = dilation / gcd); KS the candidates a dim
+    D, H, W = SIZES[0], SIZES[1], SIZES[2]
+    for t in range(tl.program_id(0), n_tiles, tl.num_programs(0)):
+        a = t // n_b
+        b = t % n_b  # the column block, fastest: consecutive programs write consecutive memory
+        if I64:
+            a = a.to(tl.int64)
+            b = b.to(tl.int64)
+        r = a * BA + tl.arange(0, BA)[:, None]
+        col = b * BB + tl.arange(0, BB)[None, :]
+        rm = r < n_rows
+        r = tl.minimum(r, n_rows - 1)  # (lanes past the end: in-range index math, their loads and store masked)
+        if CHANNELS:  # rows (n, d, h, w), columns c
+            w = r % W
+            h = (r // W) % H
+            d = (r // W // H) % D
+            n = r // W // H // D
+            c = col  # (unclamped, < C + BB: a min would hide its contiguity from Triton and so the vector accesses)
+            m = rm & (c < C)
+            acc = _gather(go, xi, n, c, d, h, w, m, SIZES, GS, XS, POOL, KS, BA, BB, ADAPTIVE, DILATED, ACC)
+        else:  # rows (n, c, d, h), columns w
+            h = r % H
+            d = (r // H) % D
+            c = (r // H // D) % C
+            n = r // H // D // C
+            w = col  # (unclamped for the store, as c above; clamped for the gather's index math)
+            m = rm & (w < W)
+            acc = _gather(go, xi, n, c, d, h, tl.minimum(w, W - 1), m, SIZES, GS, XS, POOL, KS, BA, BB, ADAPTIVE,
+                          DILATED, ACC)
+        dst = gi + n * IS[0] + c * IS[1] + d * IS[2] + h * IS[3] + w * IS[4]
+        tl.store(dst, cast_out(acc, gi.dtype.element_ty), mask=m)
+
+
+# ----------------------------------------------------------------------------------------------- host
+@dataclass(frozen=True)
+class _Spec:
+    name: str
+    dims: int  # pooled dims: 2 (H, W) or 3 (D, H, W)
+    adaptive: bool
+
+
+@dataclass(frozen=True, eq=False)  # hashed by identity: keys the relaunch cache
+class _Plan:
+    shape: tuple[int, ...]  # grad_input's
+    stride: tuple[int, ...] | None  # grad_input's where not contiguous
+    grid: int
+    args: tuple
+    consts: dict
+
+
+def suggests_channels_last_3d(t: torch.Tensor) -> bool:
+    """ATen's `suggest_memory_format() == channels_last_3d` for a 5-D tensor (c10's is_channels_last_strides_3d_s5:
+    strides decreasing in the order C, W, H, D, N, ambiguous cases contiguous)."""
+    if t.dim() != 5:
+        return False
+    sizes, strides = t.shape, t.stride()
+    if strides[1] == 0:
+        return False
+    low = 0
+    for d in (1, 4, 3, 2, 0):
+        if sizes[d] == 0 or strides[d] < low or (d == 0 and low == strides[1]):
+            return False
+        low = strides[d] * sizes[d] if sizes[d] > 1 else strides[d]
+    return True
+
+
+def _channels_last(spec: _Spec, self: torch.Tensor) -> bool:
+    """Whether ATen's grad_input is channels_last(_3d) for this self (see the module docstring)."""
+    return suggests_channels_last(self) if spec.dims == 2 else not spec.adaptive and suggests_channels_last_3d(self)
+
+
+def _ints(spec: _Spec, arg: str, value, allowed: tuple[int, ...]) -> tuple[int, ...]:
+    """A sequence of ints (each below 2^31, as ATen's int casts need) of one of the lengths `allowed`, a bare int
+    counting as one; else InvalidProblem."""
+    try:
+        vals = tuple(operator.index(v) for v in value) if isinstance(value, (list, tuple)) else \
+            (operator.index(value),)
+    except TypeError:
+        vals = None
+    if vals is None or len(vals) not in allowed or any(abs(v) > _I32_MAX for v in vals):
+        counts = ", ".join(map(str, allowed[:-1])) + f" or {allowed[-1]}"
+        raise InvalidProblem(spec.name, arg, f"{counts} ints below 2^31 (one for D, H and W alike, or one each"
+                             f"{'; none: the kernel size' if 0 in allowed else ''})", repr(value))
+    return vals
+
+
+def _triple(vals: tuple[int, ...]) -> tuple[int, int, int]:
+    return vals * 3 if len(vals) == 1 else vals
+
+
+def output_size(i: int, k: int, s: int, p: int, d: int, ceil_mode: bool) -> int:
+    """ATen's pooling_output_shape: the outputs along a dim of i inputs; with ceil_mode, a last window that starts
+    past the input and its left padding is dropped."""
+    o = (i + 2 * p - d * (k - 1) - 1 + (s - 1 if ceil_mode else 0)) // s + 1
+    if ceil_mode and (o - 1) * s >= i + p:
+        o -= 1
+    return o
+
+
+def _check_tensors(spec: _Spec, grad_output, self, indices) -> None:
+    check_tensor(spec.name, "grad_output", grad_output)
+    check_tensor(spec.name, "self", self)
+    check_like(spec.name, "grad_output", grad_output, "self", self)
+    check_tensor(spec.name, "indices", indices, (torch.int64,))
+    if indices.device != self.device:
+        raise Unsupported(spec.name, "indices", f"a tensor on {self.device} (the device of self)", indices.device)
+
+
+def _check_self(spec: _Spec, self) -> None:
+    lo, hi = spec.dims + 1, spec.dims + 2
+    x_shape = tuple(self.shape)
+    if self.dim() not in (lo, hi):
+        raise InvalidProblem(spec.name, "self", f"a {lo}-D or {hi}-D (batched) tensor",
+                             f"a {self.dim()}-D tensor of shape {x_shape}")
+    if spec.adaptive and 0 in x_shape[-spec.dims:]:  # (no window can be empty)
+        raise InvalidProblem(spec.name, "self", "non-zero pooled sizes", f"shape {x_shape}")
+    if not spec.adaptive and 0 in x_shape[-4:]:  # (ATen's check)
+        raise InvalidProblem(spec.name, "self", "non-zero sizes in every dim but the batch dim", f"shape {x_shape}")
+
+
+def _check_grad(spec: _Spec, grad_output, self, indices, out_sizes: tuple | None) -> None:
+    """grad_output of self's leading sizes and `out_sizes` (None: any non-zero ones); indices of its shape."""
+    x_shape, g_shape = tuple(self.shape), tuple(grad_output.shape)
+    lead = self.dim() - spec.dims
+    if grad_output.dim() != self.dim() or g_shape[:lead] != x_shape[:lead] or (
+            out_sizes is not None and g_shape[lead:] != out_sizes):
+        sizes = ", ".join(map(str, out_sizes)) if out_sizes else "<output sizes>"
+        raise InvalidProblem(spec.name, "grad_output", f"a {self.dim()}-D tensor of shape "
+                             f"({', '.join(map(str, x_shape[:lead]))}, {sizes})", f"shape {g_shape}")
+    if 0 in g_shape[1:]:  # (ATen's check: only the first dim may be empty)
+        raise InvalidProblem(spec.name, "grad_output", "non-zero sizes in every dim but the first", f"shape {g_shape}")
+    if tuple(indices.shape) != g_shape:
+        raise InvalidProblem(spec.name, "indices", f"grad_output's shape {g_shape}", f"shape {tuple(indices.shape)}")
+
+
+def _window(spec: _Spec, self, kernel_size, stride, padding, dilation, ceil_mode) -> tuple:
+    """max_pool3d's window parameters as ATen checks them -> ((k, s, p, d) per (D, H, W), the output sizes)."""
+    k = _triple(_ints(spec, "kernel_size", kernel_size, (1, 3)))
+    s = _triple(_ints(spec, "stride", stride, (0, 1, 3)) or k)
+    p = _triple(_ints(spec, "padding", padding, (1, 3)))
+    d = _triple(_ints(spec, "dilation", dilation, (1, 3)))
+    if not isinstance(ceil_mode, bool):
+        raise Unsupported(spec.name, "ceil_mode", "a bool", type(ceil_mode).__name__)
+    for arg, vals, low in (("kernel_size", k, 1), ("stride", s, 1), ("dilation", d, 1), ("padding", p, 0)):
+        if min(vals) < low:
+            raise InvalidProblem(spec.name, arg, f"values >= {low}", vals)
+    if any(pp > kk // 2 for pp, kk in zip(p, k, strict=True)):
+        raise InvalidProblem(spec.name, "padding", f"at most half the kernel size {k}", p)
+    out = tuple(output_size(i, *w, ceil_mode) for i, *w in zip(self.shape[-3:], k, s, p, d, strict=True))
+    if min(out) < 1:
+        raise InvalidProblem(spec.name, "self", f"spatial sizes that leave at least one output with kernel_size "
+                             f"{k}, stride {s}, padding {p}, dilation {d}",
+                             f"shape {tuple(self.shape)} (output sizes {out})")
+    return (k, s, p, d), out
+
+
+def _ncdhw(dims: int, values: tuple, fill: int) -> tuple:
+    """Sizes (fill 1) or strides (fill 0) as (N, C, D, H, W): unbatched N = 1 (stride 0), 2d D = 1."""
+    lead = (fill,) * (5 - len(values))
+    return lead + values if dims == 3 else lead[1:] + values[:-2] + (fill,) + values[-2:]
+
+
+def _out_stride(spec: _Spec, shape: tuple, cl: bool) -> tuple:
+    fmt = (torch.channels_last if spec.dims == 2 else torch.channels_last_3d) if cl else torch.contiguous_format
+    return torch.empty(shape, device="meta", memory_format=fmt).stride()
+
+
+def _tiling(cl: bool, c: int) -> str:
+    """"channels" for a channels_last grad_input of several channels (C its contiguous axis: tiles of channels
+    coalesce), "lines" otherwise (W contiguous); `_FORCE_TILING` overrides."""
+    return _FORCE_TILING or ("channels" if cl and c > 1 else "lines")
+
+
+def _progressions(window: tuple | None, ins: tuple, outs: tuple) -> tuple[tuple, tuple, int]:
+    """(POOL, KS, the largest value the candidates' integer math can reach) for the kernel: per dim (D, H, W) of
+    input sizes `ins` and output sizes `outs`, max pooling's (`window`: (k, s, p, d) triples) or adaptive pooling's
+    (None) candidate progressions and how many candidates an input has at most."""
+    if window is None:
+        ks = tuple(max_outputs(i, o) for i, o in zip(ins, outs, strict=True))
+        arith = max(2 * (i + 2) * (o + 2) for i, o in zip(ins, outs, strict=True))  # (_holding's products)
+        return (0,) * 9 + (1,) * 3 + (0,) * 3 + (1,) * 3, ks, arith
+    k, s, p, d = window
+    span = tuple((kk - 1) * dd for kk, dd in zip(k, d, strict=True))
+    g = tuple(math.gcd(ss, dd) for ss, dd in zip(s, d, strict=True))
+    step = tuple(dd // gg for dd, gg in zip(d, g, strict=True))
+    inv = tuple(pow(ss // gg, -1, st) if st > 1 else 0 for ss, gg, st in zip(s, g, step, strict=True))
+    # (the range [lo, hi) holds floor(span / s) + 1 outputs at most, one in `step` of them on i's grid)
+    ks = tuple(min(o, kk, cdiv(sp // ss + 1, st)) for o, kk, sp, ss, st in zip(outs, k, span, s, step, strict=True))
+    arith = max(i + pp + ss + sp + (o + kk * st) * ss + (i + pp) * st + 2 * st
+                for i, o, pp, ss, sp, kk, st in zip(ins, outs, p, s, span, ks, step, strict=True))
+    return (*span, *s, *p, *g, *inv, *step), ks, arith
+
+
+@functools.lru_cache(maxsize=4096)
+def _plan(spec: _Spec, g_shape: tuple, g_stride: tuple, x_stride: tuple, shape: tuple, cl: bool,
+          dtype: torch.dtype, window: tuple | None) -> _Plan:
+    """The launch of a validated, non-empty problem (`window`: max pooling's (k, s, p, d) per dim, else None)."""
+    out_stride = _out_stride(spec, shape, cl)
+    size, gsize = _ncdhw(spec.dims, shape, 1), _ncdhw(spec.dims, g_shape, 1)
+    gstr, xstr, istr = (_ncdhw(spec.dims, st, 0) for st in (g_stride, x_stride, out_stride))
+    n, c, *ins = size
+    outs = gsize[2:]
+    pool, ks, arith = _progressions(window, ins, outs)
+    dilated = window is not None and max(window[3]) > 1
+    steps = pool[15:]
+    acc = tl.float64 if dtype == torch.float64 else tl.float32
+    d_in, h_in, w_in = ins
+    channels = _tiling(cl, c) == "channels"
+    if channels:
+        bb = min(triton.next_power_of_2(c), _MAX_BC)
+        n_rows, n_b = n * d_in * h_in * w_in, cdiv(c, bb)
+    else:
+        bb = min(triton.next_power_of_2(w_in), _MAX_BW)
+        n_rows, n_b = n * c * d_in * h_in, cdiv(w_in, bb)
+    ba = min(triton.next_power_of_2(n_rows), max(1, _TILE // bb))
+    n_tiles = cdiv(n_rows, ba) * n_b
+    # 32-bit index math unless a row index, the candidates' arithmetic, an input's flat index or an offset into a
+    # tensor (a masked lane's too: candidates up to KS steps past the outputs, the column axis up to BB past its
+    # size) can pass 2^31
+    lanes = (n, c + bb) if channels else (n, c)
+    cols = ins if channels else (d_in, h_in, w_in + bb)
+    reach = [n_rows + ba, arith, d_in * h_in * w_in] + [
+        sum((x - 1) * st for x, st in zip((*lanes, *[o + k * sp for o, k, sp in zip(outs, ks, steps)]), strd))
+        for strd in (gstr, xstr)] + [sum((x - 1) * st for x, st in zip((*lanes, *cols), istr))]
+    i64 = max(reach) > _I32_MAX
+    tile = ba * bb
+    consts = launch_consts({"BA": ba, "BB": bb, "CHANNELS": channels, "ADAPTIVE": window is None,
+                            "DILATED": dilated, "ACC": acc, "I64": i64}, 4 if tile >= 512 else 2 if tile >= 128 else 1)
+    args = (n_tiles, n_b, n_rows, c, (*ins, *outs), gstr, xstr, istr, pool, ks)
+    contiguous = out_stride == torch.empty(shape, device="meta").stride()
+    return _Plan(shape, None if contiguous else out_stride, min(n_tiles, _MAX_PROGRAMS), args, consts)
+
+
+_VALIDATED: dict = {}  # a problem's (tensor layouts, window) -> its plan, checked once
+
+
+def clear_plans() -> None:
+    """Forget every plan (after the launch constants change: tests)."""
+    _plan.cache_clear()
+    _VALIDATED.clear()
+
+
+def _lookup(spec: _Spec, grad_output, self, indices, params: tuple) -> tuple:
+    """(the problem's cache key, its plan if validated before); the key is None where the problem cannot be keyed
+    (non-tensors, a tensor among the parameters, unhashable ones: validated on every call)."""
+    try:
+        values = [values_key(v) if isinstance(v, (list, tuple)) else (v, type(v)) for v in params]
+        if None in values or any(isinstance(v[0], torch.Tensor) for v in values):
+            return None, None
+        key = (spec, *[(t.shape, t.stride(), t.dtype, t.device, t.is_neg()) for t in (grad_output, self, indices)],
+               *values)
+        return key, _VALIDATED.get(key)
+    except (AttributeError, TypeError):
+        return None, None
+
+
+def _backward(spec: _Spec, grad_output, self, indices, params: tuple = ()) -> torch.Tensor:
+    """Validate (once per problem), allocate grad_input in ATen's layout, launch. `params`: max pooling's
+    (kernel_size, stride, padding, dilation, ceil_mode)."""
+    key, plan = _lookup(spec, grad_output, self, indices, params)
+    if plan is None:
+        _check_tensors(spec, grad_output, self, indices)
+        _check_self(spec, self)
+        window, out_sizes = (None, None) if spec.adaptive else _window(spec, self, *params)
+        _check_grad(spec, grad_output, self, indices, out_sizes)
+        cl = _channels_last(spec, self)
+        if self.numel() == 0:
+            return torch.empty_strided(self.shape, _out_stride(spec, tuple(self.shape), cl), dtype=self.dtype,
+                                       device=self.device)
+        plan = remember(_VALIDATED, key, _plan(spec, tuple(grad_output.shape), grad_output.stride(),
+                                               indices.stride(), tuple(self.shape), cl, self.dtype, window))
+    out = empty(plan.shape, self.dtype, self.device, plan.stride)
+    device = self.get_device()
+    launch(_max_pool_backward_kernel, (plan.grid,), (out, grad_output, indices), plan.args, plan.consts, device,
+           (plan, device))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------- cases
+# max_pool3d: (self shape, kernel_size, stride, padding, dilation, ceil_mode, channels_last_3d): 3-D segmentation
+# nets' MaxPool3d(2) and (3, stride 2, padding 1), anisotropic (1, 2, 2), ceil_mode with odd sizes, dilation,
+# overlapping windows (stride < kernel), unbatched
+_MAX3D = {
+    "tiny": [((1, 2, 8, 16, 16), 2, 2, 0, 1, False, False)],
+    "small": [((1, 2, 4, 6, 8), 2, 2, 0, 1, False, False), ((1, 2, 5, 7, 6), 3, 2, 1, 1, False, False),
+              ((2, 5, 6, 7), (1, 3, 3), (1, 2, 2), (0, 1, 1), 1, True, False),
+              ((1, 3, 3, 5, 6), 2, 1, 1, 2, False, True)],
+    "check": [((4, 16, 32, 48, 48), 2, 2, 0, 1, False, False), ((2, 32, 24, 40, 40), 3, 2, 1, 1, False, False),
+              ((2, 8, 17, 33, 31), 3, 2, 0, 1, True, False), ((2, 32, 16, 32, 32), 2, 2, 0, 1, False, True),
+              ((2, 8, 20, 24, 24), 3, 1, 1, 2, False, False),
+              ((2, 16, 16, 32, 32), (1, 2, 2), (1, 2, 2), 0, 1, False, False)],
+    "large": [((4, 32, 64, 128, 128), 2, 2, 0, 1, False, False), ((2, 64, 48, 96, 96), 3, 2, 1, 1, False, False),
+              ((8, 64, 32, 64, 64), 2, 2, 0, 1, False, True)],
+}
+# adaptive: (self shape, output sizes, channels_last): global (1, 1), ResNet-like (7, 7), sizes that do not divide
+# (overlapping windows), upsampling-like (O > I), batched and unbatched
+_ADAPTIVE = {
+    2: {
+        "tiny": [((1, 4, 32, 32), (7, 7), False)],
+        "small": [((2, 3, 9, 11), (4, 5), False), ((3, 7, 5), (10, 3), False), ((2, 4, 6, 5), (3, 1), True),
+                  ((2, 3, 8, 8), (1, 1), False)],
+        "check": [((8, 64, 56, 57), (7, 7), False), ((4, 96, 30, 41), (6, 45), True),
+                  ((16, 512, 14, 14), (1, 1), False), ((64, 14, 14), (20, 3), False)],
+        "large": [((128, 256, 56, 56), (7, 7), False), ((64, 512, 64, 64), (1, 1), True),
+                  ((32, 512, 64, 64), (6, 6), False)],
+    },
+    3: {
+        "tiny": [((1, 2, 8, 16, 16), (3, 5, 6), False)],
+        "small": [((1, 2, 5, 6, 7), (2, 4, 3), False), ((2, 3, 4, 5), (5, 2, 7), False),
+                  ((2, 2, 4, 6, 6), (1, 1, 1), False)],
+        "check": [((2, 16, 16, 28, 30), (4, 7, 9), False), ((8, 10, 12, 13), (3, 20, 1), False),
+                  ((4, 32, 8, 14, 14), (1, 1, 1), False)],
+        "large": [((8, 64, 32, 64, 64), (4, 7, 7), False), ((4, 128, 16, 96, 96), (1, 1, 1), False)],
+    },
+}
+
+
+def _as_list(v) -> list[int]:
+    return list(v) if isinstance(v, tuple) else [v]
+
+
+def max_pool3d_example(shape, k, s, p, d, ceil_mode, cl, device, dtype) -> tuple:
+    """(grad_output, self, kernel_size, stride, padding, dilation, ceil_mode, indices): indices from stock's forward
+    on random self (no ties), grad_output random in the forward output's layout."""
+    x = randn(shape, device, dtype)
+    if cl:
+        x = x.contiguous(memory_format=torch.channels_last_3d)
+    window = [_as_list(k), _as_list(s), _as_list(p), _as_list(d)]
+    y, idx = torch.ops.aten.max_pool3d_with_indices(x, *window, ceil_mode)
+    g = randn(y.shape, device, dtype)
+    if cl:
+        g = g.contiguous(memory_format=torch.channels_last_3d)
+    return (g, x, *window, ceil_mode, idx)
+
+
+def adaptive_example(shape, osize, cl, device, dtype) -> tuple:
+    """(grad_output, self, indices) for adaptive max pooling of random self (no ties) to `osize`."""
+    x = randn(shape, device, dtype)
+    fwd = torch.ops.aten.adaptive_max_pool3d if len(osize) == 3 else torch.ops.aten.adaptive_max_pool2d
+    if cl:
+        x = x.contiguous(memory_format=torch.channels_last)
+    _, idx = fwd(x, list(osize))
+    g = randn(idx.shape, device, dtype)
+    if cl:
+        g = g.contiguous(memory_format=torch.channels_last)
+    return g, x, idx
+
+
+def _moved_bytes(grad_output: torch.Tensor, self: torch.Tensor, *args) -> int:
+    # self is not read: grad_output and the int64 indices read once, grad_input written once
+    return (grad_output.numel() + self.numel()) * self.element_size() + grad_output.numel() * 8
+
+
+def _case(label: str, args: tuple) -> Case:
+    g, x = args[0], args[1]
+    return Case(label, args, bytes=_moved_bytes(g, x), elements=x.numel())
+
+
+def _dims(v) -> str:
+    return "x".join(map(str, v)) if isinstance(v, tuple) else str(v)
+
+
+def _max_pool3d_cases(device, dtype, size: str) -> list[Case]:
+    out = []
+    for shape, k, s, p, d, ceil_mode, cl in _MAX3D[size]:
+        label = (f"{_dims(shape)} k{_dims(k)} s{_dims(s)} p{_dims(p)}" + (f" d{_dims(d)}" if d != 1 else "")
+                 + (" ceil_mode" if ceil_mode else "") + (" channels_last_3d" if cl else ""))
+        out.append(_case(label, max_pool3d_example(shape, k, s, p, d, ceil_mode, cl, device, dtype)))
+    return out
+
+
+_RAISES = ("gradkern, for every problem: stock's CUDA kernel scatters with atomics (nondeterministic, and raising "
+           "under torch.use_deterministic_algorithms(True))")
+_ROUTE_DOC = {"max_pool3d_with_indices_backward": _RAISES, "adaptive_max_pool2d_backward": _RAISES,
+              "adaptive_max_pool3d_backward": "gradkern, for every problem: stock's CUDA kernel scatters with atomics "
+                                              "where a size does not divide (silently nondeterministic: no error under "
+                                              "torch.use_deterministic_algorithms(True))"}
+_SPECS = {"max_pool3d_with_indices_backward": _Spec("max_pool3d_with_indices_backward", 3, False),
+          "adaptive_max_pool2d_backward": _Spec("adaptive_max_pool2d_backward", 2, True),
+          "adaptive_max_pool3d_backward": _Spec("adaptive_max_pool3d_backward", 3, True)}
+
+
+@register_op("max_pool3d_with_indices_backward", aten=("max_pool3d_with_indices_backward",), accumulates=True,
+             cases=_max_pool3d_cases, moved_bytes=_moved_bytes,
+             route_doc=_ROUTE_DOC["max_pool3d_with_indices_backward"])
+def max_pool3d_with_indices_backward(grad_output: torch.Tensor, self: torch.Tensor, kernel_size: Sequence[int],
+                                     stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int],
+                                     ceil_mode: bool, indices: torch.Tensor) -> torch.Tensor:
+    """Gradient of max_pool3d with indices: each grad_input element sums g over the outputs whose windows hold it
+    and whose index is its own, in a fixed order (no atomics)."""
+    return _backward(_SPECS["max_pool3d_with_indices_backward"], grad_output, self, indices,
+                     (kernel_size, stride, padding, dilation, ceil_mode))
+
+
+def _declare_adaptive(spec: _Spec):
+    """Register op `spec.name` with ATen's signature and name."""
+
+    def fn(grad_output: torch.Tensor, self: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+        return _backward(spec, grad_output, self, indices)
+
+    def cases(device, dtype, size: str) -> list[Case]:
+        return [_case(f"{_dims(shape)} -> {_dims(osize)}{' channels_last' if cl else ''}",
+                      adaptive_example(shape, osize, cl, device, dtype))
+                for shape, osize, cl in _ADAPTIVE[spec.dims][size]]
+
+    fn.__name__ = fn.__qualname__ = spec.name
+    dims = "D, H, W" if spec.dims == 3 else "H, W"
+    fn.__doc__ = (f"Gradient of adaptive_max_pool{spec.dims}d: each grad_input element sums g over the outputs "
+                  f"whose windows hold it and whose index is its own, in a fixed order (no atomics); pooled dims "
+                  f"({dims}).")
+    register_op(spec.name, aten=(spec.name,), accumulates=True, cases=cases, moved_bytes=_moved_bytes,
+                route_doc=_ROUTE_DOC[spec.name])(fn)
+    return fn
+
+
+adaptive_max_pool2d_backward = _declare_adaptive(_SPECS["adaptive_max_pool2d_backward"])
+adaptive_max_pool3d_backward = _declare_adaptive(_SPECS["adaptive_max_pool3d_backward"])

@@ -1,0 +1,627 @@
+"""Max pooling backward with indices (max_pool3d, adaptive_max_pool2d, adaptive_max_pool3d): the candidate outputs
+against brute force, window configurations (overlapping, ceil_mode, dilation, padding) and ties against stock
+PyTorch, indices that no forward produced, dtypes, strided grad_output and indices read in place, ATen's output
+layout, empty batches, bitwise repeats across tilings and index widths, bad inputs, and training through enable()
+in deterministic mode."""
+
+import itertools
+
+import pytest
+import torch
+import torch.nn as nn
+
+import gradkern
+from conftest import DEVICE, DTYPES, dtype_id, gpu_only
+from gradkern import ops
+from gradkern.kernels import max_pool as mp
+from gradkern.registry import REGISTRY
+from gradkern.testing import assert_bitwise_equal, assert_close, assert_repeats_bitwise, check_case, run_reference
+
+OPS = ["max_pool3d_with_indices_backward", "adaptive_max_pool2d_backward", "adaptive_max_pool3d_backward"]
+MAX3D, AMAX2D, AMAX3D = OPS
+CL3D = torch.channels_last_3d
+
+
+def _values(shape, dtype, values: str) -> torch.Tensor:
+    """Pooling input: random normal (no ties), small integers (many ties) or zeros (every value tied)."""
+    if values == "ties":
+        return torch.randint(0, 3, shape, device=DEVICE).to(dtype)
+    if values == "zeros":
+        return torch.zeros(shape, device=DEVICE, dtype=dtype)
+    return torch.randn(shape, device=DEVICE).to(dtype)
+
+
+def _max3d(shape, k, s, p, d=1, ceil_mode=False, dtype=torch.float32, values="randn", fmt=None) -> tuple:
+    """max_pool3d_with_indices_backward's arguments, indices from stock's forward."""
+    x = _values(shape, dtype, values)
+    if fmt is not None:
+        x = x.contiguous(memory_format=fmt)
+    window = [list(v) if isinstance(v, tuple) else [v] for v in (k, s, p, d)]
+    y, idx = torch.ops.aten.max_pool3d_with_indices(x, *window, ceil_mode)
+    return (torch.randn(y.shape, device=DEVICE).to(dtype), x, *window, ceil_mode, idx)
+
+
+def _adaptive(shape, osize, dtype=torch.float32, values="randn", fmt=None) -> tuple:
+    """adaptive_max_pool{2,3}d_backward's arguments, indices from stock's forward."""
+    x = _values(shape, dtype, values)
+    if fmt is not None:
+        x = x.contiguous(memory_format=fmt)
+    fwd = torch.ops.aten.adaptive_max_pool3d if len(osize) == 3 else torch.ops.aten.adaptive_max_pool2d
+    _, idx = fwd(x, list(osize))
+    return torch.randn(idx.shape, device=DEVICE).to(dtype), x, idx
+
+
+def _launches(monkeypatch) -> list[tuple]:
+    """Every kernel launch from here on, as (pointer arguments, ints, consts); the launches still run."""
+    seen = []
+    real = mp.launch
+    monkeypatch.setattr(mp, "launch", lambda kernel, grid, ptrs, ints, consts, *a: (
+        seen.append((ptrs, ints, consts)), real(kernel, grid, ptrs, ints, consts, *a)))
+    return seen
+
+
+# ----------------------------------------------------------------------------------------------- windows
+def _holding(i, o_size, k, s, p, d) -> list[int]:
+    """Brute force: the outputs whose max_pool windows hold input i along a dim."""
+    return [o for o in range(o_size) if any(o * s - p + j * d == i for j in range(k))]
+
+
+def test_output_sizes_and_candidate_counts_match_brute_force():
+    """Every (input size, kernel, stride, padding, dilation, ceil_mode) small enough: the output size is stock's
+    forward's (below 1, which the op refuses, where stock's forward refuses), and no input is held by more outputs
+    than the kernel visits (its loop count)."""
+    x = torch.zeros(1, 1, 1, 1, 12, device="meta")
+    for i_size, k, s, d in itertools.product(range(1, 10), range(1, 5), range(1, 4), range(1, 4)):
+        for p, ceil_mode in itertools.product(range(k // 2 + 1), (False, True)):
+            o_size = mp.output_size(i_size, k, s, p, d, ceil_mode)
+            try:
+                shape = torch.ops.aten.max_pool3d_with_indices(x[..., :i_size], [1, 1, k], [1, 1, s], [0, 0, p],
+                                                               [1, 1, d], ceil_mode)[0].shape
+            except RuntimeError:
+                assert o_size < 1, (i_size, k, s, p, d, ceil_mode)
+                continue
+            assert o_size == shape[-1], (i_size, k, s, p, d, ceil_mode)
+            window = ((k,) * 3, (s,) * 3, (p,) * 3, (d,) * 3)
+            _, ks, _ = mp._progressions(window, (i_size,) * 3, (o_size,) * 3)
+            most = max(len(_holding(i, o_size, k, s, p, d)) for i in range(i_size))
+            assert most <= ks[0], (i_size, k, s, p, d, ceil_mode, most, ks)
+
+
+# One window configuration per pooled dim (D, H, W), (input size, kernel, stride, padding, dilation), and ceil_mode:
+# MaxPool3d(2) on even and odd sizes, overlapping windows (stride < kernel, padding), kernel 1 (identity,
+# subsampling), a window the size of the input, ceil_mode's partial last windows, dilations whose stride and
+# dilation share a factor or not (the candidates' progression: step 1, 2, 3)
+WINDOWS = [
+    (((6, 2, 2, 0, 1), (7, 3, 2, 1, 1), (5, 3, 1, 1, 1)), False),
+    (((7, 3, 3, 0, 1), (6, 4, 3, 2, 1), (7, 2, 2, 1, 1)), True),
+    (((4, 1, 1, 0, 1), (5, 1, 2, 0, 1), (4, 4, 1, 2, 1)), False),
+    (((5, 2, 1, 1, 2), (7, 3, 2, 1, 2), (8, 2, 2, 0, 3)), False),
+    (((6, 3, 1, 1, 3), (9, 3, 2, 1, 4), (9, 2, 4, 1, 6)), True),
+]
+
+
+def _window_args(dims, ceil_mode, values, dtype=torch.float32, batch=(1, 2)) -> tuple:
+    shape = (*batch, *[c[0] for c in dims])
+    k, s, p, d = (tuple(c[j] for c in dims) for j in range(1, 5))
+    return _max3d(shape, k, s, p, d, ceil_mode, dtype, values)
+
+
+@pytest.mark.parametrize("case", range(len(WINDOWS)))
+def test_window_configurations_with_ties_match_stock(case):
+    """Inputs of many equal values: stock's forward points overlapping windows at the same element, which then sums
+    several outputs; each configuration along D, H and W in turn (one per dim in each case)."""
+    dims, ceil_mode = WINDOWS[case]
+    args = _window_args(dims, ceil_mode, "ties")
+    check_case(MAX3D, args, what=f"{dims} ceil_mode={ceil_mode}")
+    if case % 2 == 0:  # all equal: every window takes its first element
+        check_case(MAX3D, _window_args(dims, ceil_mode, "zeros", batch=(2,)), what=f"{dims} zeros unbatched")
+
+
+def _empty_window(i_size, k, s, p, d, ceil_mode) -> bool:
+    """Whether some output's window holds no input (a dilated window stepping over the whole input)."""
+    return any(not _holding_inputs(o, i_size, k, s, p, d) for o in range(mp.output_size(i_size, k, s, p, d,
+                                                                                         ceil_mode)))
+
+
+def _holding_inputs(o, i_size, k, s, p, d) -> list[int]:
+    return [o * s - p + j * d for j in range(k) if 0 <= o * s - p + j * d < i_size]
+
+
+def _random_windows(count: int, seed: int):
+    """`count` (dims, ceil_mode) drawn from every (input size <= 9, kernel <= 4, stride <= 3, padding <= kernel / 2,
+    dilation <= 3) per dim that leaves an output, none of whose windows is empty (see the test below)."""
+    rng = torch.Generator().manual_seed(seed)
+
+    def draw(n):
+        return int(torch.randint(1, n + 1, (), generator=rng))
+
+    out = []
+    while len(out) < count:
+        ceil_mode = bool(draw(2) - 1)
+        dims = []
+        for _ in range(3):
+            k, s, d = draw(4), draw(3), draw(3)
+            p = draw(k // 2 + 1) - 1
+            dims.append((draw(9), k, s, p, d))
+        if all(mp.output_size(*c, ceil_mode) >= 1 and not _empty_window(*c, ceil_mode) for c in dims):
+            out.append((tuple(dims), ceil_mode))
+    return out
+
+
+@pytest.mark.parametrize("tiling", ["lines", "channels"])
+def test_random_window_configurations_with_ties_match_stock(tiling, monkeypatch):
+    """Seeded draws over the whole small configuration space, in each tiling (the channels tiling forced on
+    contiguous tensors: it reads and writes through strides)."""
+    monkeypatch.setattr(mp, "_FORCE_TILING", tiling)
+    mp.clear_plans()
+    try:
+        for dims, ceil_mode in _random_windows(12, seed=7 if tiling == "lines" else 8):
+            check_case(MAX3D, _window_args(dims, ceil_mode, "ties", batch=(2, 3)), what=f"{dims} {ceil_mode}")
+    finally:
+        mp.clear_plans()
+
+
+@pytest.mark.parametrize("op, axis", [(AMAX2D, "H"), (AMAX2D, "W"), (AMAX3D, "D")])
+def test_adaptive_every_size_pair_along_an_axis_matches_stock(op, axis):
+    """Every input size I and output size O in 1..8 along one axis (O > I: overlapping windows, each input in
+    several, pointed at from several with ties; O = 1: one global window; O = I: the identity)."""
+    for i_size, o_size in itertools.product(range(1, 9), range(1, 9)):
+        shape, out = {"H": ((1, 2, i_size, 3), (o_size, 2)), "W": ((1, 2, 3, i_size), (2, o_size)),
+                      "D": ((2, i_size, 2, 3), (o_size, 1, 2))}[axis]
+        check_case(op, _adaptive(shape, out, values="ties"), what=f"{axis} {i_size} -> {o_size}")
+
+
+# ---------------------------------------------------------------------------------------- indices no forward made
+def _in_window_max3d(i_coord, o_coord, k, s, p, d):
+    r = i_coord + p - o_coord * s
+    return (r >= 0) & (r <= (k - 1) * d) & (r % d == 0)
+
+
+def _in_window_adaptive(i_coord, o_coord, i_size, o_size):
+    return (i_coord >= o_coord * i_size // o_size) & (i_coord < -(-(o_coord + 1) * i_size // o_size))
+
+
+def _followed(idx, in_sizes, out_sizes, in_window) -> torch.Tensor:
+    """Brute force: which indices the op follows (inside the plane and their output's window, every dim)."""
+    volume = 1
+    for n in in_sizes:
+        volume *= n
+    ok = (idx >= 0) & (idx < volume)
+    rest = idx.clamp(0, volume - 1)
+    for dim in reversed(range(len(in_sizes))):
+        i_coord = rest % in_sizes[dim]
+        rest = rest // in_sizes[dim]
+        shape = [1] * idx.dim()
+        shape[idx.dim() - len(in_sizes) + dim] = out_sizes[dim]
+        o_coord = torch.arange(out_sizes[dim], device=idx.device).reshape(shape)
+        ok &= in_window(dim, i_coord, o_coord)
+    return ok
+
+
+def _scatter_reference(g, idx, in_shape, dims, followed) -> torch.Tensor:
+    """float64: each followed g[o] added at indices[o] of its (n, c) plane (volume) of `dims` pooled dims."""
+    n_planes, volume = 1, 1
+    for v in in_shape[:-dims]:
+        n_planes *= v
+    for v in in_shape[-dims:]:
+        volume *= v
+    out = torch.zeros(n_planes, volume, dtype=torch.float64)
+    vals = (g.double().cpu() * followed.cpu()).reshape(n_planes, -1)
+    out.scatter_add_(1, idx.cpu().clamp(0, volume - 1).reshape(n_planes, -1), vals)
+    return out.reshape(in_shape)
+
+
+def _garbage(idx, last, volume) -> torch.Tensor:
+    """Indices no forward produced, from the forward's: as they are, a neighbour along the last dim (of size `last`)
+    or a row over or under (often off the window, or its grid), anywhere in [-2, volume + 2), -1 or the volume."""
+    picks = [idx, idx + 1, idx - 1, idx + last, idx - last,
+             torch.randint(-2, volume + 2, idx.shape, device=idx.device),
+             torch.full_like(idx, -1), torch.full_like(idx, volume)]
+    which = torch.randint(0, len(picks), idx.shape, device=idx.device)
+    return torch.stack(picks).gather(0, which.unsqueeze(0)).squeeze(0)
+
+
+@pytest.mark.parametrize("tiling", ["lines", "channels"])
+def test_indices_outside_their_window_or_plane_add_nothing(tiling, monkeypatch):
+    """Indices no forward produced: the op follows an index only inside its output's window (and so the plane);
+    the rest add nothing anywhere (stock's kernels write wherever they point, out of bounds included)."""
+    monkeypatch.setattr(mp, "_FORCE_TILING", tiling)
+    mp.clear_plans()
+    try:
+        for dims, ceil_mode in (WINDOWS[1], WINDOWS[3]):
+            g, x, k, s, p, d, c, idx = _window_args(dims, ceil_mode, "randn")
+            ins, outs = x.shape[-3:], idx.shape[-3:]
+            bad = _garbage(idx, ins[-1], ins[0] * ins[1] * ins[2])
+            followed = _followed(bad, ins, outs, lambda j, i, o, k=k, s=s, p=p, d=d: _in_window_max3d(
+                i, o, k[j], s[j], p[j], d[j]))
+            assert 0 < int(followed.sum()) < bad.numel()
+            ours = ops.max_pool3d_with_indices_backward(g, x, k, s, p, d, c, bad)
+            assert_close(ours, _scatter_reference(g, bad, tuple(x.shape), 3, followed), torch.float32, str(dims))
+        for shape, osize in (((2, 3, 7, 9), (4, 5)), ((1, 2, 5, 6, 7), (2, 4, 3))):
+            g, x, idx = _adaptive(shape, osize)
+            ins = x.shape[-len(osize):]
+            bad = _garbage(idx, ins[-1], idx.new_tensor(ins).prod().item())
+            followed = _followed(bad, ins, osize, lambda j, i, o, _i=ins, _o=osize: _in_window_adaptive(
+                i, o, _i[j], _o[j]))
+            op = getattr(ops, OPS[len(osize) - 1])
+            assert_close(op(g, x, bad), _scatter_reference(g, bad, tuple(x.shape), len(osize), followed),
+                         torch.float32, str(shape))
+    finally:
+        mp.clear_plans()
+
+
+def test_windows_holding_no_input_pass_no_gradient():
+    """ATen takes dilations that step a window over the whole input (here along W: input size 1, window {-1, 1}):
+    the forward gives -inf and, for an index, the window's first grid point past the padding, outside the window
+    (here the next row's first element, or past the volume). No input is in such a window, so the op passes its
+    gradient nowhere; stock's kernels add it at that index (out of bounds for the last row)."""
+    dims = ((3, 1, 1, 0, 1), (4, 3, 1, 1, 1), (1, 2, 3, 1, 2))
+    assert _empty_window(*dims[2], False)
+    g, x, k, s, p, d, c, idx = _window_args(dims, False, "randn")
+    ins, outs = x.shape[-3:], idx.shape[-3:]
+    followed = _followed(idx, ins, outs, lambda j, i, o: _in_window_max3d(i, o, k[j], s[j], p[j], d[j]))
+    assert not followed.any()
+    ours = ops.max_pool3d_with_indices_backward(g, x, k, s, p, d, c, idx)
+    assert_bitwise_equal(ours, torch.zeros_like(x), "empty windows")
+
+
+# ----------------------------------------------------------------------------------------------- dtypes, layouts
+def _problems(dtype=torch.float32, values="ties") -> dict:
+    """One problem per op with overlapping windows (an input in several), unbatched among them."""
+    return {
+        MAX3D: _max3d((1, 2, 5, 6, 7), 3, 2, 1, 1, True, dtype, values),
+        AMAX2D: _adaptive((3, 7, 5), (4, 3), dtype, values),
+        AMAX3D: _adaptive((1, 2, 5, 4, 6), (3, 3, 4), dtype, values),
+    }
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_every_dtype_matches_stock(dtype):
+    for op, args in _problems(dtype).items():
+        res = check_case(op, args, what=f"{op} {dtype}")
+        assert res.shape == args[1].shape and res.dtype == dtype and res.is_contiguous()
+
+
+def _views(t: torch.Tensor):
+    """Views of t's values that are not contiguous: a slice of a wider buffer, transposed, channels-last(-3d), a
+    broadcast batch."""
+    big = torch.zeros(*t.shape[:-1], 2 * t.shape[-1], dtype=t.dtype, device=t.device)
+    big[..., ::2] = t
+    yield "strided", big[..., ::2]
+    yield "transposed", t.transpose(-1, -2).contiguous().transpose(-1, -2)
+    if t.dim() >= 4:
+        yield "channels_last", t.contiguous(memory_format=torch.channels_last if t.dim() == 4 else CL3D)
+    yield "broadcast batch", t[:1].expand(t.shape)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_strided_grad_output_and_indices_are_read_in_place(op, monkeypatch):
+    """grad_output and indices in other layouts (each alone, then both in one): the values stock gives with the
+    same values contiguous, and the kernel reads the tensors given, not copies. (Stock's adaptive_max_pool3d_backward
+    reads indices as if contiguous: wrong values for the others.)"""
+    batched = {MAX3D: _max3d((2, 2, 3, 4, 5), (1, 2, 2), (1, 2, 2), 0), AMAX2D: _adaptive((2, 3, 6, 7), (4, 3)),
+               AMAX3D: _adaptive((2, 2, 2, 4, 5), (1, 2, 3))}[op]
+    g0, idx0 = batched[0], batched[-1]
+    gv, xv = dict(_views(g0)), dict(_views(idx0))
+    pairs = [(name, gv[name], "contiguous", idx0) for name in gv] + [("contiguous", g0, name, xv[name]) for name in xv]
+    pairs += [(name, gv[name], name, xv[name]) for name in ("transposed", "broadcast batch")]
+    launches = _launches(monkeypatch)
+    for g_name, g, x_name, idx in pairs:
+        args = (g, *batched[1:-1], idx)
+        launches.clear()
+        what = f"{op} grad_output {g_name}, indices {x_name}"
+        ref = run_reference(getattr(torch.ops.aten, op), (*args[:-1], idx.contiguous()))
+        assert_close(getattr(ops, op)(*args), ref, torch.float32, what)
+        ptrs = launches[0][0]
+        for got, want, name in ((ptrs[1], g, "grad_output"), (ptrs[2], idx, "indices")):
+            assert got.data_ptr() == want.data_ptr() and got.stride() == want.stride(), f"{what}: {name} copied"
+
+
+def _selves():
+    """(label, self) of many layouts, for the output layout rule."""
+    cl = torch.channels_last
+
+    def cl3d(*shape):
+        return torch.randn(*shape, device=DEVICE).contiguous(memory_format=CL3D)
+
+    yield "contiguous", torch.randn(2, 3, 2, 4, 5, device=DEVICE)
+    yield "channels_last_3d", cl3d(2, 3, 2, 4, 5)
+    yield "channels_last_3d sliced C", cl3d(2, 6, 2, 4, 5)[:, ::2]
+    yield "channels_last_3d C=1", cl3d(2, 1, 2, 4, 5)
+    yield "channels_last_3d N=1", cl3d(1, 3, 2, 4, 5)
+    yield "channels_last_3d sliced W", cl3d(2, 3, 2, 4, 7)[..., 1:6]
+    yield "transposed", torch.randn(2, 3, 2, 5, 4, device=DEVICE).transpose(-1, -2)
+    yield "permuted N, C", torch.randn(3, 2, 2, 4, 5, device=DEVICE).transpose(0, 1)
+    yield "unbatched", torch.randn(3, 2, 4, 5, device=DEVICE)
+    yield "unbatched C fastest", cl3d(1, 3, 2, 4, 5)[0]
+    yield "2d contiguous", torch.randn(2, 3, 5, 7, device=DEVICE)
+    yield "2d channels_last", torch.randn(2, 3, 5, 7, device=DEVICE).contiguous(memory_format=cl)
+    yield "2d channels_last sliced", torch.randn(2, 6, 5, 9, device=DEVICE).contiguous(memory_format=cl)[
+        :, ::2, :, 1:8]
+    yield "2d channels_last C=1", torch.randn(2, 1, 5, 7, device=DEVICE).contiguous(memory_format=cl)
+    yield "2d transposed", torch.randn(2, 3, 7, 5, device=DEVICE).transpose(-1, -2)
+    yield "2d unbatched transposed", torch.randn(3, 7, 5, device=DEVICE).transpose(-1, -2)
+
+
+def _ops_for(label, x):
+    """The ops taking self x, with their arguments (indices from stock's forward on x)."""
+    if label.startswith("2d"):
+        _, idx = torch.ops.aten.adaptive_max_pool2d(x, [3, 4])
+        return [(AMAX2D, (torch.randn(idx.shape, device=DEVICE), x, idx))]
+    window = [[2], [2], [0], [1]]
+    y, idx = torch.ops.aten.max_pool3d_with_indices(x, *window, False)
+    _, aidx = torch.ops.aten.adaptive_max_pool3d(x, [1, 3, 2])
+    return [(MAX3D, (torch.randn(y.shape, device=DEVICE), x, *window, False, idx)),
+            (AMAX3D, (torch.randn(aidx.shape, device=DEVICE), x, aidx))]
+
+
+def test_output_layout_is_atens(monkeypatch):
+    """grad_input's strides are stock's: max_pool3d channels_last_3d where a 5-D self suggests it, adaptive 2d
+    channels_last where a 4-D self suggests it, contiguous otherwise; and a channels_last grad_input of several
+    channels takes the channels tiling, everything else lines. (Unbatched max_pool3d: contiguous, as ATen's meta
+    function declares; stock's CPU kernel agrees for a contiguous grad_output, as here.)"""
+    from torch._prims_common import suggest_memory_format
+
+    launches = _launches(monkeypatch)
+    for label, x in _selves():
+        if x.dim() == 5:
+            assert mp.suggests_channels_last_3d(x) is (suggest_memory_format(x) == CL3D), label
+        for op, args in _ops_for(label, x):
+            launches.clear()
+            ours = check_case(op, args, what=f"{op} {label}")
+            stock = getattr(torch.ops.aten, op)(*[a.cpu() if isinstance(a, torch.Tensor) else a for a in args])
+            assert ours.stride() == stock.stride(), (op, label, ours.stride(), stock.stride())
+            meta = getattr(torch.ops.aten, op)(*[a.to("meta") if isinstance(a, torch.Tensor) else a for a in args])
+            assert ours.stride() == meta.stride(), (op, label)
+            # (a non-contiguous grad_input is batched channels_last)
+            assert launches[0][2]["CHANNELS"] is (not ours.is_contiguous() and ours.shape[1] > 1), (op, label)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_empty_batch(op, monkeypatch):
+    """N = 0 (and C = 0 unbatched, where ATen takes it): an empty grad_input of stock's shape and strides, nothing
+    launched."""
+    launches = _launches(monkeypatch)
+    problems = {MAX3D: [_max3d((0, 3, 4, 5, 6), 2, 2, 0), _max3d((0, 3, 4, 5, 6), 2, 2, 0, fmt=CL3D)],
+                AMAX2D: [_adaptive((0, 3, 5, 6), (2, 3)), _adaptive((0, 3, 5, 6), (2, 3), fmt=torch.channels_last),
+                         _adaptive((0, 5, 6), (2, 3))],
+                AMAX3D: [_adaptive((0, 3, 4, 5, 6), (2, 3, 4)), _adaptive((0, 3, 4, 5, 6), (2, 3, 4), fmt=CL3D),
+                         _adaptive((0, 4, 5, 6), (2, 3, 4))]}[op]
+    for args in problems:
+        ours = getattr(ops, op)(*args)
+        stock = getattr(torch.ops.aten, op)(*args)
+        x = args[1]
+        assert ours.shape == stock.shape == x.shape and ours.stride() == stock.stride(), (x.shape, x.stride())
+    assert not launches
+
+
+# ----------------------------------------------------------------------------------------------- bits
+def _same_bits_with_small_knobs(run, first, block_knob, label, monkeypatch) -> list[dict]:
+    """`run()` gives `first`'s bits with tiles of 4 elements, blocks of 2 columns or channels (`block_knob`), 2
+    programs for more tiles (the grid-stride loop, normally past 2^30 tiles) and int64 index math (normally past
+    2^31), each alone, and its launch takes the branch the knob forces; the launches' consts."""
+    seen = []
+    for knobs in ({"_TILE": 4}, {block_knob: 2}, {"_MAX_PROGRAMS": 2, "_TILE": 16}, {"_I32_MAX": 16}):
+        mp.clear_plans()
+        for knob, value in knobs.items():
+            monkeypatch.setattr(mp, knob, value)
+        launches = _launches(monkeypatch)
+        assert_bitwise_equal(run(), first, f"{label} {knobs}")
+        _, ints, consts = launches[0]
+        if "_MAX_PROGRAMS" in knobs:
+            assert ints[0] > 2  # (more tiles than programs)
+        if "_I32_MAX" in knobs:
+            assert consts["I64"]
+        seen.append(consts)
+        monkeypatch.undo()
+    mp.clear_plans()
+    return seen
+
+
+def _tiled(op, args, tiling, monkeypatch):
+    """The op's result with `tiling` forced (fresh plans)."""
+    monkeypatch.setattr(mp, "_FORCE_TILING", tiling)
+    mp.clear_plans()
+    try:
+        return getattr(ops, op)(*args)
+    finally:
+        monkeypatch.setattr(mp, "_FORCE_TILING", None)
+        mp.clear_plans()
+
+
+# per op, a problem with overlapping windows (max_pool3d's and adaptive 2d's channels_last: the channels tiling when
+# not forced)
+BITS = {
+    MAX3D: lambda: _max3d((1, 3, 2, 3, 5), 2, 1, 1, 2, True, values="ties", fmt=CL3D),
+    AMAX2D: lambda: _adaptive((1, 3, 5, 7), (4, 3), values="ties", fmt=torch.channels_last),
+    AMAX3D: lambda: _adaptive((1, 2, 3, 4, 5), (2, 3, 3), values="ties"),
+}
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_tilings_repeats_and_index_widths_give_the_same_bits(op, monkeypatch):
+    """Each element sums its terms in one order whatever the tiling: the lines and the channels tilings (each reads
+    and writes through strides), runs repeated, tiles of a few elements, the grid-stride loop and int64 index math
+    all give the same bits."""
+    args = BITS[op]()
+    first = _tiled(op, args, "lines", monkeypatch)
+    check_case(op, args, what=op)
+    assert_bitwise_equal(getattr(ops, op)(*args), first, f"{op} run twice")
+    assert_bitwise_equal(_tiled(op, args, "channels", monkeypatch), first, f"{op} channels")
+    for tiling, knob in (("lines", "_MAX_BW"), ("channels", "_MAX_BC")):
+        seen = _same_bits_with_small_knobs(lambda t=tiling: _tiled(op, args, t, monkeypatch), first, knob,
+                                           f"{op} {tiling}", monkeypatch)
+        assert all(c["CHANNELS"] is (tiling == "channels") for c in seen)
+
+
+# ----------------------------------------------------------------------------------------------- errors
+def test_bad_inputs_raise_named_errors_and_launch_nothing(monkeypatch):
+    g, x, k, s, p, d, c, idx = _max3d((2, 3, 4, 6, 8), 2, 2, 0)
+    a2, a3 = _adaptive((2, 3, 7, 8), (3, 4)), _adaptive((2, 3, 4, 5, 6), (2, 3, 4))
+    m3, p2, p3 = ops.max_pool3d_with_indices_backward, ops.adaptive_max_pool2d_backward, \
+        ops.adaptive_max_pool3d_backward
+    before = [t.clone() for t in (g, x, idx, *a2, *a3)]
+    launches = _launches(monkeypatch)
+    IP, US = gradkern.InvalidProblem, gradkern.Unsupported
+    cases = [
+        # max_pool3d: window parameters as ATen checks them
+        (IP, r"kernel_size.*1 or 3 ints.*\[2, 2\]", lambda: m3(g, x, [2, 2], s, p, d, c, idx)),
+        (IP, r"stride.*0, 1 or 3 ints", lambda: m3(g, x, k, [2, 2], p, d, c, idx)),
+        (IP, r"padding.*1 or 3 ints", lambda: m3(g, x, k, s, [], d, c, idx)),
+        (IP, r"dilation.*1 or 3 ints", lambda: m3(g, x, k, s, p, [1, 1, 1, 1], c, idx)),
+        (IP, r"kernel_size.*ints", lambda: m3(g, x, [2.0], s, p, d, c, idx)),
+        (IP, r"kernel_size.*below 2\^31", lambda: m3(g, x, [2**31], s, p, d, c, idx)),
+        (IP, r"kernel_size.*values >= 1.*\(0, 0, 0\)", lambda: m3(g, x, [0], s, p, d, c, idx)),
+        (IP, r"stride.*values >= 1", lambda: m3(g, x, k, [2, 0, 2], p, d, c, idx)),
+        (IP, r"dilation.*values >= 1", lambda: m3(g, x, k, s, p, [0], c, idx)),
+        (IP, r"padding.*values >= 0", lambda: m3(g, x, k, s, [-1], d, c, idx)),
+        (IP, r"padding.*at most half the kernel size \(2, 2, 2\).*\(2, 2, 2\)", lambda: m3(g, x, k, s, [2], d, c, idx)),
+        (US, r"ceil_mode.*a bool.*int", lambda: m3(g, x, k, s, p, d, 0, idx)),
+        (IP, r"self.*leave at least one output.*output sizes \(-4, -2, 0\)",
+         lambda: m3(g, x, [5], [1], [2], [3], c, idx)),
+        (IP, r"grad_output.*\(2, 3, 2, 3, 4\).*\(2, 3, 2, 3, 3\)", lambda: m3(g[..., :3], x, k, s, p, d, c, idx)),
+        # (kernel 3, stride 2 on (4, 6, 8): output sizes (2, 3, 4) with ceil_mode, as grad_output's, else (1, 2, 3))
+        (IP, r"grad_output.*\(2, 3, 1, 2, 3\).*\(2, 3, 2, 3, 4\)", lambda: m3(g, x, [3], [2], p, d, False, idx)),
+        (IP, r"indices.*shape \(2, 3, 2, 3, 4\).*\(1, 3, 2, 3, 4\)", lambda: m3(g, x, k, s, p, d, c, idx[:1])),
+        (IP, r"self.*4-D or 5-D.*3-D", lambda: m3(g[0, 0], x[0, 0], k, s, p, d, c, idx[0, 0])),
+        (IP, r"self.*every dim but the batch dim.*\(2, 0, 4, 6, 8\)",
+         lambda: m3(g[:, :0], x[:, :0], k, s, p, d, c, idx[:, :0])),
+        (IP, r"self.*every dim but the batch dim.*\(0, 4, 6, 8\)", lambda: m3(g[0, :0], x[0, :0], k, s, p, d, c,
+                                                                              idx[0, :0])),
+        (US, r"indices.*dtype int64.*torch.int32", lambda: m3(g, x, k, s, p, d, c, idx.int())),
+        (US, r"indices.*torch.Tensor.*list", lambda: m3(g, x, k, s, p, d, c, idx.tolist())),
+        (US, r"indices.*device", lambda: m3(g, x, k, s, p, d, c, idx.to("meta"))),
+        (US, r"grad_output.*dtype torch.float32.*float64", lambda: m3(g.double(), x, k, s, p, d, c, idx)),
+        # adaptive
+        (IP, r"self.*3-D or 4-D.*2-D tensor of shape \(7, 8\)", lambda: p2(a2[0][0, 0], a2[1][0, 0], a2[2][0, 0])),
+        (IP, r"self.*4-D or 5-D.*3-D", lambda: p3(a3[0][0, 0], a3[1][0, 0], a3[2][0, 0])),
+        (IP, r"grad_output.*\(2, 3, <output sizes>\).*\(2, 2, 3, 4\)", lambda: p2(a2[0][:, :2], a2[1], a2[2][:, :2])),
+        (IP, r"grad_output.*non-zero sizes.*\(2, 3, 0, 4\)", lambda: p2(a2[0][:, :, :0], a2[1], a2[2][:, :, :0])),
+        (IP, r"indices.*shape \(2, 3, 3, 4\).*\(2, 3, 3, 3\)", lambda: p2(a2[0], a2[1], a2[2][..., :3])),
+        (IP, r"self.*non-zero pooled sizes.*\(2, 3, 4, 0, 6\)", lambda: p3(a3[0], a3[1][..., :0, :], a3[2])),
+        (US, r"indices.*dtype int64", lambda: p3(a3[0], a3[1], a3[2].double())),
+        (US, r"self.*dtype", lambda: p2(a2[0], a2[1].int(), a2[2])),
+    ]
+    for err, pattern, call in cases:
+        with pytest.raises(err, match=pattern) as info:
+            call()
+        assert str(info.value).split(":")[0] in OPS
+    assert not launches, "a rejected call launched a kernel"
+    for b, t in zip(before, (g, x, idx, *a2, *a3), strict=True):
+        assert_bitwise_equal(t, b, "an input changed")
+
+
+def test_registry_entries():
+    for op in OPS:
+        info = REGISTRY[op]
+        assert set(info.aten) == {op} and info.accumulates and not info.exact and info.route is None
+        assert "atomics" in info.route_doc and "deterministic" in info.route_doc
+        for dt in DTYPES:
+            g = gradkern.guarantee(op, dt)
+            assert g.deterministic and g.bit_stable
+            assert g.accumulator_dtype == (torch.float64 if dt == torch.float64 else torch.float32)
+        for case in info.cases("meta", torch.float32, "large"):
+            assert case.bytes >= 256 * 2**20, (op, case.label)
+        tiny = info.cases(DEVICE, torch.float32, "tiny")[0]
+        plan = gradkern.plan(op, *tiny.args)
+        assert plan.route == "gradkern" and plan.bytes == tiny.bytes
+        g, x, idx = tiny.args[0], tiny.args[1], tiny.args[-1]
+        assert tiny.bytes == (g.numel() + x.numel()) * 4 + idx.numel() * 8  # (self is not read)
+
+
+def test_every_registry_case_is_a_valid_problem():
+    """Every size's cases (the GPU's check and large ones too, built on the meta device: stock's forward gives their
+    indices) pass the op's checks, as a CPU run cannot show for the larger sizes."""
+    for op in OPS:
+        spec = mp._SPECS[op]
+        for size in ("tiny", "small", "check", "large"):
+            for case in REGISTRY[op].cases("meta", torch.float32, size):
+                g, x, idx = case.args[0], case.args[1], case.args[-1]
+                mp._check_self(spec, x)
+                window, out_sizes = (None, None) if spec.adaptive else mp._window(spec, x, *case.args[2:7])
+                mp._check_grad(spec, g, x, idx, out_sizes)
+
+
+# ----------------------------------------------------------------------------------------------- training
+def _spy_on_ops(monkeypatch) -> list[str]:
+    calls = []
+    for op in OPS:
+        info = REGISTRY[op]
+        impl = info.aten[op]
+        monkeypatch.setitem(info.aten, op, lambda *a, _i=impl, _o=op, **k: (calls.append(_o), _i(*a, **k))[1])
+    return calls
+
+
+def _train_step(module, x, w):
+    xi = x.clone().requires_grad_(True)
+    (module(xi) * w).sum().backward()
+    return xi.grad
+
+
+def _modules():
+    """(label, module, input shape, memory format, values, the op its backward runs)."""
+    return [
+        ("nn.MaxPool3d(2)", nn.MaxPool3d(2), (2, 2, 4, 6, 5), None, "randn", MAX3D),
+        ("nn.MaxPool3d(3, 2, 1) channels_last_3d, ties", nn.MaxPool3d(3, 2, 1), (1, 3, 3, 5, 4), CL3D, "ties", MAX3D),
+        ("nn.MaxPool3d dilation ceil_mode unbatched", nn.MaxPool3d(2, 1, 1, dilation=2, ceil_mode=True), (2, 3, 4, 5),
+         None, "randn", MAX3D),
+        ("nn.AdaptiveMaxPool2d((3, 4)) channels_last", nn.AdaptiveMaxPool2d((3, 4)), (2, 3, 5, 7),
+         torch.channels_last, "randn", AMAX2D),
+        ("nn.AdaptiveMaxPool2d(1), ties", nn.AdaptiveMaxPool2d(1), (2, 3, 4, 5), None, "ties", AMAX2D),
+        ("nn.AdaptiveMaxPool3d((2, 3, 2))", nn.AdaptiveMaxPool3d((2, 3, 2)), (1, 2, 3, 5, 4), None, "randn", AMAX3D),
+    ]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_training_in_deterministic_mode_runs_gradkern(dtype, monkeypatch):
+    """Under gradkern.use(mode="always") with torch.use_deterministic_algorithms(True), the pools' backward runs
+    gradkern's kernels and gives stock's gradients (layout included)."""
+    torch.manual_seed(0)
+    calls = _spy_on_ops(monkeypatch)
+    was = torch.are_deterministic_algorithms_enabled()
+    try:
+        for label, module, shape, fmt, values, op in _modules():
+            x = _values(shape, dtype, values)
+            if fmt is not None:
+                x = x.contiguous(memory_format=fmt)
+            w = torch.randn(module(x).shape, device=DEVICE).to(dtype)
+            ref = run_reference(lambda a, b, _m=module: _train_step(_m, a, b), (x, w))  # float64, CPU, stock
+            stock = _train_step(module, x, w)
+            calls.clear()
+            torch.use_deterministic_algorithms(True)
+            with gradkern.use(mode="always"):
+                ours = _train_step(module, x, w)
+            torch.use_deterministic_algorithms(was)
+            assert calls == [op], f"{label}: {calls}"
+            assert_close(ours, ref, dtype, label)
+            assert ours.stride() == stock.stride(), label
+    finally:
+        torch.use_deterministic_algorithms(was)
+
+
+# ----------------------------------------------------------------------------------------------- GPU only
+@gpu_only
+def test_stock_raises_in_deterministic_mode_and_gradkern_does_not():
+    """max_pool3d's and adaptive_max_pool2d's stock CUDA backwards raise in deterministic mode (adaptive_max_pool3d's
+    is silently nondeterministic); gradkern's run, and give the plain op's bits."""
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        for op, args in _problems(values="randn").items():
+            if op != AMAX3D:
+                with pytest.raises(RuntimeError, match="deterministic"):
+                    getattr(torch.ops.aten, op)(*args)
+            with gradkern.use():
+                ours = getattr(torch.ops.aten, op)(*args)
+            assert_bitwise_equal(ours, getattr(ops, op)(*args), op)
+        x = torch.randn(2, 16, 32, 64, 64, device=DEVICE, requires_grad=True)
+        with gradkern.use():
+            nn.MaxPool3d(3, 2, 1)(x).sum().backward()
+    finally:
+        torch.use_deterministic_algorithms(was)
+
+
+@gpu_only
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_bitwise_identical_repeats_on_gpu(dtype):
+    assert_repeats_bitwise(OPS, dtype, DEVICE, "check")
