@@ -1,0 +1,639 @@
+"""Upsampling backward (linear 1d, bilinear 2d, trilinear 3d, bicubic 2d, antialiased bilinear 2d): a gather, no
+atomics.
+
+The forward is separable: along each resized dim, output o reads a few inputs ("taps") with weights that depend on
+o alone, and ATen's backward scatters w * g[o] onto each tap (atomicAdd on CUDA: nondeterministic, and raising under
+torch.use_deterministic_algorithms). Here each grad_input element gathers instead. Along a dim the source map
+o -> first tap is monotone, so the outputs that read input i form a contiguous range [lo, hi): an estimate from
+the inverse of the source map (area_pixel_compute_scale / area_pixel_compute_source_index, or the antialias window
+ends), then corrected by a step or two against the forward's own index computation, so the range is exact. For
+each output in the range the forward's taps and weights are recomputed as ATen computes them (in fp32, fp64 for
+f64: ATen's accscalar_t) and the weights of the taps that land on i summed; the element sums w_d * w_h * w_w * g
+over its outputs and is written once. Along D and H the outputs are loops (ascending); along W up to KW of them
+(KW about the most outputs an input has: all of them, short of 6x upsampling) are a tensor axis, their weights
+computed once a tile and summed with tl.sum for each (od, oh). The loops run as many times as the most outputs an
+element of the tile has (about 2 * out/in + 2 when upsampling, 2 or 3 when downsampling, whatever the factor), so
+the cost tracks the outputs per input.
+
+Per dim (ATen's semantics, CUDA's where the CPU kernel departs from it):
+* linear: scale = (in-1)/(out-1) with align_corners (0 for out = 1), else 1/scales given and > 0, else in/out;
+  source s = scale*o (align_corners) or max(scale*(o+0.5) - 0.5, 0); taps f = min(floor(s), in-1) and
+  f + (f < in-1) with weights 1-l and l, l = clamp(s - f, 0, 1) (CPU's guard_index_and_lambda: where CUDA would
+  index past the input for scales inconsistent with the sizes, this clamps).
+* cubic: the source is not clamped at 0; four taps f-1..f+2, each clamped into the input, weighted by the cubic
+  convolution coefficients with A = -0.75 of t = s - f.
+* antialias (bilinear): support = max(scale, 1); output o reads [max(floor(c - support + 0.5), 0),
+  min(floor(c + support + 0.5), in)) around c = scale*(o+0.5), triangle weights of (j - c + 0.5)/max(scale, 1)
+  normalised by their sum (computed in closed form: a sum of a linear function over consecutive integers).
+When every resized dim keeps its size, ATen's CUDA kernels copy grad_output whatever the scales (bilinear's CPU
+kernel does the same per dim, its antialias kernel does not); so does this kernel.
+
+Stock adds w * g tap by tap, so an infinite g gives NaN on an input where a tap of weight zero, or taps of both signs
+(cubic's clamped border taps), land; a term here is formed once per output and dimension, and marked to add 0 * g
+(NaN for an infinite g, nothing otherwise) where that happens: the same NaNs.
+
+A program owns a [BH, BW] tile of one (n, c, d) plane of grad_input (past 2^30 tiles, several in turn); the output
+ranges along H and W are per-row and per-column vectors, the D range a scalar, and grad_output is read in place
+through its strides. A channels_last grad_input (C > 1) is tiled by rows instead: one (n, d, h) row, a [BW, BC]
+block of (w, c), C the fastest axis, so stores (and a channels_last grad_output's loads) are contiguous; the same
+terms in the same order. The order is fixed for a problem, so its bits are; two tilings of one problem may group the
+W candidates' sum differently (tl.sum over another layout) and differ in the last bit. grad_input takes ATen's
+layout (its meta functions, shared by CPU and CUDA): bilinear 2d, trilinear 3d and antialiased bilinear follow
+grad_output's suggested memory format (channels_last / channels_last_3d), linear 1d and bicubic are contiguous."""
+
+from __future__ import annotations
+
+import functools
+import math
+import operator
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from .._cases import randn
+from .._runtime import cdiv, remember, values_key
+from ..alloc import empty
+from ..elementwise import check_tensor, launch, launch_consts, round_to_dtype, scalar_bits
+from ..errors import InvalidProblem, Unsupported
+from ..registry import Case, register_op
+from ..tl_helpers import cast_out, scalar
+
+_I32_MAX = 2**31 - 1
+_MAX_PROGRAMS = 2**30  # beyond, each program takes several tiles in turn (a grid-stride loop)
+_BLOCK = 2048  # grad_input elements x candidate columns a program holds at once (its tile: _BLOCK / KW elements)
+_MAX_KW = 16  # candidate columns taken at once at most (more, as for upsampling by more than 6: in turn)
+_MAX_BW = 128  # columns a plane tile spans at most when it has several rows (1d problems: the whole tile)
+_MAX_BC = 128  # channels a row tile spans at most (more channels: several channel blocks)
+_FORCE_TILING: str | None = None  # "planes" or "rows" overrides the layout's choice (tests)
+
+# interpolation along a dim; COPY: output o is input o (a dim that is not resized in the op, or ATen's copy when
+# no dim is resized)
+_COPY = tl.constexpr(0)
+_LINEAR = tl.constexpr(1)
+_CUBIC = tl.constexpr(2)
+_ANTIALIAS = tl.constexpr(3)
+# correction steps each way after the range estimate: rounding puts the estimate an output off the exact boundary
+# at most (the forward's fp32 source index against its inverse); the second is margin
+_FIX = tl.constexpr(2)
+# the least scale the estimate inverts: a zero scale (align_corners with one input: every output reads input 0)
+# gets a finite inverse, so that threshold * inverse is +-large or 0, never NaN
+_MIN_SCALE = tl.constexpr(2.0**-40)
+_A = tl.constexpr(-0.75)  # ATen's bicubic coefficient
+
+
+# ----------------------------------------------------------------------------------------------- kernel: per dim
+@triton.jit
+def _first_tap(o, n_in, scale, MODE: tl.constexpr, ALIGN: tl.constexpr):
+    """(f, t): output o's first tap (linear: the lower of two; cubic: the second of four) and the fraction of the
+    source index past it, as ATen computes them (area_pixel_compute_source_index, guard_index_and_lambda)."""
+    x = o.to(scale.dtype)
+    if ALIGN:
+        s = scale * x
+    else:
+        s = scale * (x + 0.5) - 0.5
+        if MODE == _LINEAR:
+            s = tl.maximum(s, 0.0)
+    f = tl.minimum(tl.floor(s), (n_in - 1).to(s.dtype))  # (clamped as a float: an overshooting s stays in range)
+    t = tl.minimum(tl.maximum(s - f, 0.0), 1.0)
+    return f.to(o.dtype), t
+
+
+@triton.jit
+def _window(o, n_in, scale):
+    """Output o's antialias window [lo, hi) and its center (ATen's _compute_weights_span)."""
+    support = tl.maximum(scale, 1.0)  # (filter size 2) * 0.5 * scale when downsampling, else 1
+    center = scale * (o.to(scale.dtype) + 0.5)
+    top = n_in.to(scale.dtype)
+    lo = tl.minimum(tl.maximum(tl.floor(center - support + 0.5), 0.0), top)
+    hi = tl.minimum(tl.maximum(tl.floor(center + support + 0.5), 0.0), top)
+    return lo.to(o.dtype), hi.to(o.dtype), center
+
+
+@triton.jit
+def _key(o, n_in, scale, UPPER: tl.constexpr, MODE: tl.constexpr, ALIGN: tl.constexpr):
+    """A monotone function of output o that bounds the inputs it reads: the first tap (linear, cubic); the last
+    input of the window (antialias, lower bound) or its first (UPPER)."""
+    if MODE == _ANTIALIAS:
+        lo, hi, _c = _window(o, n_in, scale)
+        k = lo if UPPER else hi - 1
+    else:
+        k, _t = _first_tap(o, n_in, scale, MODE, ALIGN)
+    return k
+
+
+@triton.jit
+def _first(t, n_in, n_out, scale, UPPER: tl.constexpr, MODE: tl.constexpr, ALIGN: tl.constexpr):
+    """The first output whose key is at least t (n_out if none): the inverse of the source map, rounded up, then
+    corrected against the key itself."""
+    tf = t.to(scale.dtype)
+    inv = 1.0 / tl.maximum(scale, _MIN_SCALE)
+    if MODE == _ANTIALIAS:
+        support = tl.maximum(scale, 1.0)
+        if UPPER:  # floor(c - support + 0.5) >= t  <=>  c >= t - 0.5 + support
+            x = (tf - 0.5 + support) * inv - 0.5
+        else:  # floor(c + support + 0.5) - 1 >= t  <=>  c >= t + 0.5 - support
+            x = (tf + 0.5 - support) * inv - 0.5
+    elif ALIGN:
+        x = tf * inv
+    else:
+        x = (tf + 0.5) * inv - 0.5
+    o = tl.minimum(tl.maximum(tl.ceil(x), 0.0), n_out.to(x.dtype)).to(t.dtype)
+    for _ in tl.static_range(_FIX):
+        o = tl.where((o > 0) & (_key(tl.maximum(o - 1, 0), n_in, scale, UPPER, MODE, ALIGN) >= t), o - 1, o)
+    for _ in tl.static_range(_FIX):
+        o = tl.where((o < n_out) & (_key(tl.minimum(o, n_out - 1), n_in, scale, UPPER, MODE, ALIGN) < t), o + 1, o)
+    if MODE != _ANTIALIAS:  # the clamps of the first tap, which the inverse does not see
+        o = tl.where(t > n_in - 1, n_out, o)
+        if MODE == _LINEAR and not ALIGN:
+            o = tl.where(t <= 0, 0, o)
+    return o
+
+
+@triton.jit
+def _readers(i, n_in, n_out, scale, MODE: tl.constexpr, ALIGN: tl.constexpr):
+    """[lo, hi): the outputs that read input i along a dim. Linear taps f and f+1 reach i iff f is i-1 or i, cubic
+    taps f-1..f+2 (clamped) iff f is in [i-2, i+1], an antialias window iff it starts at or before i and ends
+    after it."""
+    if MODE == _COPY:
+        lo = i
+        hi = i + 1
+    elif MODE == _LINEAR:
+        lo = _first(i - 1, n_in, n_out, scale, False, MODE, ALIGN)
+        hi = _first(i + 1, n_in, n_out, scale, False, MODE, ALIGN)
+    elif MODE == _CUBIC:
+        lo = _first(i - 2, n_in, n_out, scale, False, MODE, ALIGN)
+        hi = _first(i + 2, n_in, n_out, scale, False, MODE, ALIGN)
+    else:
+        lo = _first(i, n_in, n_out, scale, False, MODE, ALIGN)
+        hi = _first(i + 1, n_in, n_out, scale, True, MODE, ALIGN)
+    return lo, hi
+
+
+@triton.jit
+def _cubic_far(x):
+    """ATen's cubic_convolution2 (|x| in [1, 2])."""
+    return ((_A * x - 5.0 * _A) * x + 8.0 * _A) * x - 4.0 * _A
+
+
+@triton.jit
+def _cubic_near(x):
+    """ATen's cubic_convolution1 (|x| <= 1)."""
+    return ((_A + 2.0) * x - (_A + 3.0)) * x * x + 1.0
+
+
+@triton.jit
+def _tap(w, lo, hi, idx, i, c):
+    """Add a tap at idx of weight c to input i's (weight, least and greatest landing weight)."""
+    on = idx == i
+    return w + tl.where(on, c, 0.0), tl.where(on, tl.minimum(lo, c), lo), tl.where(on, tl.maximum(hi, c), hi)
+
+
+@triton.jit
+def _weight(o, i, n_in, scale, MODE: tl.constexpr, ALIGN: tl.constexpr):
+    """(w, hit, mixed): output o's weight on input i along a dim (its taps on i summed), whether a tap lands on i,
+    and whether the taps landing there include a zero weight or weights of both signs (stock adds w * g tap by
+    tap: an infinite g gives NaN there, where w * g of the sum does not)."""
+    if MODE == _COPY:
+        hit = o == i
+        mixed = o != o
+        w = tl.where(hit, 1.0, 0.0).to(scale.dtype)
+    elif MODE == _ANTIALIAS:
+        lo, hi, center = _window(o, n_in, scale)
+        inv = tl.where(scale >= 1.0, 1.0 / tl.maximum(scale, 1.0), 1.0)
+        offset = lo.to(scale.dtype) - center  # ATen's xmin - center; tap j's argument is (j + offset + 0.5) * inv
+        x = tl.abs(((i - lo).to(scale.dtype) + offset + 0.5) * inv)
+        # the window's weight sum, sum_j max(0, 1 - |j + a| * inv) over j < n with a = offset + 0.5: every tap of
+        # the window has |j + a| * inv <= 1, so it is n - inv * sum_j |j + a|, m of the j + a negative
+        n = tl.maximum(hi - lo, 0).to(scale.dtype)
+        a = offset + 0.5
+        m = tl.minimum(tl.maximum(tl.ceil(-a), 0.0), n)
+        total = n - inv * ((n - 2.0 * m) * a + 0.5 * n * (n - 1.0) - m * (m - 1.0))
+        c = tl.where(x < 1.0, 1.0 - x, 0.0)
+        hit = (lo <= i) & (i < hi)
+        mixed = o != o  # (one tap per input: a zero weight zeroes the whole term already)
+        w = tl.where(hit, c / tl.where(total != 0.0, total, 1.0), 0.0)  # (a zero sum: weights left as they are)
+    else:
+        f, t = _first_tap(o, n_in, scale, MODE, ALIGN)
+        w = tl.zeros_like(t)
+        lo = w + 2.0  # (above and below every tap weight: |weight| <= 1)
+        hi = w - 2.0
+        if MODE == _LINEAR:
+            w, lo, hi = _tap(w, lo, hi, f, i, 1.0 - t)
+            w, lo, hi = _tap(w, lo, hi, f + (f < n_in - 1).to(f.dtype), i, t)
+        else:
+            top = n_in - 1
+            w, lo, hi = _tap(w, lo, hi, tl.minimum(tl.maximum(f - 1, 0), top), i, _cubic_far(t + 1.0))
+            w, lo, hi = _tap(w, lo, hi, tl.minimum(tl.maximum(f, 0), top), i, _cubic_near(t))
+            w, lo, hi = _tap(w, lo, hi, tl.minimum(tl.maximum(f + 1, 0), top), i, _cubic_near(1.0 - t))
+            w, lo, hi = _tap(w, lo, hi, tl.minimum(tl.maximum(f + 2, 0), top), i, _cubic_far(2.0 - t))
+        hit = lo <= hi
+        mixed = (lo <= 0.0) & (hi >= 0.0)
+    return w, hit, mixed
+
+
+# ----------------------------------------------------------------------------------------------- kernel: tiles
+# (a scalar condition meets a block one through tl.where: Triton 3.9's interpreter broadcasts a scalar int1 as
+# int32, so `block & scalar` makes a mask tl.load rejects)
+@triton.jit
+def _and(s, b):
+    """Scalar condition s and block condition b."""
+    return tl.where(s, b, b != b)
+
+
+@triton.jit
+def _or(s, b):
+    """Scalar condition s or block condition b."""
+    return tl.where(s, b == b, b)
+
+
+@triton.jit(do_not_specialize=("rd", "rh", "rw"))
+def _upsample_backward_kernel(gi, go, n_tiles, C, D, H, W, Do, Ho, Wo, gsN, gsC, gsD, gsH, gsW,
+                              isN, isC, isD, isH, isW, rd, rh, rw,
+                              MODE: tl.constexpr, DIMS: tl.constexpr, ALIGN: tl.constexpr, KW: tl.constexpr,
+                              BH: tl.constexpr, BW: tl.constexpr, ACC: tl.constexpr, I64: tl.constexpr):
+    MD: tl.constexpr = MODE if DIMS == 3 else _COPY  # (dims the op does not resize: copies)
+    MH: tl.constexpr = MODE if DIMS >= 2 else _COPY
+    sd = scalar(rd, ACC)
+    sh = scalar(rh, ACC)
+    sw = scalar(rw, ACC)
+    n_wb = tl.cdiv(W, BW)
+    n_hb = tl.cdiv(H, BH)
+    for t in range(tl.program_id(0), n_tiles, tl.num_programs(0)):
+        wb = t % n_wb
+        hb = (t // n_wb) % n_hb
+        s = t // n_wb // n_hb  # the (n, c, d) plane
+        d = (s % D).to(tl.int64)
+        c = ((s // D) % C).to(tl.int64)
+        n = (s // D // C).to(tl.int64)
+        h = hb * BH + tl.arange(0, BH)[:, None]
+        w = wb * BW + tl.arange(0, BW)[None, :]
+        rm = h < H
+        cm = w < W
+        h = tl.minimum(h, H - 1)  # (lanes past the plane: in-range index math, their loads and store masked)
+        w = tl.minimum(w, W - 1)
+        if I64:
+            h = h.to(tl.int64)
+            w = w.to(tl.int64)
+        oh_lo, oh_hi = _readers(h, H, Ho, sh, MH, ALIGN)  # the outputs that read each row / column
+        ow_lo, ow_hi = _readers(w, W, Wo, sw, MODE, ALIGN)
+        od_lo, od_hi = _readers(d, D, Do, sd, MD, ALIGN)
+        kh = tl.max(oh_hi - oh_lo)  # (the tile's longest ranges: the loops' trip counts)
+        kw = tl.max(ow_hi - ow_lo)
+        src = go + n * gsN + c * gsC
+        acc = tl.zeros([BH, BW], dtype=ACC)
+        for k0 in range(0, kw, KW):  # KW candidate columns at once, their weights computed once a tile
+            ow = (ow_lo + k0)[None, :, :] + tl.arange(0, KW)[:, None, None]  # [KW, 1, BW]
+            ww, hw, xw = _weight(ow, w[None, :, :], W, sw, MODE, ALIGN)
+            mw = hw & (ow < ow_hi[None, :, :]) & cm[None, :, :]
+            cols = tl.minimum(ow, Wo - 1) * gsW
+            for i in range(0, od_hi - od_lo):
+                od = od_lo + i
+                wd, hd, xd = _weight(od, d, D, sd, MD, ALIGN)
+                plane = src + od * gsD
+                for j in range(0, kh):
+                    oh = oh_lo + j
+                    wh, hh, xh = _weight(oh, h, H, sh, MH, ALIGN)
+                    mh = _and(hd, rm & hh & (oh < oh_hi))
+                    wdh = (wd * wh)[None, :, :]
+                    xdh = _or(xd, xh)[None, :, :]
+                    row = (plane + tl.minimum(oh, Ho - 1) * gsH)[None, :, :]
+                    g = tl.load(row + cols, mask=mh[None, :, :] & mw, other=0.0).to(ACC)
+                    term = wdh * ww * g
+                    acc += tl.sum(tl.where(xdh | xw, term + g * 0.0, term), axis=0)
+        dst = gi + n * isN + c * isC + d * isD + h * isH + w * isW
+        tl.store(dst, cast_out(acc, gi.dtype.element_ty), mask=rm & cm)
+
+
+@triton.jit(do_not_specialize=("rd", "rh", "rw"))
+def _upsample_backward_rows_kernel(gi, go, n_tiles, C, D, H, W, Do, Ho, Wo, gsN, gsC, gsD, gsH, gsW,
+                                   isN, isC, isD, isH, isW, rd, rh, rw,
+                                   MODE: tl.constexpr, DIMS: tl.constexpr, ALIGN: tl.constexpr, KW: tl.constexpr,
+                                   BW: tl.constexpr, BC: tl.constexpr, ACC: tl.constexpr, I64: tl.constexpr):
+    MD: tl.constexpr = MODE if DIMS == 3 else _COPY
+    MH: tl.constexpr = MODE if DIMS >= 2 else _COPY
+    sd = scalar(rd, ACC)
+    sh = scalar(rh, ACC)
+    sw = scalar(rw, ACC)
+    n_cb = tl.cdiv(C, BC)
+    n_wb = tl.cdiv(W, BW)
+    for t in range(tl.program_id(0), n_tiles, tl.num_programs(0)):
+        cb = t % n_cb  # channel blocks fastest: consecutive programs write consecutive memory (channels_last)
+        wb = (t // n_cb) % n_wb
+        s = t // n_cb // n_wb  # the (n, d, h) row
+        h = (s % H).to(tl.int64)
+        d = ((s // H) % D).to(tl.int64)
+        n = (s // H // D).to(tl.int64)
+        w = wb * BW + tl.arange(0, BW)[:, None]
+        c = cb * BC + tl.arange(0, BC)[None, :]
+        m = (w < W) & (c < C)
+        w = tl.minimum(w, W - 1)  # (columns past the row: in-range index math; every lane past it masked)
+        # (c unclamped, < C + BC: a min would hide its contiguity from Triton and so the vector loads and stores)
+        if I64:
+            w = w.to(tl.int64)
+            c = c.to(tl.int64)
+        ow_lo, ow_hi = _readers(w, W, Wo, sw, MODE, ALIGN)  # per column; along H and D one range
+        oh_lo, oh_hi = _readers(h, H, Ho, sh, MH, ALIGN)
+        od_lo, od_hi = _readers(d, D, Do, sd, MD, ALIGN)
+        kw = tl.max(ow_hi - ow_lo)
+        src = go + n * gsN
+        acc = tl.zeros([BW, BC], dtype=ACC)
+        for k0 in range(0, kw, KW):  # (the plane kernel's loops and terms)
+            ow = (ow_lo + k0)[None, :, :] + tl.arange(0, KW)[:, None, None]  # [KW, BW, 1]
+            ww, hw, xw = _weight(ow, w[None, :, :], W, sw, MODE, ALIGN)
+            mw = hw & (ow < ow_hi[None, :, :]) & m[None, :, :]
+            cols = tl.minimum(ow, Wo - 1) * gsW + c[None, :, :] * gsC
+            for i in range(0, od_hi - od_lo):
+                od = od_lo + i
+                wd, hd, xd = _weight(od, d, D, sd, MD, ALIGN)
+                for j in range(0, oh_hi - oh_lo):
+                    oh = oh_lo + j
+                    wh, hh, xh = _weight(oh, h, H, sh, MH, ALIGN)
+                    wdh = wd * wh
+                    g = tl.load(src + od * gsD + oh * gsH + cols, mask=_and(hd & hh, mw), other=0.0).to(ACC)
+                    term = wdh * ww * g
+                    acc += tl.sum(tl.where(_or(xd | xh, xw), term + g * 0.0, term), axis=0)
+        dst = gi + n * isN + d * isD + h * isH + w * isW + c * isC
+        tl.store(dst, cast_out(acc, gi.dtype.element_ty), mask=m)
+
+
+# ----------------------------------------------------------------------------------------------- host
+@dataclass(frozen=True)
+class _Spec:
+    name: str
+    dims: int  # resized dims: 1 (W), 2 (H, W) or 3 (D, H, W)
+    mode: int  # _LINEAR, _CUBIC or _ANTIALIAS
+    keeps_layout: bool  # grad_input in grad_output's suggested memory format (else contiguous), as ATen's meta
+    scale_names: tuple[str, ...]  # the scale arguments, in order (D, H, W)
+
+
+@dataclass(frozen=True, eq=False)  # hashed by identity: keys the relaunch cache
+class _Plan:
+    shape: tuple[int, ...]  # grad_input's
+    stride: tuple[int, ...] | None  # grad_input's where not contiguous
+    grid: int
+    args: tuple
+    consts: dict
+    kernel: object  # the plane or the row kernel
+
+
+def channels_last_format(t: torch.Tensor) -> torch.memory_format | None:
+    """ATen's `suggest_memory_format()` where it is channels_last (4-D) or channels_last_3d (5-D), else None: c10's
+    is_channels_last_strides_{2d_s4,3d_s5}, strides decreasing in the order C, W, (H, D,) N, ambiguous cases
+    contiguous."""
+    if t.dim() not in (4, 5) or t.stride()[1] == 0:
+        return None
+    sizes, strides = t.shape, t.stride()
+    low = 0
+    for d in (1, *range(t.dim() - 1, 1, -1), 0):
+        if sizes[d] == 0 or strides[d] < low or (d == 0 and low == strides[1]):
+            return None
+        low = strides[d] * sizes[d] if sizes[d] > 1 else strides[d]
+    return torch.channels_last if t.dim() == 4 else torch.channels_last_3d
+
+
+def _sizes(spec: _Spec, arg: str, value, count: int) -> tuple[int, ...]:
+    """`value` as a tuple of `count` ints, or the named error."""
+    try:
+        if any(isinstance(v, bool) for v in value):
+            raise TypeError
+        sizes = tuple(operator.index(v) for v in value)
+    except TypeError:
+        raise Unsupported(spec.name, arg, f"a sequence of {count} ints", repr(value)) from None
+    if len(sizes) != count:
+        raise InvalidProblem(spec.name, arg, f"{count} sizes", f"{len(sizes)}: {list(sizes)}")
+    return sizes
+
+
+def _check(spec: _Spec, grad_output, output_size, input_size, align_corners, scales) -> tuple:
+    """Every check, as named errors, before anything is allocated or launched: (output sizes, input sizes)."""
+    check_tensor(spec.name, "grad_output", grad_output)
+    out_sizes = _sizes(spec, "output_size", output_size, spec.dims)
+    in_sizes = _sizes(spec, "input_size", input_size, spec.dims + 2)
+    if not isinstance(align_corners, bool):
+        raise Unsupported(spec.name, "align_corners", "a bool", type(align_corners).__name__)
+    for name, s in zip(spec.scale_names, scales, strict=True):
+        if s is not None and (isinstance(s, bool) or not isinstance(s, (int, float))):
+            raise Unsupported(spec.name, name, "a float or None", type(s).__name__)
+    if min(out_sizes) <= 0 or min(in_sizes[2:]) <= 0:  # (ATen's message: sizes should be greater than 0)
+        raise InvalidProblem(spec.name, "input_size/output_size", "resized sizes greater than 0",
+                             f"input_size {list(in_sizes)}, output_size {list(out_sizes)}")
+    if min(in_sizes[:2]) < 0:
+        raise InvalidProblem(spec.name, "input_size", "a batch and channel count of at least 0", list(in_sizes))
+    expected = (*in_sizes[:2], *out_sizes)
+    if tuple(grad_output.shape) != expected:
+        raise InvalidProblem(spec.name, "grad_output", f"shape {expected} (input_size's batch and channels, then "
+                             "output_size)", f"shape {tuple(grad_output.shape)}")
+    return out_sizes, in_sizes
+
+
+def _scale(n_in: int, n_out: int, align_corners: bool, scale, dtype: torch.dtype) -> float:
+    """ATen's area_pixel_compute_scale in the kernel's math dtype (`dtype`'s accscalar_t): a float of that dtype."""
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+
+    def r(x: float) -> float:
+        return round_to_dtype(x, acc)
+
+    if align_corners:
+        return r(r(n_in - 1) / r(n_out - 1)) if n_out > 1 else 0.0
+    if scale is not None and scale > 0:
+        return r(1.0 / scale)
+    return r(r(n_in) / r(n_out))
+
+
+def _candidates(mode: int, n_in: int, n_out: int, scale: float) -> int:
+    """The candidate columns a program takes at once: about the most outputs that read one input along W, a power
+    of two up to _MAX_KW (more are taken in turn). Linear taps span 2 source positions (2.5 at the clamped border),
+    cubic 4 (4.5), an antialias window 2 * max(scale, 1) + 1; outputs sit `scale` apart."""
+    if mode == _COPY:
+        return 1
+    reach = {int(_LINEAR): 2.5, int(_CUBIC): 4.5}.get(mode, 2.0 * max(scale, 1.0) + 1.0)
+    most = n_out if scale <= 0 else min(n_out, math.ceil(reach / scale) + 1)
+    return min(triton.next_power_of_2(most), _MAX_KW)
+
+
+def _tiling(cl: bool, c: int) -> str:
+    """"rows" for a channels_last grad_input of several channels (C its contiguous axis: row tiles coalesce),
+    "planes" otherwise (W contiguous); `_FORCE_TILING` overrides."""
+    return _FORCE_TILING or ("rows" if cl and c > 1 else "planes")
+
+
+@functools.lru_cache(maxsize=4096)
+def _plan(spec: _Spec, g_stride: tuple, in_sizes: tuple, out_sizes: tuple, align: bool, scales: tuple,
+          fmt: torch.memory_format | None, dtype: torch.dtype) -> _Plan:
+    """The launch of a validated, non-empty problem: every shape as (N, C, D, H, W), D (and H) 1 for 2d (1d)."""
+    def ncdhw(values: tuple, fill: int) -> tuple:  # sizes (fill 1) or strides (fill 0)
+        return values[:2] + (fill,) * (3 - spec.dims) + values[2:]
+
+    meta = torch.empty(in_sizes, device="meta", memory_format=fmt or torch.contiguous_format)
+    out_stride = meta.stride()
+    n, c, d_in, h_in, w_in = ncdhw(in_sizes, 1)
+    d_out, h_out, w_out = ncdhw((0, 0, *out_sizes), 1)[2:]
+    gstr, istr = ncdhw(g_stride, 0), ncdhw(out_stride, 0)
+    resized = tuple(in_sizes[2:]) != tuple(out_sizes)  # (else ATen's CUDA kernels copy)
+    mode = spec.mode if resized else int(_COPY)
+    ratios = [scalar_bits(_scale(i, o, align, s, dtype))
+              for i, o, s in zip(ncdhw((0, 0, *in_sizes[2:]), 1)[2:], (d_out, h_out, w_out),
+                                 (None,) * (3 - spec.dims) + scales, strict=True)]
+    acc = tl.float64 if dtype == torch.float64 else tl.float32
+    cl = fmt is not None
+    kw = _candidates(mode, w_in, w_out, _scale(w_in, w_out, align, scales[-1], dtype))
+    tile = max(1, _BLOCK // kw)
+    if _tiling(cl, c) == "rows":
+        bc = min(triton.next_power_of_2(c), _MAX_BC)
+        bw = min(triton.next_power_of_2(w_in), max(1, tile // bc))
+        n_tiles = n * d_in * h_in * cdiv(w_in, bw) * cdiv(c, bc)
+        # 32-bit in-row index math unless an in-row offset (a masked lane's too) can pass 2^31 (row offsets are
+        # int64 always)
+        reach = max(w_out * gstr[4] + (c + bc) * gstr[1], w_in * istr[4] + (c + bc) * istr[1], w_out + w_in)
+        consts = {"MODE": mode, "DIMS": spec.dims, "ALIGN": align, "KW": kw, "BW": bw, "BC": bc, "ACC": acc,
+                  "I64": reach > _I32_MAX}
+        block = kw * bw * bc
+        kernel = _upsample_backward_rows_kernel
+    else:
+        bw = min(triton.next_power_of_2(w_in), _MAX_BW if h_in > 1 else tile)
+        bh = min(triton.next_power_of_2(h_in), max(1, tile // bw))
+        n_tiles = n * c * d_in * cdiv(h_in, bh) * cdiv(w_in, bw)
+        # 32-bit in-plane index math unless an in-plane offset can pass 2^31 (plane offsets are int64 always)
+        reach = max(h_out * gstr[3] + w_out * gstr[4], h_in * istr[3] + w_in * istr[4], h_out + h_in, w_out + w_in)
+        consts = {"MODE": mode, "DIMS": spec.dims, "ALIGN": align, "KW": kw, "BH": bh, "BW": bw, "ACC": acc,
+                  "I64": reach > _I32_MAX}
+        block = kw * bh * bw
+        kernel = _upsample_backward_kernel
+    consts = launch_consts(consts, 4 if block >= 512 else 2 if block >= 128 else 1)
+    args = (n_tiles, c, d_in, h_in, w_in, d_out, h_out, w_out, *gstr, *istr, *ratios)
+    return _Plan(in_sizes, out_stride if cl else None, min(n_tiles, _MAX_PROGRAMS), args, consts, kernel)
+
+
+_VALIDATED: dict = {}  # a problem (grad_output's layout, sizes, flags, scales) -> its plan, checked once
+
+
+def clear_plans() -> None:
+    """Forget every plan (after the launch constants change: tests)."""
+    _plan.cache_clear()
+    _VALIDATED.clear()
+
+
+def _scales_key(scales: tuple):
+    """The scales as a cache-key part: each with its type (1 and 1.0 and True differ; NaN never hits)."""
+    return tuple((type(s), s) for s in scales)
+
+
+def _backward(spec: _Spec, grad_output, output_size, input_size, align_corners, scales: tuple) -> torch.Tensor:
+    """Validate (once per problem), allocate grad_input in ATen's layout, launch."""
+    try:
+        ok, ik = values_key(output_size), values_key(input_size)
+        key = None if ok is None or ik is None else (
+            spec, grad_output.shape, grad_output.stride(), grad_output.dtype, grad_output.device, grad_output.is_neg(),
+            ok, ik, (type(align_corners), align_corners), _scales_key(scales))
+        plan = _VALIDATED.get(key) if key is not None else None
+    except (AttributeError, TypeError):  # not tensors or not sequences: validation names the argument
+        key = plan = None
+    if plan is None:
+        out_sizes, in_sizes = _check(spec, grad_output, output_size, input_size, align_corners, scales)
+        fmt = channels_last_format(grad_output) if spec.keeps_layout else None
+        if math.prod(in_sizes) == 0:
+            return torch.empty(in_sizes, dtype=grad_output.dtype, device=grad_output.device,
+                               memory_format=fmt or torch.contiguous_format)
+        for name, s, i, o in zip(spec.scale_names, scales, in_sizes[2:], out_sizes, strict=True):
+            if not math.isfinite(_scale(i, o, align_corners, s, grad_output.dtype)):
+                raise InvalidProblem(spec.name, name, "a scale whose reciprocal is finite in the math dtype", s)
+        plan = remember(_VALIDATED, key, _plan(spec, grad_output.stride(), in_sizes, out_sizes, align_corners,
+                                               tuple(scales), fmt, grad_output.dtype))
+    out = empty(plan.shape, grad_output.dtype, grad_output.device, plan.stride)
+    device = grad_output.get_device()
+    launch(plan.kernel, (plan.grid,), (out, grad_output), plan.args, plan.consts, device, (plan, device))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------- cases
+# (input sizes, output sizes, align_corners, scales or None, grad_output channels_last): up and down, one way or
+# both, scales that differ from in/out, channels_last (row tiles where grad_input keeps it). "small" is what the
+# interpreter runs: a plane or two each (it pays per candidate output and tile)
+_SHAPES = {
+    1: {
+        "tiny": [((4, 8, 128), (256,), False, None, False)],
+        "small": [((1, 2, 13), (29,), False, None, False), ((2, 1, 17), (6,), True, None, False),
+                  ((1, 2, 7), (16,), False, (2.3,), False)],
+        "check": [((16, 64, 1000), (2300,), False, None, False), ((8, 32, 4099), (1024,), True, None, False)],
+        "large": [((32, 256, 4096), (8192,), False, None, False), ((64, 256, 8192), (2048,), False, None, False)],
+    },
+    2: {
+        "tiny": [((1, 4, 32, 32), (64, 64), False, None, False)],
+        "small": [((1, 2, 5, 7), (11, 9), False, (2.3, 1.3), False), ((1, 3, 6, 5), (4, 11), True, None, True)],
+        "check": [((8, 32, 60, 61), (121, 180), False, None, False), ((4, 64, 80, 97), (33, 200), True, None, True),
+                  ((16, 3, 128, 96), (50, 40), False, (0.4, 0.42), False)],
+        "large": [((16, 64, 128, 128), (256, 256), False, None, False),
+                  ((16, 64, 128, 128), (256, 256), False, None, True),
+                  ((32, 64, 256, 256), (96, 96), True, None, False)],
+    },
+    3: {
+        "tiny": [((1, 2, 8, 16, 16), (12, 24, 24), False, None, False)],
+        "small": [((1, 1, 3, 4, 5), (5, 7, 4), False, (1.7, 1.9, 0.9), False),
+                  ((1, 2, 2, 3, 4), (3, 5, 2), True, None, True)],
+        "check": [((2, 16, 16, 28, 30), (32, 56, 61), False, None, False),
+                  ((2, 8, 12, 20, 24), (25, 9, 50), True, None, True)],
+        "large": [((4, 32, 32, 64, 64), (64, 128, 128), False, None, False),
+                  ((4, 32, 32, 64, 64), (64, 128, 128), False, None, True)],
+    },
+}
+
+
+def _example(spec: _Spec, in_sizes, out_sizes, align, scales, cl, device, dtype) -> tuple:
+    """ATen's arguments for one case: (grad_output, output_size, input_size, align_corners, *scales)."""
+    g = randn((*in_sizes[:2], *out_sizes), device, dtype)
+    if cl:
+        g = g.contiguous(memory_format=torch.channels_last if len(in_sizes) == 4 else torch.channels_last_3d)
+    return (g, list(out_sizes), list(in_sizes), align, *(scales or (None,) * spec.dims))
+
+
+def _declare(spec: _Spec):
+    """Register op `spec.name` with ATen's signature and name."""
+    if spec.dims == 1:
+        def fn(grad_output: torch.Tensor, output_size: Sequence[int], input_size: Sequence[int],
+               align_corners: bool, scales: float | None = None) -> torch.Tensor:
+            return _backward(spec, grad_output, output_size, input_size, align_corners, (scales,))
+    elif spec.dims == 2:
+        def fn(grad_output: torch.Tensor, output_size: Sequence[int], input_size: Sequence[int],
+               align_corners: bool, scales_h: float | None = None, scales_w: float | None = None) -> torch.Tensor:
+            return _backward(spec, grad_output, output_size, input_size, align_corners, (scales_h, scales_w))
+    else:
+        def fn(grad_output: torch.Tensor, output_size: Sequence[int], input_size: Sequence[int],
+               align_corners: bool, scales_d: float | None = None, scales_h: float | None = None,
+               scales_w: float | None = None) -> torch.Tensor:
+            return _backward(spec, grad_output, output_size, input_size, align_corners,
+                             (scales_d, scales_h, scales_w))
+
+    def cases(device, dtype, size: str) -> list[Case]:
+        el = torch.empty((), dtype=dtype).element_size()
+        out = []
+        for in_sizes, out_sizes, align, scales, cl in _SHAPES[spec.dims][size]:
+            args = _example(spec, in_sizes, out_sizes, align, scales, cl, device, dtype)
+            label = (f"{'x'.join(map(str, in_sizes))} <- {'x'.join(map(str, out_sizes))}"
+                     f"{' align_corners' if align else ''}{f' scales {scales}' if scales else ''}"
+                     f"{' channels_last' if cl else ''}")
+            out.append(Case(label, args, bytes=(args[0].numel() + math.prod(in_sizes)) * el,
+                            elements=math.prod(in_sizes)))
+        return out
+
+    fn.__name__ = fn.__qualname__ = spec.name
+    kind = {int(_LINEAR): "linear", int(_CUBIC): "bicubic", int(_ANTIALIAS): "antialiased bilinear"}[spec.mode]
+    fn.__doc__ = (f"Gradient of {kind} upsampling over {spec.dims} dim(s): each grad_input element sums w * g over "
+                  "the outputs that read it, in a fixed order (no atomics).")
+    register_op(spec.name, aten=(spec.name,), accumulates=True, cases=cases, fake=getattr(torch.ops.aten, spec.name),
+                route_doc="gradkern, for every problem: stock's CUDA kernels scatter with atomics "
+                          "(nondeterministic, and raising under torch.use_deterministic_algorithms(True))")(fn)
+    return fn
+
+
+upsample_linear1d_backward = _declare(_Spec("upsample_linear1d_backward", 1, int(_LINEAR), False, ("scales",)))
+upsample_bilinear2d_backward = _declare(_Spec("upsample_bilinear2d_backward", 2, int(_LINEAR), True,
+                                              ("scales_h", "scales_w")))
+upsample_trilinear3d_backward = _declare(_Spec("upsample_trilinear3d_backward", 3, int(_LINEAR), True,
+                                               ("scales_d", "scales_h", "scales_w")))
+upsample_bicubic2d_backward = _declare(_Spec("upsample_bicubic2d_backward", 2, int(_CUBIC), False,
+                                             ("scales_h", "scales_w")))
+_upsample_bilinear2d_aa_backward = _declare(_Spec("_upsample_bilinear2d_aa_backward", 2, int(_ANTIALIAS), True,
+                                                  ("scales_h", "scales_w")))

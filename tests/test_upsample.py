@@ -1,0 +1,467 @@
+"""Upsampling backward (linear 1d, bilinear 2d, trilinear 3d, bicubic 2d, antialiased bilinear 2d): the per-dim
+output ranges exactly against the forward's own taps, every op against stock PyTorch (align_corners both ways, sizes
+and scales, up and down, sizes of 1, every dtype), strided and channels_last grad_output read in place, ATen's
+output layouts, CUDA's copy when nothing is resized, NaN/inf propagation, tilings and index widths, bad inputs,
+and training through F.interpolate under enable()."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+import gradkern
+from conftest import DEVICE, DTYPES, dtype_id, gpu_only
+from gradkern import ops
+from gradkern.kernels import upsample as up
+from gradkern.registry import REGISTRY
+from gradkern.testing import assert_bitwise_equal, assert_close, assert_repeats_bitwise, check_case, run_reference
+
+LINEAR1D, BILINEAR, TRILINEAR, BICUBIC, AA = OPS = [
+    "upsample_linear1d_backward", "upsample_bilinear2d_backward", "upsample_trilinear3d_backward",
+    "upsample_bicubic2d_backward", "_upsample_bilinear2d_aa_backward"]
+GPU = DEVICE == "cuda"
+MODES = {"linear": int(up._LINEAR), "cubic": int(up._CUBIC), "antialias": int(up._ANTIALIAS)}
+
+
+def _dims(op: str) -> int:
+    return 1 if "1d" in op else 3 if "3d" in op else 2
+
+
+def _args(op, in_sizes, out_sizes, align=False, scales=None, dtype=torch.float32, fmt=None) -> tuple:
+    """ATen's arguments: (grad_output, output_size, input_size, align_corners, *scales)."""
+    g = torch.randn(*in_sizes[:2], *out_sizes, device=DEVICE).to(dtype)
+    if fmt is not None:
+        g = g.contiguous(memory_format=fmt)
+    return (g, list(out_sizes), list(in_sizes), align, *(scales or (None,) * _dims(op)))
+
+
+# ----------------------------------------------------------------------------------------------- ranges
+@triton.jit
+def _ranges_kernel(n_in_ptr, n_out_ptr, scale_ptr, i_ptr, lo_ptr, hi_ptr, hit_ptr, n, MAXO: tl.constexpr,
+                   MODE: tl.constexpr, ALIGN: tl.constexpr, BLOCK: tl.constexpr):
+    """Per lane (n_in, n_out, scale, i): the kernel's range of outputs reading input i, and for every output
+    whether one of its taps lands on i (the forward's own index math)."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    n_in = tl.load(n_in_ptr + offs, mask=m, other=1)
+    n_out = tl.load(n_out_ptr + offs, mask=m, other=1)
+    scale = tl.load(scale_ptr + offs, mask=m, other=1.0)
+    i = tl.load(i_ptr + offs, mask=m, other=0)
+    lo, hi = up._readers(i, n_in, n_out, scale, MODE, ALIGN)
+    tl.store(lo_ptr + offs, lo, mask=m)
+    tl.store(hi_ptr + offs, hi, mask=m)
+    for o in range(0, MAXO):
+        oo = tl.zeros_like(i) + o
+        _w, hit, _z = up._weight(oo, i, n_in, scale, MODE, ALIGN)
+        tl.store(hit_ptr + offs * MAXO + o, hit.to(tl.int8), mask=m & (oo < n_out))
+
+
+def _lanes(align: bool):
+    """(n_in, n_out, scale) for every size pair in 1..16, sizes from scale factors (F.interpolate's floor(in * s),
+    the factor passed on), and factors that do not match the sizes at all (the forward's sources overshoot)."""
+    problems = [(i, o, None) for i in range(1, 17) for o in range(1, 17)]
+    problems += [(i, math.floor(i * s), s) for i in range(1, 17) for s in (0.3, 0.55, 1.04, 1.7, 2.6, 3.3, 5.0)
+                 if math.floor(i * s) >= 1]
+    problems += [(5, 11, 0.9), (9, 4, 0.1), (7, 7, 0.6), (3, 12, 0.2), (12, 3, 9.0)]
+    return [(i, o, up._scale(i, o, align, s, torch.float32)) for i, o, s in problems]
+
+
+@pytest.mark.parametrize("align", [False, True], ids=["half_pixel", "align_corners"])
+@pytest.mark.parametrize("mode", MODES)
+def test_each_input_gets_exactly_the_outputs_whose_taps_land_on_it(mode, align):
+    """Along a dim, the outputs whose taps (linear 2, cubic 4 clamped, antialias window) land on input i form the
+    range the kernel computes (the inverse's estimate corrected against the forward's index math): for every size
+    pair in 1..16, scale factors, and scales inconsistent with the sizes."""
+    lanes = [(n_in, n_out, s, i) for n_in, n_out, s in _lanes(align) for i in range(n_in)]
+    n_in, n_out, scale, idx = (torch.tensor(c, device=DEVICE) for c in zip(*lanes, strict=True))
+    n_in, n_out, idx, scale = n_in.int(), n_out.int(), idx.int(), scale.float()
+    maxo = int(n_out.max())
+    lo, hi = torch.empty_like(idx), torch.empty_like(idx)
+    hits = torch.zeros(len(lanes), maxo, dtype=torch.int8, device=DEVICE)
+    block = 1024
+    _ranges_kernel[(triton.cdiv(len(lanes), block),)](n_in, n_out, scale, idx, lo, hi, hits, len(lanes),
+                                                      MAXO=maxo, MODE=MODES[mode], ALIGN=align, BLOCK=block)
+    hits, lo, hi = hits.cpu().numpy().astype(bool), lo.cpu().numpy(), hi.cpu().numpy()
+    outputs = np.arange(maxo)
+    expected = (outputs[None, :] >= lo[:, None]) & (outputs[None, :] < hi[:, None])
+    bad = np.nonzero((hits != expected).any(axis=1))[0]
+    assert not len(bad), [(lanes[k], (lo[k], hi[k]), np.nonzero(hits[k])[0].tolist()) for k in bad[:5]]
+    assert (hits.sum(axis=0) > 0).any()
+
+
+def test_downsampling_takes_few_candidates_whatever_the_factor():
+    """Downsampling reads each input from at most a few outputs (2 linear, 4 cubic, 3 antialias), so the candidate
+    axis stays short even for large factors: cost tracks the outputs per input, not the factor."""
+    for mode, most in ((up._LINEAR, 2), (up._CUBIC, 4), (up._ANTIALIAS, 4)):
+        for n_in, n_out in ((1000, 3), (512, 7), (97, 13)):
+            assert up._candidates(int(mode), n_in, n_out, up._scale(n_in, n_out, False, None, torch.float32)) <= most
+    assert up._candidates(int(up._LINEAR), 8, 64, 0.125) == 16  # (8x up: ~17 candidates, taken 16 at a time)
+
+
+# ----------------------------------------------------------------------------------------------- vs stock
+# (input sizes, output sizes, align_corners, scales): up, down and both at once, scales that differ from in/out
+# (F.interpolate's floor(in * s)), sizes of 1 on either side, a downsampling by a large factor
+SEMANTICS = {
+    1: [((2, 3, 9), (20,), False, None), ((1, 2, 13), (5,), True, None), ((2, 1, 7), (16,), False, (2.3,)),
+        ((1, 2, 1), (6,), False, None), ((1, 2, 6), (1,), True, None), ((1, 1, 300), (4,), False, None),
+        ((1, 2, 10), (3,), False, (0.37,))],
+    2: [((1, 2, 5, 7), (11, 4), False, None), ((1, 1, 6, 4), (9, 9), True, None),
+        ((1, 2, 5, 6), (11, 13), False, (2.3, 2.2)), ((1, 1, 1, 5), (3, 1), False, None),
+        ((1, 1, 4, 1), (1, 7), True, None), ((1, 1, 40, 6), (3, 13), False, (0.08, 2.2))],
+    3: [((1, 1, 3, 4, 5), (5, 2, 9), False, None), ((1, 2, 2, 3, 4), (3, 5, 2), True, None),
+        ((1, 1, 3, 2, 4), (7, 4, 3), False, (2.5, 2.1, 0.9)), ((1, 1, 1, 3, 2), (2, 1, 5), False, None)],
+}
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_matches_stock(op):
+    for in_sizes, out_sizes, align, scales in SEMANTICS[_dims(op)]:
+        args = _args(op, in_sizes, out_sizes, align, scales)
+        res = check_case(op, args, what=f"{op} {in_sizes} <- {out_sizes} align={align} scales={scales}")
+        assert res.shape == in_sizes and res.dtype == torch.float32
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("op", OPS)
+def test_every_dtype_matches_stock(op, dtype):
+    """fp32 math for 16-bit inputs (within their tolerance of the float64 result), fp64 for f64."""
+    for in_sizes, out_sizes, align, scales in SEMANTICS[_dims(op)][:2]:
+        res = check_case(op, _args(op, in_sizes, out_sizes, align, scales, dtype), what=f"{op} {in_sizes}")
+        assert res.dtype == dtype
+
+
+def _launches(monkeypatch) -> list[tuple]:
+    """Every kernel launch from here on, as (kernel, pointer arguments, ints, consts); the launches still run."""
+    seen = []
+    real = up.launch
+    monkeypatch.setattr(up, "launch", lambda kernel, grid, ptrs, ints, consts, *a: (
+        seen.append((kernel, ptrs, ints, consts)), real(kernel, grid, ptrs, ints, consts, *a)))
+    return seen
+
+
+def _layouts(g: torch.Tensor):
+    """grad_output views that are not contiguous: a slice of a wider buffer, transposed, channels_last (4-D,
+    5-D), a broadcast batch, a broadcast plane."""
+    big = torch.zeros(*g.shape[:-1], 2 * g.shape[-1], dtype=g.dtype, device=g.device)
+    big[..., ::2] = g
+    yield "strided", big[..., ::2]
+    yield "transposed", g.transpose(0, 1).contiguous().transpose(0, 1)
+    if g.dim() >= 4:
+        yield "channels_last", g.contiguous(memory_format=torch.channels_last if g.dim() == 4 else
+                                            torch.channels_last_3d)
+    yield "broadcast batch", g[:1].expand(g.shape)
+    yield "broadcast plane", g[..., :1].expand(g.shape)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_strided_grad_output_is_read_in_place(op, monkeypatch):
+    in_sizes, out_sizes, align, scales = SEMANTICS[_dims(op)][0]
+    in_sizes = (2, 2, *in_sizes[2:])
+    g0, *rest = _args(op, in_sizes, out_sizes, align, scales)
+    launches = _launches(monkeypatch)
+    for name, g in _layouts(g0):
+        launches.clear()
+        check_case(op, (g, *rest), what=f"{op} grad_output {name}")
+        read = launches[0][1][1]  # the kernel's grad_output argument
+        assert read.data_ptr() == g.data_ptr() and read.stride() == g.stride(), f"{name}: grad_output was copied"
+
+
+def _grads():
+    """(label, op, grad_output, input sizes) over the layouts that decide ATen's grad_input layout."""
+    cl, cl3 = torch.channels_last, torch.channels_last_3d
+
+    def g(*shape, fmt=None):
+        t = torch.randn(shape, device=DEVICE)
+        return t.contiguous(memory_format=fmt) if fmt is not None else t
+
+    for op in (BILINEAR, BICUBIC, AA):
+        yield "contiguous", op, g(2, 3, 3, 2), (2, 3, 2, 3)
+        yield "channels_last", op, g(2, 3, 3, 2, fmt=cl), (2, 3, 2, 3)
+        yield "channels_last C=1", op, g(2, 1, 3, 2, fmt=cl), (2, 1, 2, 3)
+        yield "channels_last 1x1 planes", op, g(2, 3, 1, 1, fmt=cl), (2, 3, 2, 3)
+        yield "transposed", op, g(2, 3, 2, 3).transpose(-1, -2), (2, 3, 2, 3)
+        yield "permuted N, C", op, g(3, 2, 3, 2).transpose(0, 1), (2, 3, 2, 3)
+    yield "3d contiguous", TRILINEAR, g(1, 3, 2, 2, 3), (1, 3, 3, 2, 2)
+    yield "3d channels_last_3d", TRILINEAR, g(2, 3, 2, 2, 3, fmt=cl3), (2, 3, 3, 2, 2)
+    yield "3d channels_last_3d C=1", TRILINEAR, g(2, 1, 2, 2, 3, fmt=cl3), (2, 1, 3, 2, 2)
+    yield "1d transposed", LINEAR1D, g(3, 2, 6).transpose(0, 1), (2, 3, 4)
+
+
+def test_output_layout_is_atens():
+    """grad_input takes grad_output's suggested memory format for bilinear, trilinear and antialiased bilinear
+    (their meta functions), contiguous for bicubic and linear: the strides stock PyTorch returns."""
+    for label, op, g, in_sizes in _grads():
+        ours = getattr(ops, op)(g, list(g.shape[2:]), list(in_sizes), False)  # (values: the other tests)
+        stock = getattr(torch.ops.aten, op)(g.cpu(), list(g.shape[2:]), list(in_sizes), False)
+        assert ours.stride() == stock.stride(), (op, label, ours.stride(), stock.stride())
+        if g.dim() >= 4:
+            from torch._prims_common import suggest_memory_format
+            fmt = up.channels_last_format(g)
+            assert (fmt or torch.contiguous_format) == suggest_memory_format(g), label
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_empty_batch_or_channels(op, monkeypatch):
+    """N = 0 or C = 0: an empty grad_input of stock's shape and strides, nothing launched."""
+    d = _dims(op)
+    spatial, out = (5, 6, 7)[-d:], (2, 3, 4)[-d:]
+    launches = _launches(monkeypatch)
+    fmt = {2: torch.channels_last, 3: torch.channels_last_3d}.get(d)
+    for lead, memory_format in (((0, 3), None), ((0, 3), fmt), ((2, 0), None)):
+        args = _args(op, (*lead, *spatial), out, fmt=memory_format)
+        ours = getattr(ops, op)(*args)
+        stock = getattr(torch.ops.aten, op)(args[0].cpu(), *args[1:])
+        assert ours.shape == stock.shape == (*lead, *spatial) and ours.stride() == stock.stride()
+    assert not launches
+
+
+# ----------------------------------------------------------------------------------------------- CUDA's semantics
+@pytest.mark.parametrize("op", OPS)
+def test_no_dim_resized_copies_grad_output_whatever_the_scales(op):
+    """ATen's CUDA kernels copy grad_output when no dim is resized, scales or not (stock CPU's antialias kernel
+    applies the scales instead; its other kernels agree with the copy)."""
+    d = _dims(op)
+    sizes = (2, 3, *(4, 5, 6)[-d:])
+    for scales in (None, (0.7, 1.4, 2.0)[-d:]):
+        args = _args(op, sizes, sizes[2:], False, scales)
+        assert_bitwise_equal(getattr(ops, op)(*args), args[0], f"{op} scales {scales}")
+
+
+def _padded_reference(op, args):
+    """Stock PyTorch (float64, CPU) with CUDA's semantics for dims that keep their size but have a scale: with one
+    extra output along each (whose gradient is zero) stock applies the scale, and the extra output reads nothing
+    the others do not (an output's taps depend on its own index alone)."""
+    g, out_sizes, in_sizes, align, *scales = args
+    kept = [d for d in range(2, g.dim()) if in_sizes[d] == out_sizes[d - 2]]
+    pad = [p for d in reversed(range(2, g.dim())) for p in (0, int(d in kept))]
+    out_sizes = [o + (d + 2 in kept) for d, o in enumerate(out_sizes)]
+    return run_reference(lambda t: getattr(torch.ops.aten, op)(F.pad(t, pad), out_sizes, in_sizes, align, *scales),
+                         (g,))
+
+
+@pytest.mark.parametrize("op", [BILINEAR, TRILINEAR])
+def test_a_dim_that_keeps_its_size_uses_its_scale(op):
+    """Where a dim keeps its size and another is resized, ATen's CUDA kernels compute the kept dim with its scale
+    (1 / scale, as any other); stock CPU's linear kernels take it as the identity there. gradkern follows CUDA."""
+    in_sizes, out_sizes, scales = ((1, 2, 5, 4), (5, 7), (0.7, None)) if op == BILINEAR else \
+        ((1, 2, 3, 4, 5), (3, 6, 5), (0.8, 1.5, 0.6))
+    args = _args(op, in_sizes, out_sizes, False, scales)
+    ours = getattr(ops, op)(*args)
+    assert_close(ours, _padded_reference(op, args), torch.float32, op, summed_from=args[0].numel())
+    assert (ours.double().cpu() - run_reference(getattr(torch.ops.aten, op), args)).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_infinities_give_stocks_nans(op):
+    """Stock adds w * g for every tap, weight zero included (0 * inf = NaN), also where two taps of one output land
+    on the same input (a border: the align_corners corner, clamped cubic taps); each input's NaN, inf or finite
+    value is stock's."""
+    d = _dims(op)
+    for align in (False, True):
+        args = _args(op, (1, 2, *(3, 4, 5)[-d:]), (5, 7, 9)[-d:], align)
+        g = args[0]
+        g.view(-1)[[0, 7, g.numel() // 2 - 1, g.numel() - 1]] = torch.tensor([math.inf, -math.inf, math.nan,
+                                                                                math.inf])
+        check_case(op, args, what=f"{op} align={align}")
+
+
+# ----------------------------------------------------------------------------------------------- tilings
+def _rebuilt(run, knobs: dict, monkeypatch):
+    """`run()` with fresh plans under `knobs` (module constants), then back to the defaults."""
+    with monkeypatch.context() as m:
+        for k, v in knobs.items():
+            m.setattr(up, k, v)
+        up.clear_plans()
+        out = run()
+    up.clear_plans()
+    return out
+
+
+@pytest.mark.parametrize("op", [BILINEAR, TRILINEAR, BICUBIC, AA])
+def test_tilings_chunks_and_index_widths(op, monkeypatch):
+    """Repeats, programs that take several tiles in turn (normally past 2^30 tiles) and int64 index math (normally
+    past 2^31) give the same bits; other tile shapes, row tiles (channels_last's) of a contiguous grad_input and
+    candidates taken a few at a time (normally past 16) sum the same terms in another grouping: stock's values."""
+    in_sizes, out_sizes, align, scales = SEMANTICS[_dims(op)][2]
+    args = _args(op, (1, 2 if len(out_sizes) < 3 else 1, *in_sizes[2:]), out_sizes, align, scales)  # (2+ planes)
+    fn = getattr(ops, op)
+    first = fn(*args)
+    assert_bitwise_equal(fn(*args), first, f"{op} run twice")
+    launches = _launches(monkeypatch)
+    for knobs in ({"_MAX_PROGRAMS": 1}, {"_I32_MAX": 4}):
+        launches.clear()
+        assert_bitwise_equal(_rebuilt(lambda: fn(*args), knobs, monkeypatch), first, f"{op} {knobs}")
+        _, _, ints, consts = launches[0]
+        assert ints[0] > 1 if "_MAX_PROGRAMS" in knobs else consts["I64"], knobs  # (tiles > programs)
+    for knobs in ({"_BLOCK": 8}, {"_MAX_BW": 2}, {"_MAX_KW": 2}, {"_FORCE_TILING": "rows", "_MAX_BC": 1}):
+        launches.clear()
+        ours = _rebuilt(lambda: fn(*args), knobs, monkeypatch)
+        assert_close(ours, run_reference(getattr(torch.ops.aten, op), args), torch.float32, f"{op} {knobs}",
+                     summed_from=args[0].numel())
+        assert ("BC" in launches[0][3]) is ("_FORCE_TILING" in knobs), knobs
+
+
+@pytest.mark.parametrize("op", [BILINEAR, TRILINEAR, AA])
+def test_channels_last_takes_row_tiles(op, monkeypatch):
+    """A channels_last grad_input of several channels (C not a multiple of the channel block: several blocks) is
+    written by row tiles, C fastest; a single channel, or a contiguous grad_input, by plane tiles."""
+    d = _dims(op)
+    fmt = torch.channels_last if d == 2 else torch.channels_last_3d
+    monkeypatch.setattr(up, "_MAX_BC", 2)
+    up.clear_plans()
+    launches = _launches(monkeypatch)
+    for c, memory_format, rows in ((5, fmt, True), (1, fmt, False), (5, None, False)):
+        launches.clear()
+        args = _args(op, (1, c, *(3, 4, 5)[-d:]), (5, 2, 9)[-d:], True, fmt=memory_format)
+        check_case(op, args, what=f"{op} C={c} {memory_format}")
+        assert ("BC" in launches[0][3]) is rows, (c, memory_format)
+    up.clear_plans()
+
+
+# ----------------------------------------------------------------------------------------------- errors
+def test_bad_inputs_raise_named_errors_and_launch_nothing(monkeypatch):
+    g, out, inp, align, sh, sw = _args(BILINEAR, (2, 3, 4, 5), (7, 9))
+    g3 = _args(TRILINEAR, (1, 2, 3, 4, 5), (4, 5, 6))[0]
+    bl, tri, lin = ops.upsample_bilinear2d_backward, ops.upsample_trilinear3d_backward, ops.upsample_linear1d_backward
+    before = g.clone()
+    launches = _launches(monkeypatch)
+    cases = [
+        (gradkern.InvalidProblem, r"output_size.*2 sizes.*3", lambda: bl(g, [7, 9, 1], inp, False)),
+        (gradkern.InvalidProblem, r"input_size.*4 sizes.*3", lambda: bl(g, out, inp[1:], False)),
+        (gradkern.InvalidProblem, r"input_size.*5 sizes.*4", lambda: tri(g3, [4, 5, 6], inp, False)),
+        (gradkern.InvalidProblem, r"greater than 0.*\[2, 3, 0, 5\]", lambda: bl(g, out, [2, 3, 0, 5], False)),
+        (gradkern.InvalidProblem, r"greater than 0.*output_size \[0, 9\]", lambda: bl(g[:, :, :0], [0, 9], inp,
+                                                                                        False)),
+        (gradkern.InvalidProblem, r"input_size.*batch and channel.*-1", lambda: bl(g, out, [-1, 3, 4, 5], False)),
+        (gradkern.InvalidProblem, r"grad_output.*shape \(2, 3, 7, 9\).*\(2, 3, 7, 8\)",
+         lambda: bl(g[..., :8], out, inp, False)),
+        (gradkern.InvalidProblem, r"grad_output.*shape \(2, 3, 7, 9\).*\(3, 7, 9\)", lambda: bl(g[0], out, inp,
+                                                                                             False)),
+        (gradkern.InvalidProblem, r"grad_output.*shape \(3, 3, 7, 9\)", lambda: bl(g, out, [3, 3, 4, 5], False)),
+        (gradkern.InvalidProblem, r"scales_w.*reciprocal.*1e-300", lambda: bl(g, out, inp, False, None, 1e-300)),
+        (gradkern.Unsupported, r"grad_output.*dtype.*torch.int32", lambda: bl(g.int(), out, inp, False)),
+        (gradkern.Unsupported, r"grad_output.*torch.Tensor.*list", lambda: bl(g.tolist(), out, inp, False)),
+        (gradkern.Unsupported, r"grad_output.*device", lambda: bl(g.to("meta"), out, inp, False)),
+        (gradkern.Unsupported, r"align_corners.*a bool.*int", lambda: bl(g, out, inp, 1)),
+        (gradkern.Unsupported, r"scales_h.*float or None.*str", lambda: bl(g, out, inp, False, "2")),
+        (gradkern.Unsupported, r"output_size.*ints.*7.0", lambda: bl(g, [7.0, 9], inp, False)),
+        (gradkern.Unsupported, r"input_size.*sequence.*int", lambda: lin(g[0], [9], 5, False)),
+    ]
+    for err, pattern, call in cases:
+        with pytest.raises(err, match=pattern) as info:
+            call()
+        assert str(info.value).split(":")[0] in OPS
+    assert not launches, "a rejected call launched a kernel"
+    assert_bitwise_equal(g, before, "grad_output changed")
+
+
+def test_registry_entries():
+    for op in OPS:
+        info = REGISTRY[op]
+        assert set(info.aten) == {op} and info.accumulates and not info.exact and info.route is None
+        assert "atomics" in info.route_doc and "deterministic" in info.route_doc
+        for dt in DTYPES:
+            g = gradkern.guarantee(op, dt)
+            assert g.deterministic and g.bit_stable
+            assert g.accumulator_dtype == (torch.float64 if dt == torch.float64 else torch.float32)
+        case = info.cases("meta", torch.float32, "large")[0]
+        assert case.bytes >= 256 * 2**20
+        assert gradkern.plan(op, *info.cases(DEVICE, torch.float32, "small")[0].args).route == "gradkern"
+
+
+# ----------------------------------------------------------------------------------------------- training
+def _spy_on_ops(monkeypatch) -> list[str]:
+    calls = []
+    for op in OPS:
+        info = REGISTRY[op]
+        impl = info.aten[op]
+        monkeypatch.setitem(info.aten, op, lambda *a, _i=impl, _o=op, **k: (calls.append(_o), _i(*a, **k))[1])
+    return calls
+
+
+def _train_step(fn, x, w):
+    xi = x.clone().requires_grad_(True)
+    (fn(xi) * w).sum().backward()
+    return xi.grad
+
+
+def _interpolations():
+    """(label, function, input shape, channels_last, the op its backward runs, 16-bit stock on CPU)."""
+    cl = torch.channels_last
+    return [
+        ("linear size", lambda t: F.interpolate(t, size=13, mode="linear"), (2, 3, 6), None, LINEAR1D, True),
+        ("linear scale align_corners", lambda t: F.interpolate(t, scale_factor=0.6, mode="linear",
+                                                               align_corners=True), (1, 2, 11), None, LINEAR1D,
+         True),
+        ("bilinear scale", lambda t: F.interpolate(t, scale_factor=2.3, mode="bilinear"), (1, 2, 4, 5), None,
+         BILINEAR, True),
+        ("bilinear channels_last align_corners", lambda t: F.interpolate(t, size=(7, 3), mode="bilinear",
+                                                                         align_corners=True), (2, 3, 4, 6), cl,
+         BILINEAR, True),
+        ("trilinear", lambda t: F.interpolate(t, scale_factor=(1.5, 2.0, 0.7), mode="trilinear"), (1, 2, 2, 3, 6),
+         None, TRILINEAR, True),
+        ("bicubic", lambda t: F.interpolate(t, size=(9, 5), mode="bicubic", align_corners=False), (1, 2, 4, 7),
+         None, BICUBIC, True),
+        ("bilinear antialias down", lambda t: F.interpolate(t, size=(3, 4), mode="bilinear", antialias=True),
+         (1, 2, 10, 9), None, AA, False),
+        ("bilinear antialias scale", lambda t: F.interpolate(t, scale_factor=0.45, mode="bilinear", antialias=True,
+                                                             align_corners=True), (1, 2, 9, 7), cl, AA, False),
+    ]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
+def test_training_through_interpolate_runs_gradkern(dtype, monkeypatch):
+    """One training step through F.interpolate (every mode, sizes and scale factors, channels_last) under
+    gradkern.use(mode="always"): the backward runs gradkern's op and gives stock's gradients (layout included).
+    (Deterministic mode is left off: there, F.interpolate on CUDA takes a Python decomposition before dispatch.)"""
+    torch.manual_seed(0)
+    calls = _spy_on_ops(monkeypatch)
+    for label, fn, shape, fmt, op, half in _interpolations():
+        if dtype != torch.float32 and not half:
+            continue  # (stock's antialias kernels take no 16-bit tensors on CPU)
+        x = torch.randn(shape, device=DEVICE).to(dtype)
+        if fmt is not None:
+            x = x.contiguous(memory_format=fmt)
+        w = torch.randn(fn(x).shape, device=DEVICE).to(dtype)
+        ref = run_reference(lambda a, b, _f=fn: _train_step(_f, a, b), (x, w))  # float64, CPU, stock
+        stock = _train_step(fn, x, w)
+        calls.clear()
+        with gradkern.use(mode="always"):
+            ours = _train_step(fn, x, w)
+        assert calls == [op], f"{label}: {calls}"
+        assert_close(ours, ref, dtype, label, summed_from=w.numel())
+        assert ours.stride() == stock.stride(), label
+
+
+# ----------------------------------------------------------------------------------------------- GPU only
+@gpu_only
+def test_stock_raises_in_deterministic_mode_and_gradkern_does_not():
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        for op in OPS:
+            args = _args(op, *SEMANTICS[_dims(op)][0][:2])
+            with pytest.raises(RuntimeError, match="deterministic"):
+                getattr(torch.ops.aten, op)(*args)
+            with gradkern.use():
+                ours = getattr(torch.ops.aten, op)(*args)
+            assert_bitwise_equal(ours, getattr(ops, op)(*args), op)
+    finally:
+        torch.use_deterministic_algorithms(was)
+
+
+@gpu_only
+@pytest.mark.parametrize("op", OPS)
+def test_large_problems_match_stock(op):
+    for case in REGISTRY[op].cases(DEVICE, torch.float32, "check"):
+        check_case(op, case.args, what=f"{op} {case.label}")
+
+
+@gpu_only
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_bitwise_identical_repeats_on_gpu(dtype):
+    assert_repeats_bitwise(OPS, dtype, DEVICE, "check")
