@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import datetime
+import functools
 import gc
 import json
 import math
@@ -39,7 +40,7 @@ __all__ = ["MODELS", "Config", "Workload", "stock_sparsemax", "stock_pytorch", "
            "list_lines"]
 
 # On a GPU a row (model, config, dtype, deterministic mode) takes 2 modes x REPEATS timed runs of about TARGET_S
-# (at least MIN_STEPS steps) each, plus warm-ups: a few seconds, so that all 56 rows (7 models x 2 sizes x 2 dtypes
+# (at least MIN_STEPS steps) each, plus warm-ups: a few seconds, so that all 72 rows (9 models x 2 sizes x 2 dtypes
 # x 2 modes) finish in a few minutes, first-call compiles included.
 TARGET_S = 0.1  # seconds of timed steps per (row, mode, repeat)
 MIN_STEPS, MAX_STEPS = 3, 2000
@@ -69,7 +70,7 @@ def _rand(*shape) -> torch.Tensor:
 def _workload(model: nn.Module, inputs: tuple, target: torch.Tensor, loss: Callable, dtype, device) -> Workload:
     model = model.to(device=device, dtype=dtype)
     inputs = tuple(t.to(device=device, dtype=dtype if t.is_floating_point() else t.dtype) for t in inputs)
-    target = target.to(device=device, dtype=dtype)
+    target = target.to(device=device, dtype=dtype if target.is_floating_point() else target.dtype)
     return Workload(model, inputs, lambda out: loss(out, target))
 
 
@@ -411,8 +412,90 @@ class MobileNetSE(nn.Module):
         return _workload(cls(width, blocks), (_rand(batch, 3, hw, hw),), target, F.cross_entropy, dtype, device)
 
 
+def _conv_bn_relu(dims: int, cin: int, cout: int, stride: int = 1) -> list[nn.Module]:
+    conv, bn = (nn.Conv3d, nn.BatchNorm3d) if dims == 3 else (nn.Conv2d, nn.BatchNorm2d)
+    return [conv(cin, cout, 3, stride=stride, padding=1, bias=False), bn(cout), nn.ReLU(True)]
+
+
+class UNet3d(nn.Module):
+    """A 3-D U-Net for volumetric segmentation (Cicek et al. 2016), reduced to three levels: MaxPool3d then
+    AvgPool3d down, a global-context branch (AdaptiveAvgPool3d to 2^3, 1x1 conv, trilinear upsampling back),
+    trilinear Upsample up with skip connections; CrossEntropy over voxels (nll_loss2d on 5-D logits)."""
+
+    name = "unet3d-seg"
+    what = ("3-D U-Net: Conv3d, BatchNorm3d, MaxPool3d, AvgPool3d, AdaptiveAvgPool3d, trilinear Upsample; "
+            "CrossEntropy")
+    routes = ("max_pool3d_with_indices_backward", "avg_pool3d_backward", "_adaptive_avg_pool3d_backward",
+              "upsample_trilinear3d_backward", "nll_loss2d_forward")
+    configs = {"small": Config(1, "1x32x32x32", {"size": 32}), "large": Config(4, "1x64x64x64", {"size": 64}),
+               "tiny": Config(1, "1x8x8x8", {"size": 8, "width": 2})}
+
+    def __init__(self, width: int = 8, classes: int = 4):
+        super().__init__()
+        w = width
+        self.enc0 = nn.Sequential(*_conv_bn_relu(3, 1, w))
+        self.enc1 = nn.Sequential(nn.MaxPool3d(2), *_conv_bn_relu(3, w, 2 * w))
+        self.enc2 = nn.Sequential(nn.AvgPool3d(3, stride=2, padding=1, count_include_pad=False),
+                                  *_conv_bn_relu(3, 2 * w, 4 * w))
+        self.context = nn.Sequential(nn.AdaptiveAvgPool3d(2), nn.Conv3d(4 * w, 4 * w, 1))
+        self.up = nn.Upsample(scale_factor=2, mode="trilinear", align_corners=False)
+        self.dec1 = nn.Sequential(*_conv_bn_relu(3, 6 * w, 2 * w))
+        self.dec0 = nn.Sequential(*_conv_bn_relu(3, 3 * w, w))
+        self.out = nn.Conv3d(w, classes, 1)
+
+    def forward(self, x):
+        x0 = self.enc0(x)
+        x1 = self.enc1(x0)
+        x2 = self.enc2(x1)
+        x2 = x2 + F.interpolate(self.context(x2), size=x2.shape[2:], mode="trilinear", align_corners=False)
+        u1 = self.dec1(torch.cat([self.up(x2), x1], 1))
+        return self.out(self.dec0(torch.cat([self.up(u1), x0], 1)))
+
+    @classmethod
+    def make(cls, batch: int, dtype, device, size: int = 32, width: int = 8, classes: int = 4) -> Workload:
+        x = _rand(batch, 1, size, size, size)
+        target = torch.randint(0, classes, (batch, size, size, size))
+        return _workload(cls(width, classes), (x,), target, F.cross_entropy, dtype, device)
+
+
+class PspNet(nn.Module):
+    """PSPNet (Zhao et al. 2017), reduced: a stride-8 convolutional backbone, the pyramid pooling module
+    (AdaptiveAvgPool2d to 1, 2, 3 and 6, 1x1 convs, bilinear upsampling back, concatenated), a 3x3 head and
+    bilinear upsampling to the input size; CrossEntropy with ignore_index 255 (unlabelled pixels)."""
+
+    name = "psp-seg"
+    what = "PSPNet: Conv2d, BatchNorm2d, AdaptiveAvgPool2d pyramid, bilinear F.interpolate; CrossEntropy(ignore)"
+    routes = ("_adaptive_avg_pool2d_backward", "upsample_bilinear2d_backward", "nll_loss2d_forward")
+    configs = {"small": Config(2, "3x128x128", {"hw": 128}), "large": Config(16, "3x256x256", {"hw": 256}),
+               "tiny": Config(2, "3x12x12", {"hw": 12, "width": 4})}  # (batch 2: BatchNorm after the 1x1 bin)
+    bins = (1, 2, 3, 6)
+
+    def __init__(self, width: int = 32, classes: int = 21):
+        super().__init__()
+        w = width
+        self.backbone = nn.Sequential(*_conv_bn_relu(2, 3, w, 2), *_conv_bn_relu(2, w, 2 * w, 2),
+                                      *_conv_bn_relu(2, 2 * w, 4 * w, 2), *_conv_bn_relu(2, 4 * w, 4 * w))
+        self.stages = nn.ModuleList(nn.Sequential(nn.AdaptiveAvgPool2d(b), nn.Conv2d(4 * w, w, 1, bias=False),
+                                                  nn.BatchNorm2d(w), nn.ReLU(True)) for b in self.bins)
+        self.head = nn.Sequential(*_conv_bn_relu(2, 4 * w + len(self.bins) * w, w), nn.Conv2d(w, classes, 1))
+
+    def forward(self, x):
+        f = self.backbone(x)
+        pyramid = [F.interpolate(s(f), size=f.shape[2:], mode="bilinear", align_corners=False) for s in self.stages]
+        logits = self.head(torch.cat([f, *pyramid], 1))
+        return F.interpolate(logits, size=x.shape[2:], mode="bilinear", align_corners=False)
+
+    @classmethod
+    def make(cls, batch: int, dtype, device, hw: int = 128, width: int = 32, classes: int = 21) -> Workload:
+        target = torch.randint(0, classes, (batch, hw, hw))
+        target[torch.rand(batch, hw, hw) < 0.1] = 255
+        loss = functools.partial(F.cross_entropy, ignore_index=255)
+        return _workload(cls(width, classes), (_rand(batch, 3, hw, hw),), target, loss, dtype, device)
+
+
 MODELS: dict[str, type[nn.Module]] = {m.name: m for m in (
-    ResnetGenerator, VNet, MlpBlocks, SparsemaxAttention, SegmentMaxGnn, GatedRecurrent, MobileNetSE)}
+    ResnetGenerator, VNet, MlpBlocks, SparsemaxAttention, SegmentMaxGnn, GatedRecurrent, MobileNetSE, UNet3d,
+    PspNet)}
 
 
 def list_lines() -> list[str]:
