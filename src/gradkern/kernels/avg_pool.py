@@ -16,12 +16,15 @@ counted), and the extent is end - start; without it, to the input itself: min(en
 output size rule (ceil_mode: the last window must start inside the input or its left padding) keeps every window's
 extent positive.
 
-A program owns a [BP, BH, BW] tile of grad_input: BP consecutive (n, c, d) planes (several where planes are small)
-by a [BH, BW] block of their (h, w); the output ranges and extents are per-plane, per-row and per-column vectors.
-grad_output is read in place through its strides (strided, channels_last_3d, broadcast). grad_input is contiguous
-whatever self's layout, as ATen's: avg_pool3d_backward's meta function allocates it with input.sizes() and no
-strides on both CUDA and CPU (ATen's CUDA kernels have no channels_last_3d path: the forward makes its input
-contiguous, and the backward reshapes grad_input to (N*C, D, H, W))."""
+A program owns a [BR, BW] tile of grad_input: BR rows (n, c, d, h) by BW columns w (wide rows: several column
+blocks), so the D and H output ranges and extents are per-row vectors, the W ones per-column vectors, and a term
+costs one load, a division and an add. The window (kernel, stride, padding per dim) is compile-time, as Inductor's
+avg_pool3d_backward gather has it: the taps unroll, the divisions by the stride are by constants, and a pooling
+configuration compiles once per dtype (a 3-D net has a few: AvgPool3d(2), (3, 2, 1), ...). grad_output is read in
+place through its strides (strided, channels_last_3d, broadcast). grad_input is contiguous whatever self's layout,
+as ATen's: avg_pool3d_backward's meta function allocates it with input.sizes() and no strides on both CUDA and CPU
+(ATen's CUDA kernels have no channels_last_3d path: the forward makes its input contiguous, and the backward
+reshapes grad_input to (N*C, D, H, W))."""
 
 from __future__ import annotations
 
@@ -45,8 +48,13 @@ from ..tl_helpers import cast_out
 OP = "avg_pool3d_backward"
 _I32_MAX = 2**31 - 1
 _MAX_PROGRAMS = 2**30  # beyond, each program takes several tiles in turn (a grid-stride loop)
-_TILE = 1024  # elements a program owns (planes smaller than that: several planes, sizes rounded to powers of two)
-_MAX_BW = 128  # columns a tile spans at most (wider planes: several column blocks)
+# elements a program owns (rows of W rounded up to a power of two, as many as fit): 512 where windows overlap (up to
+# 27 terms an element: 12.5% of copy at (3, 1, 1), 2.1x ATen f32; 1024 there is 1.6x slower), 1024 where each
+# input has one term (65% of copy at AvgPool3d(2) f32, 2.4x ATen; 512 is 1.3x slower) (H100)
+_TILE = 512
+_TILE_ONE_TERM = 1024
+_MAX_BW = 128  # columns a tile spans at most (wider rows: several column blocks)
+_WARPS = 4
 
 # how the divisor is formed (the kernel's MODE): divisor_override, or the window's extent clipped to the padded
 # input (count_include_pad) or to the input
@@ -55,19 +63,19 @@ _OVERRIDE, _INCLUDE_PAD, _EXCLUDE_PAD = 0, 1, 2
 
 # ----------------------------------------------------------------------------------------------- kernel
 @triton.jit
-def _holding(i, n_out, k, s, p):
-    """The outputs whose windows hold input i along a dim of n_out outputs (kernel k, stride s, padding p):
+def _holding(i, n_out, K: tl.constexpr, S: tl.constexpr, P: tl.constexpr):
+    """The outputs whose windows hold input i along a dim of n_out outputs (kernel K, stride S, padding P):
     [lo, hi)."""
-    lo = tl.where(i + p < k, 0, (i + p - k) // s + 1)
-    hi = tl.minimum((i + p) // s + 1, n_out)
+    lo = tl.where(i + P >= K, (i + P - K) // S + 1, 0)
+    hi = tl.minimum((i + P) // S + 1, n_out)
     return lo, hi
 
 
 @triton.jit
-def _extent(o, n_in, k, s, p, MODE: tl.constexpr):
+def _extent(o, n_in, K: tl.constexpr, S: tl.constexpr, P: tl.constexpr, MODE: tl.constexpr):
     """Output o's window extent along a dim of n_in inputs as its divisor counts it (see the module docstring)."""
-    start = o * s - p
-    end = tl.minimum(start + k, n_in + p)
+    start = o * S - P
+    end = tl.minimum(start + K, n_in + P)
     if MODE == 2:
         end = tl.minimum(end, n_in)
         start = tl.maximum(start, 0)
@@ -75,63 +83,59 @@ def _extent(o, n_in, k, s, p, MODE: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["divisor"])  # (a divisor of 1 compiled in as a constant would have no .to)
-def _avg_pool3d_backward_kernel(gi, go, n_tiles, n_hb, n_wb, n_planes, C, SIZE, OUT, GS, K, S, P, TAPS, divisor,
-                                BP: tl.constexpr, BH: tl.constexpr, BW: tl.constexpr, MODE: tl.constexpr,
-                                ACC: tl.constexpr, I64: tl.constexpr):
+def _avg_pool3d_backward_kernel(gi, go, n_tiles, n_cb, n_rows, C, SIZE, OUT, GS, divisor,
+                                K0: tl.constexpr, K1: tl.constexpr, K2: tl.constexpr,
+                                S0: tl.constexpr, S1: tl.constexpr, S2: tl.constexpr,
+                                P0: tl.constexpr, P1: tl.constexpr, P2: tl.constexpr,
+                                BR: tl.constexpr, BW: tl.constexpr, MODE: tl.constexpr, ACC: tl.constexpr,
+                                I64: tl.constexpr):
     # SIZE (D, H, W) and OUT (Do, Ho, Wo): input and output sizes; GS: grad_output's (N, C, D, H, W) strides;
-    # K, S, P: the window per dim; TAPS: the most outputs whose windows hold one input, per dim
+    # K, S, P: the window per dim (D, H, W)
     D = SIZE[0]
     H = SIZE[1]
     W = SIZE[2]
     div = divisor.to(ACC)
     for t in range(tl.program_id(0), n_tiles, tl.num_programs(0)):
-        wb = t % n_wb
-        hb = (t // n_wb) % n_hb
-        pb = t // n_wb // n_hb
-        q = pb * BP + tl.arange(0, BP)[:, None, None]  # the (n, c, d) planes
-        h = hb * BH + tl.arange(0, BH)[None, :, None]
-        w = wb * BW + tl.arange(0, BW)[None, None, :]
-        qm = q < n_planes
-        hm = h < H
-        wm = w < W
-        q = tl.minimum(q, n_planes - 1)  # (lanes past the tile's extent: in-range index math, loads and store masked)
-        h = tl.minimum(h, H - 1)
-        w = tl.minimum(w, W - 1)
+        cb = t % n_cb
+        r = (t // n_cb) * BR + tl.arange(0, BR)[:, None]  # the rows (n, c, d, h)
+        w = cb * BW + tl.arange(0, BW)[None, :]
+        rm = r < n_rows
+        r = tl.minimum(r, n_rows - 1)  # (rows past the end: in-range index math, their loads and stores masked)
         if I64:
-            q = q.to(tl.int64)
-            h = h.to(tl.int64)
+            r = r.to(tl.int64)
             w = w.to(tl.int64)
-        d = q % D
-        c = ((q // D) % C).to(tl.int64)
-        n = (q // D // C).to(tl.int64)
-        od_lo, od_hi = _holding(d, OUT[0], K[0], S[0], P[0])
-        oh_lo, oh_hi = _holding(h, OUT[1], K[1], S[1], P[1])
-        ow_lo, ow_hi = _holding(w, OUT[2], K[2], S[2], P[2])
-        src = go + n * GS[0] + c * GS[1]
-        acc = tl.zeros([BP, BH, BW], dtype=ACC)
-        for a in range(0, TAPS[0]):
+        m = rm & (w < W)
+        wc = tl.minimum(w, W - 1)  # (the store's w unclamped: its contiguity stays visible)
+        h = r % H
+        d = (r // H) % D
+        c = (r // H // D) % C
+        n = r // H // D // C
+        od_lo, od_hi = _holding(d, OUT[0], K0, S0, P0)
+        oh_lo, oh_hi = _holding(h, OUT[1], K1, S1, P1)
+        ow_lo, ow_hi = _holding(wc, OUT[2], K2, S2, P2)
+        base = n * GS[0] + c * GS[1]
+        acc = tl.zeros([BR, BW], dtype=ACC)
+        for a in tl.static_range((K0 + S0 - 1) // S0):  # (at most ceil(K / S) outputs hold an input, per dim)
             od = od_lo + a
-            md = qm & (od < od_hi)
+            md = m & (od < od_hi)
             od = tl.minimum(od, OUT[0] - 1)  # (past the range: a real window, so a positive extent; loads masked)
-            ed = _extent(od, D, K[0], S[0], P[0], MODE).to(ACC)
-            plane = src + od.to(tl.int64) * GS[2]
-            for b in range(0, TAPS[1]):
+            ed = _extent(od, D, K0, S0, P0, MODE).to(ACC)
+            for b in tl.static_range((K1 + S1 - 1) // S1):
                 oh = oh_lo + b
-                mh = md & hm & (oh < oh_hi)
+                mh = md & (oh < oh_hi)
                 oh = tl.minimum(oh, OUT[1] - 1)
-                edh = ed * _extent(oh, H, K[1], S[1], P[1], MODE).to(ACC)
-                row = plane + oh * GS[3]
-                for e in range(0, TAPS[2]):
+                edh = ed * _extent(oh, H, K1, S1, P1, MODE).to(ACC)
+                row = base + od * GS[2] + oh * GS[3]
+                for e in tl.static_range((K2 + S2 - 1) // S2):
                     ow = ow_lo + e
-                    m = mh & wm & (ow < ow_hi)
+                    mw = mh & (ow < ow_hi)
                     ow = tl.minimum(ow, OUT[2] - 1)
-                    g = tl.load(row + ow * GS[4], mask=m, other=0.0).to(ACC)
+                    g = tl.load(go + (row + ow * GS[4]), mask=mw, other=0.0).to(ACC)
                     if MODE == 0:
                         acc += g / div
                     else:
-                        acc += g / (edh * _extent(ow, W, K[2], S[2], P[2], MODE).to(ACC))
-        dst = gi + q.to(tl.int64) * H * W + h * W + w
-        tl.store(dst, cast_out(acc, gi.dtype.element_ty), mask=qm & hm & wm)
+                        acc += g / (edh * _extent(ow, W, K2, S2, P2, MODE).to(ACC))
+        tl.store(gi + (r * W + w), cast_out(acc, gi.dtype.element_ty), mask=m)
 
 
 # ----------------------------------------------------------------------------------------------- host
@@ -238,23 +242,22 @@ def _plan(g_shape: tuple, g_stride: tuple, x_shape: tuple, win: _Window, mode: i
     n, c, d_in, h_in, w_in = lead + x_shape
     g_shape, g_stride = lead + g_shape, (0,) * len(lead) + g_stride
     out = g_shape[2:]
-    t = tuple(taps(k, s) for k, s in zip(win.kernel, win.stride, strict=True))
-    n_planes = n * c * d_in
+    n_rows = n * c * d_in * h_in
     bw = min(triton.next_power_of_2(w_in), _MAX_BW)
-    bh = min(triton.next_power_of_2(h_in), max(1, _TILE // bw))
-    bp = min(triton.next_power_of_2(n_planes), max(1, _TILE // (bh * bw)))
-    n_hb, n_wb = cdiv(h_in, bh), cdiv(w_in, bw)
-    n_tiles = cdiv(n_planes, bp) * n_hb * n_wb
-    # 32-bit plane and in-plane index math unless a plane index, an in-plane offset of either tensor or the window
-    # arithmetic (sizes plus kernel, stride and padding) can pass 2^31 (the tensors' plane offsets are int64 always)
-    reach = max(n_planes + bp, h_in * w_in, (out[1] - 1) * g_stride[3], (out[2] - 1) * g_stride[4],
-                max(d_in, h_in, w_in) + 2 * max(win.kernel) + max(win.stride))
-    tile = bp * bh * bw
-    consts = launch_consts({"BP": bp, "BH": bh, "BW": bw, "MODE": mode,
+    one_term = all(k <= st for k, st in zip(win.kernel, win.stride, strict=True))
+    br = min(triton.next_power_of_2(n_rows), max(1, (_TILE_ONE_TERM if one_term else _TILE) // bw))
+    n_cb = cdiv(w_in, bw)
+    n_tiles = cdiv(n_rows, br) * n_cb
+    # 32-bit index math unless a row index, an offset into either tensor (a masked lane's too) or the window
+    # arithmetic (sizes plus kernel, stride and padding) can pass 2^31
+    g_reach = sum((size - 1) * abs(st) for size, st in zip(g_shape, g_stride, strict=True)) + 1
+    reach = max((n_rows + br) * w_in + bw, g_reach, max(d_in, h_in, w_in) + 2 * max(win.kernel) + max(win.stride))
+    window = {f"{name}{i}": v for name, vals in (("K", win.kernel), ("S", win.stride), ("P", win.padding))
+              for i, v in enumerate(vals)}
+    consts = launch_consts({**window, "BR": br, "BW": bw, "MODE": mode,
                             "ACC": tl.float64 if dtype == torch.float64 else tl.float32, "I64": reach > _I32_MAX},
-                           4 if tile >= 512 else 2 if tile >= 128 else 1)
-    args = (n_tiles, n_hb, n_wb, n_planes, c, (d_in, h_in, w_in), tuple(out), tuple(g_stride), win.kernel,
-            win.stride, win.padding, t, divisor)
+                           _WARPS if br * bw >= _WARPS * 32 else max(1, br * bw // 32))
+    args = (n_tiles, n_cb, n_rows, c, (d_in, h_in, w_in), tuple(out), tuple(g_stride), divisor)
     return _Plan(x_shape, min(n_tiles, _MAX_PROGRAMS), args, consts)
 
 
