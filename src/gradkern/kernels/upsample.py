@@ -10,10 +10,10 @@ ends), then corrected by a step or two against the forward's own index computati
 each output in the range the forward's taps and weights are recomputed as ATen computes them (in fp32, fp64 for
 f64: ATen's accscalar_t) and the weights of the taps that land on i summed; the element sums w_d * w_h * w_w * g
 over its outputs and is written once. Along D and H the outputs are loops (ascending); along W up to KW of them
-(KW about the most outputs an input has: all of them, short of 6x upsampling) are a tensor axis, their weights
-computed once a tile and summed with tl.sum for each (od, oh). The loops run as many times as the most outputs an
-element of the tile has (about 2 * out/in + 2 when upsampling, 2 or 3 when downsampling, whatever the factor), so
-the cost tracks the outputs per input.
+(KW the most outputs an input has, counted on the host, up to 16: more are taken in turn) are a tensor axis, their
+weights computed once a tile and summed with tl.sum for each (od, oh) in each thread's registers. The loops run as
+many times as the most outputs an element of the tile has (about 2 * out/in + 1 when upsampling, 1 or 2 when
+downsampling, whatever the factor), so the cost tracks the outputs per input.
 
 Per dim (ATen's semantics, CUDA's where the CPU kernel departs from it):
 * linear: scale = (in-1)/(out-1) with align_corners (0 for out = 1), else 1/scales given and > 0, else in/out;
@@ -32,10 +32,10 @@ Stock adds w * g tap by tap, so an infinite g gives NaN on an input where a tap 
 (cubic's clamped border taps), land; a term here is formed once per output and dimension, and marked to add 0 * g
 (NaN for an infinite g, nothing otherwise) where that happens: the same NaNs.
 
-A program owns a [BH, BW] tile of one (n, c, d) plane of grad_input (past 2^30 tiles, several in turn); the output
+A program owns a [BW, BH] tile of one (n, c, d) plane of grad_input (past 2^30 tiles, several in turn); the output
 ranges along H and W are per-row and per-column vectors, the D range a scalar, and grad_output is read in place
-through its strides. A channels_last grad_input (C > 1) is tiled by rows instead: one (n, d, h) row, a [BW, BC]
-block of (w, c), C the fastest axis, so stores (and a channels_last grad_output's loads) are contiguous; the same
+through its strides. A channels_last grad_input (C > 1) is tiled by rows instead: one (n, d, h) row, a [BC, BW]
+block of (c, w), C the fastest axis, so stores (and a channels_last grad_output's loads) are contiguous; the same
 terms in the same order. The order is fixed for a problem, so its bits are; two tilings of one problem may group the
 W candidates' sum differently (tl.sum over another layout) and differ in the last bit. grad_input takes ATen's
 layout (its meta functions, shared by CPU and CUDA): bilinear 2d, trilinear 3d and antialiased bilinear follow
@@ -49,6 +49,7 @@ import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
@@ -64,8 +65,9 @@ from ..tl_helpers import cast_out, scalar
 _I32_MAX = 2**31 - 1
 _MAX_PROGRAMS = 2**30  # beyond, each program takes several tiles in turn (a grid-stride loop)
 _BLOCK = 2048  # grad_input elements x candidate columns a program holds at once (its tile: _BLOCK / KW elements)
+_PER_THREAD = 16  # of those, a thread's (f32: ~80-150 registers, no spills with Triton 3.6 on sm_90)
 _MAX_KW = 16  # candidate columns taken at once at most (more, as for upsampling by more than 6: in turn)
-_MAX_BW = 128  # columns a plane tile spans at most when it has several rows (1d problems: the whole tile)
+_MAX_BW = 512  # columns a plane tile spans at most when it has several rows (1d problems: the whole tile)
 _MAX_BC = 128  # channels a row tile spans at most (more channels: several channel blocks)
 _FORCE_TILING: str | None = None  # "planes" or "rows" overrides the layout's choice (tests)
 
@@ -85,18 +87,29 @@ _A = tl.constexpr(-0.75)  # ATen's bicubic coefficient
 
 
 # ----------------------------------------------------------------------------------------------- kernel: per dim
+# Every helper takes its integers (indices, sizes) as tensors or as Python ints: compiled Triton specialises an
+# integer argument equal to 1 to a constexpr (sizes of 1 are common: the D of a 2-d problem, a 1x1 pyramid bin,
+# N = C = 1), so a size can arrive as an int, where the interpreter always passes tensors. Hence tl.cast rather than
+# .to() on them, and _as_index on the indices whose dtype a result takes.
+@triton.jit
+def _as_index(x):
+    """x as an integer tensor: a tensor keeps its dtype (int64 stays int64), a Python int becomes an int32 scalar."""
+    return x + tl.zeros([], tl.int32)
+
+
 @triton.jit
 def _first_tap(o, n_in, scale, MODE: tl.constexpr, ALIGN: tl.constexpr):
     """(f, t): output o's first tap (linear: the lower of two; cubic: the second of four) and the fraction of the
     source index past it, as ATen computes them (area_pixel_compute_source_index, guard_index_and_lambda)."""
-    x = o.to(scale.dtype)
+    o = _as_index(o)
+    x = tl.cast(o, scale.dtype)
     if ALIGN:
         s = scale * x
     else:
         s = scale * (x + 0.5) - 0.5
         if MODE == _LINEAR:
             s = tl.maximum(s, 0.0)
-    f = tl.minimum(tl.floor(s), (n_in - 1).to(s.dtype))  # (clamped as a float: an overshooting s stays in range)
+    f = tl.minimum(tl.floor(s), tl.cast(n_in - 1, s.dtype))  # (clamped as a float: an overshooting s stays in range)
     t = tl.minimum(tl.maximum(s - f, 0.0), 1.0)
     return f.to(o.dtype), t
 
@@ -104,9 +117,10 @@ def _first_tap(o, n_in, scale, MODE: tl.constexpr, ALIGN: tl.constexpr):
 @triton.jit
 def _window(o, n_in, scale):
     """Output o's antialias window [lo, hi) and its center (ATen's _compute_weights_span)."""
+    o = _as_index(o)
     support = tl.maximum(scale, 1.0)  # (filter size 2) * 0.5 * scale when downsampling, else 1
-    center = scale * (o.to(scale.dtype) + 0.5)
-    top = n_in.to(scale.dtype)
+    center = scale * (tl.cast(o, scale.dtype) + 0.5)
+    top = tl.cast(n_in, scale.dtype)
     lo = tl.minimum(tl.maximum(tl.floor(center - support + 0.5), 0.0), top)
     hi = tl.minimum(tl.maximum(tl.floor(center + support + 0.5), 0.0), top)
     return lo.to(o.dtype), hi.to(o.dtype), center
@@ -128,7 +142,8 @@ def _key(o, n_in, scale, UPPER: tl.constexpr, MODE: tl.constexpr, ALIGN: tl.cons
 def _first(t, n_in, n_out, scale, UPPER: tl.constexpr, MODE: tl.constexpr, ALIGN: tl.constexpr):
     """The first output whose key is at least t (n_out if none): the inverse of the source map, rounded up, then
     corrected against the key itself."""
-    tf = t.to(scale.dtype)
+    t = _as_index(t)
+    tf = tl.cast(t, scale.dtype)
     inv = 1.0 / tl.maximum(scale, _MIN_SCALE)
     if MODE == _ANTIALIAS:
         support = tl.maximum(scale, 1.0)
@@ -140,7 +155,7 @@ def _first(t, n_in, n_out, scale, UPPER: tl.constexpr, MODE: tl.constexpr, ALIGN
         x = tf * inv
     else:
         x = (tf + 0.5) * inv - 0.5
-    o = tl.minimum(tl.maximum(tl.ceil(x), 0.0), n_out.to(x.dtype)).to(t.dtype)
+    o = tl.minimum(tl.maximum(tl.ceil(x), 0.0), tl.cast(n_out, x.dtype)).to(t.dtype)
     for _ in tl.static_range(_FIX):
         o = tl.where((o > 0) & (_key(tl.maximum(o - 1, 0), n_in, scale, UPPER, MODE, ALIGN) >= t), o - 1, o)
     for _ in tl.static_range(_FIX):
@@ -157,6 +172,7 @@ def _readers(i, n_in, n_out, scale, MODE: tl.constexpr, ALIGN: tl.constexpr):
     """[lo, hi): the outputs that read input i along a dim. Linear taps f and f+1 reach i iff f is i-1 or i, cubic
     taps f-1..f+2 (clamped) iff f is in [i-2, i+1], an antialias window iff it starts at or before i and ends
     after it."""
+    i = _as_index(i)
     if MODE == _COPY:
         lo = i
         hi = i + 1
@@ -196,6 +212,8 @@ def _weight(o, i, n_in, scale, MODE: tl.constexpr, ALIGN: tl.constexpr):
     """(w, hit, mixed): output o's weight on input i along a dim (its taps on i summed), whether a tap lands on i,
     and whether the taps landing there include a zero weight or weights of both signs (stock adds w * g tap by
     tap: an infinite g gives NaN there, where w * g of the sum does not)."""
+    o = _as_index(o)
+    i = _as_index(i)
     if MODE == _COPY:
         hit = o == i
         mixed = o != o
@@ -204,7 +222,7 @@ def _weight(o, i, n_in, scale, MODE: tl.constexpr, ALIGN: tl.constexpr):
         lo, hi, center = _window(o, n_in, scale)
         inv = tl.where(scale >= 1.0, 1.0 / tl.maximum(scale, 1.0), 1.0)
         offset = lo.to(scale.dtype) - center  # ATen's xmin - center; tap j's argument is (j + offset + 0.5) * inv
-        x = tl.abs(((i - lo).to(scale.dtype) + offset + 0.5) * inv)
+        x = tl.abs((tl.cast(i - lo, scale.dtype) + offset + 0.5) * inv)
         # the window's weight sum, sum_j max(0, 1 - |j + a| * inv) over j < n with a = offset + 0.5: every tap of
         # the window has |j + a| * inv <= 1, so it is n - inv * sum_j |j + a|, m of the j + a negative
         n = tl.maximum(hi - lo, 0).to(scale.dtype)
@@ -228,7 +246,8 @@ def _weight(o, i, n_in, scale, MODE: tl.constexpr, ALIGN: tl.constexpr):
             w, lo, hi = _tap(w, lo, hi, tl.minimum(tl.maximum(f - 1, 0), top), i, _cubic_far(t + 1.0))
             w, lo, hi = _tap(w, lo, hi, tl.minimum(tl.maximum(f, 0), top), i, _cubic_near(t))
             w, lo, hi = _tap(w, lo, hi, tl.minimum(tl.maximum(f + 1, 0), top), i, _cubic_near(1.0 - t))
-            w, lo, hi = _tap(w, lo, hi, tl.minimum(tl.maximum(f + 2, 0), top), i, _cubic_far(2.0 - t))
+            # ((1 - t) + 1 as ATen's get_cubic_upsample_coefficients rounds it, not 2 - t: the same fp32 weight)
+            w, lo, hi = _tap(w, lo, hi, tl.minimum(tl.maximum(f + 2, 0), top), i, _cubic_far((1.0 - t) + 1.0))
         hit = lo <= hi
         mixed = (lo <= 0.0) & (hi >= 0.0)
     return w, hit, mixed
@@ -249,7 +268,14 @@ def _or(s, b):
     return tl.where(s, b == b, b)
 
 
-@triton.jit(do_not_specialize=("rd", "rh", "rw"))
+# Layouts (Triton 3.6 measured): the gather's addresses show no contiguity, and where no axis of a block has more
+# than another, Triton orders the block's axes first-fastest across threads. So the axis along which memory is
+# contiguous comes first (W of a plane tile, C of a row tile) and the candidate axis last: each thread then holds
+# its elements' KW candidates in registers and sums them itself, and a warp's lanes read and write along W (or C).
+# (With the candidate axis first, as before, a warp spread over 4 candidates x 4 rows x 2 columns, and every (od, oh)
+# paid a shuffle reduction.) gsW is never specialised for the same reason: as the constant 1 it would show the
+# candidate axis contiguous in memory, and the candidates would go fastest across threads again.
+@triton.jit(do_not_specialize=("gsW", "rd", "rh", "rw"))
 def _upsample_backward_kernel(gi, go, n_tiles, C, D, H, W, Do, Ho, Wo, gsN, gsC, gsD, gsH, gsW,
                               isN, isC, isD, isH, isW, rd, rh, rw,
                               MODE: tl.constexpr, DIMS: tl.constexpr, ALIGN: tl.constexpr, KW: tl.constexpr,
@@ -268,26 +294,26 @@ def _upsample_backward_kernel(gi, go, n_tiles, C, D, H, W, Do, Ho, Wo, gsN, gsC,
         d = (s % D).to(tl.int64)
         c = ((s // D) % C).to(tl.int64)
         n = (s // D // C).to(tl.int64)
-        h = hb * BH + tl.arange(0, BH)[:, None]
-        w = wb * BW + tl.arange(0, BW)[None, :]
-        rm = h < H
+        w = wb * BW + tl.arange(0, BW)[:, None]  # a [BW, BH] tile: columns first (see Layouts above)
+        h = hb * BH + tl.arange(0, BH)[None, :]
         cm = w < W
-        h = tl.minimum(h, H - 1)  # (lanes past the plane: in-range index math, their loads and store masked)
-        w = tl.minimum(w, W - 1)
+        rm = h < H
+        w = tl.minimum(w, W - 1)  # (lanes past the plane: in-range index math, their loads and store masked)
+        h = tl.minimum(h, H - 1)
         if I64:
-            h = h.to(tl.int64)
             w = w.to(tl.int64)
-        oh_lo, oh_hi = _readers(h, H, Ho, sh, MH, ALIGN)  # the outputs that read each row / column
-        ow_lo, ow_hi = _readers(w, W, Wo, sw, MODE, ALIGN)
+            h = h.to(tl.int64)
+        ow_lo, ow_hi = _readers(w, W, Wo, sw, MODE, ALIGN)  # the outputs that read each column / row
+        oh_lo, oh_hi = _readers(h, H, Ho, sh, MH, ALIGN)
         od_lo, od_hi = _readers(d, D, Do, sd, MD, ALIGN)
         kh = tl.max(oh_hi - oh_lo)  # (the tile's longest ranges: the loops' trip counts)
         kw = tl.max(ow_hi - ow_lo)
         src = go + n * gsN + c * gsC
-        acc = tl.zeros([BH, BW], dtype=ACC)
+        acc = tl.zeros([BW, BH], dtype=ACC)
         for k0 in range(0, kw, KW):  # KW candidate columns at once, their weights computed once a tile
-            ow = (ow_lo + k0)[None, :, :] + tl.arange(0, KW)[:, None, None]  # [KW, 1, BW]
-            ww, hw, xw = _weight(ow, w[None, :, :], W, sw, MODE, ALIGN)
-            mw = hw & (ow < ow_hi[None, :, :]) & cm[None, :, :]
+            ow = (ow_lo + k0)[:, :, None] + tl.arange(0, KW)[None, None, :]  # [BW, 1, KW]
+            ww, hw, xw = _weight(ow, w[:, :, None], W, sw, MODE, ALIGN)
+            mw = hw & (ow < ow_hi[:, :, None]) & cm[:, :, None]
             cols = tl.minimum(ow, Wo - 1) * gsW
             for i in range(0, od_hi - od_lo):
                 od = od_lo + i
@@ -297,17 +323,17 @@ def _upsample_backward_kernel(gi, go, n_tiles, C, D, H, W, Do, Ho, Wo, gsN, gsC,
                     oh = oh_lo + j
                     wh, hh, xh = _weight(oh, h, H, sh, MH, ALIGN)
                     mh = _and(hd, rm & hh & (oh < oh_hi))
-                    wdh = (wd * wh)[None, :, :]
-                    xdh = _or(xd, xh)[None, :, :]
-                    row = (plane + tl.minimum(oh, Ho - 1) * gsH)[None, :, :]
-                    g = tl.load(row + cols, mask=mh[None, :, :] & mw, other=0.0).to(ACC)
+                    wdh = (wd * wh)[:, :, None]
+                    xdh = _or(xd, xh)[:, :, None]
+                    row = (plane + tl.minimum(oh, Ho - 1) * gsH)[:, :, None]
+                    g = tl.load(row + cols, mask=mh[:, :, None] & mw, other=0.0).to(ACC)
                     term = wdh * ww * g
-                    acc += tl.sum(tl.where(xdh | xw, term + g * 0.0, term), axis=0)
+                    acc += tl.sum(tl.where(xdh | xw, term + g * 0.0, term), axis=2)
         dst = gi + n * isN + c * isC + d * isD + h * isH + w * isW
-        tl.store(dst, cast_out(acc, gi.dtype.element_ty), mask=rm & cm)
+        tl.store(dst, cast_out(acc, gi.dtype.element_ty), mask=cm & rm)
 
 
-@triton.jit(do_not_specialize=("rd", "rh", "rw"))
+@triton.jit(do_not_specialize=("rd", "rh", "rw"))  # (gsW = C > 1 here: specialised, its divisibility vectorises C)
 def _upsample_backward_rows_kernel(gi, go, n_tiles, C, D, H, W, Do, Ho, Wo, gsN, gsC, gsD, gsH, gsW,
                                    isN, isC, isD, isH, isW, rd, rh, rw,
                                    MODE: tl.constexpr, DIMS: tl.constexpr, ALIGN: tl.constexpr, KW: tl.constexpr,
@@ -326,9 +352,9 @@ def _upsample_backward_rows_kernel(gi, go, n_tiles, C, D, H, W, Do, Ho, Wo, gsN,
         h = (s % H).to(tl.int64)
         d = ((s // H) % D).to(tl.int64)
         n = (s // H // D).to(tl.int64)
-        w = wb * BW + tl.arange(0, BW)[:, None]
-        c = cb * BC + tl.arange(0, BC)[None, :]
-        m = (w < W) & (c < C)
+        c = cb * BC + tl.arange(0, BC)[:, None]  # a [BC, BW] tile: channels first (see Layouts above)
+        w = wb * BW + tl.arange(0, BW)[None, :]
+        m = (c < C) & (w < W)
         w = tl.minimum(w, W - 1)  # (columns past the row: in-range index math; every lane past it masked)
         # (c unclamped, < C + BC: a min would hide its contiguity from Triton and so the vector loads and stores)
         if I64:
@@ -339,12 +365,12 @@ def _upsample_backward_rows_kernel(gi, go, n_tiles, C, D, H, W, Do, Ho, Wo, gsN,
         od_lo, od_hi = _readers(d, D, Do, sd, MD, ALIGN)
         kw = tl.max(ow_hi - ow_lo)
         src = go + n * gsN
-        acc = tl.zeros([BW, BC], dtype=ACC)
+        acc = tl.zeros([BC, BW], dtype=ACC)
         for k0 in range(0, kw, KW):  # (the plane kernel's loops and terms)
-            ow = (ow_lo + k0)[None, :, :] + tl.arange(0, KW)[:, None, None]  # [KW, BW, 1]
-            ww, hw, xw = _weight(ow, w[None, :, :], W, sw, MODE, ALIGN)
-            mw = hw & (ow < ow_hi[None, :, :]) & m[None, :, :]
-            cols = tl.minimum(ow, Wo - 1) * gsW + c[None, :, :] * gsC
+            ow = (ow_lo + k0)[:, :, None] + tl.arange(0, KW)[None, None, :]  # [1, BW, KW]
+            ww, hw, xw = _weight(ow, w[:, :, None], W, sw, MODE, ALIGN)
+            mw = hw & (ow < ow_hi[:, :, None]) & m[:, :, None]
+            cols = tl.minimum(ow, Wo - 1) * gsW + c[:, :, None] * gsC
             for i in range(0, od_hi - od_lo):
                 od = od_lo + i
                 wd, hd, xd = _weight(od, d, D, sd, MD, ALIGN)
@@ -354,7 +380,7 @@ def _upsample_backward_rows_kernel(gi, go, n_tiles, C, D, H, W, Do, Ho, Wo, gsN,
                     wdh = wd * wh
                     g = tl.load(src + od * gsD + oh * gsH + cols, mask=_and(hd & hh, mw), other=0.0).to(ACC)
                     term = wdh * ww * g
-                    acc += tl.sum(tl.where(_or(xd | xh, xw), term + g * 0.0, term), axis=0)
+                    acc += tl.sum(tl.where(_or(xd | xh, xw), term + g * 0.0, term), axis=2)
         dst = gi + n * isN + d * isD + h * isH + w * isW + c * isC
         tl.store(dst, cast_out(acc, gi.dtype.element_ty), mask=m)
 
@@ -443,15 +469,76 @@ def _scale(n_in: int, n_out: int, align_corners: bool, scale, dtype: torch.dtype
     return r(r(n_in) / r(n_out))
 
 
-def _candidates(mode: int, n_in: int, n_out: int, scale: float) -> int:
-    """The candidate columns a program takes at once: about the most outputs that read one input along W, a power
-    of two up to _MAX_KW (more are taken in turn). Linear taps span 2 source positions (2.5 at the clamped border),
-    cubic 4 (4.5), an antialias window 2 * max(scale, 1) + 1; outputs sit `scale` apart."""
+_COUNT_MAX = 2**22  # outputs along W past which the candidate count is the bound below, not counted
+
+
+def _most_readers(mode: int, n_in: int, n_out: int, scale: float, align: bool) -> int:
+    """The most outputs whose taps land on one input along a dim, counted from the forward's index math (in
+    float64: the kernel's fp32 positions can move a count by one at an exact boundary, and then a tile takes a
+    second chunk of candidates; the result does not depend on it)."""
+    o = np.arange(n_out, dtype=np.float64)
+    if mode == _ANTIALIAS:
+        support = max(scale, 1.0)
+        center = scale * (o + 0.5)
+        lo = np.clip(np.floor(center - support + 0.5), 0, n_in).astype(np.int64)
+        hi = np.clip(np.floor(center + support + 0.5), 0, n_in).astype(np.int64)
+        ends = np.bincount(lo, minlength=n_in + 1) - np.bincount(hi, minlength=n_in + 1)
+        return int(np.cumsum(ends)[:n_in].max())
+    src = scale * o if align else scale * (o + 0.5) - 0.5
+    if mode == _LINEAR and not align:
+        src = np.maximum(src, 0.0)
+    first = np.minimum(np.floor(src), n_in - 1).astype(np.int64)
+    taps = np.clip(first[:, None] + np.array((0, 1) if mode == _LINEAR else (-1, 0, 1, 2)), 0, n_in - 1)
+    new = np.ones(taps.shape, dtype=bool)  # (an output's clamped taps that land on one input count once)
+    new[:, 1:] = taps[:, 1:] != taps[:, :-1]
+    return int(np.bincount(taps[new], minlength=n_in).max())
+
+
+def _candidates(mode: int, n_in: int, n_out: int, scale: float, align: bool) -> int:
+    """The candidate columns a program takes at once: the most outputs that read one input along W, a power of two
+    up to _MAX_KW (more are taken in turn: a tile loops over its own longest range). Each candidate is a masked
+    load and its arithmetic for every element and row of outputs, so the count is exact where it is cheap to
+    count: 2x linear upsampling takes 4, not the 8 of a bound; downsampling by 2 or more 1 (linear), 2 (cubic), 4
+    (antialias). Past _COUNT_MAX outputs, the bound: the positions of the outputs that read input i lie in a
+    half-open interval of `span` source units ([i-1, i+1) linear, [i-2, i+2) cubic, a window center's 2 * support)
+    and sit `scale` apart."""
     if mode == _COPY:
         return 1
-    reach = {int(_LINEAR): 2.5, int(_CUBIC): 4.5}.get(mode, 2.0 * max(scale, 1.0) + 1.0)
-    most = n_out if scale <= 0 else min(n_out, math.ceil(reach / scale) + 1)
-    return min(triton.next_power_of_2(most), _MAX_KW)
+    if scale <= 0:  # (align_corners onto one output)
+        most = n_out
+    elif n_out <= _COUNT_MAX:
+        most = _most_readers(mode, n_in, n_out, scale, align)
+    else:
+        span = {int(_LINEAR): 2.0, int(_CUBIC): 4.0}.get(mode, 2.0 * max(scale, 1.0))
+        most = min(n_out, math.floor(span / scale * (1 + 2**-10)) + 1)
+    return min(triton.next_power_of_2(max(most, 1)), _MAX_KW)
+
+
+def _plane_tile(kw: int, w_in: int, h_in: int, tile: int) -> tuple[int, int, int]:
+    """(BW, BH, warps) of a plane tile. A thread repeats the work of each row it holds (the row's output range and
+    its weights for every row of outputs: ~100 instructions a row) and of each column (range, candidate weights):
+    holding c columns x r rows, an element pays the row work / c and the column work / r, so c ~ r balances them
+    (downsampling by 2: 4 x 4 where 1 x 16 took 1.5x the instructions). Columns spread over a warp's lanes first
+    (the kernels' Layouts), so c columns a thread take 32 c columns a warp, and the block's warps all go along W:
+    none along the candidate axis (a reduction across warps)."""
+    w2, h2 = triton.next_power_of_2(w_in), triton.next_power_of_2(h_in)
+    if h_in == 1 or w2 < 32:  # one row (the tile all along W), or planes narrower than a warp
+        bw = min(w2, _MAX_BW if h_in > 1 else tile)
+        bh = min(h2, max(1, tile // bw))
+        return bw, bh, max(1, min(4, bw * bh // 32))  # (as many warps as the tile's elements fill: KW in threads)
+    pairs = max(1, _PER_THREAD // kw)  # (w, h) elements a thread
+    cols = min(1 << ((pairs.bit_length() - 1) // 2), w2 // 32)
+    warps = max(1, min(4, w2 // (32 * cols)))
+    bw = min(32 * warps * cols, _MAX_BW)
+    bw = min(bw, tile)  # (a _BLOCK smaller than the threads' share: tests)
+    bh = min(h2, max(1, pairs // cols), max(1, tile // bw))
+    if bh == 1 and bw >= 64:  # (a tile one row tall got the candidate axis laid out fastest by Triton 3.6, and a
+        bh = 2  # layout conversion each (od, oh): two rows, on twice the warps, or on half the columns)
+        if warps < 4:
+            warps *= 2
+        else:
+            bw //= 2
+    return bw, bh, max(1, min(warps, bw * bh // 32))
 
 
 def _tiling(cl: bool, c: int) -> str:
@@ -479,30 +566,32 @@ def _plan(spec: _Spec, g_stride: tuple, in_sizes: tuple, out_sizes: tuple, align
                                  (None,) * (3 - spec.dims) + scales, strict=True)]
     acc = tl.float64 if dtype == torch.float64 else tl.float32
     cl = fmt is not None
-    kw = _candidates(mode, w_in, w_out, _scale(w_in, w_out, align, scales[-1], dtype))
+    kw = _candidates(mode, w_in, w_out, _scale(w_in, w_out, align, scales[-1], dtype), align)
     tile = max(1, _BLOCK // kw)
     if _tiling(cl, c) == "rows":
         bc = min(triton.next_power_of_2(c), _MAX_BC)
         bw = min(triton.next_power_of_2(w_in), max(1, tile // bc))
+        # a thread loads 16 bytes of channels at once where the strides let Triton prove them aligned (C a multiple
+        # of 16: every stride is); as many warps as (channel vectors x columns) fill, so that none holds a share
+        # of the candidate axis (a reduction across warps, through shared memory, each (od, oh))
+        vec = 16 // torch.empty((), dtype=dtype).element_size() if c % 16 == 0 else 1
+        warps = max(1, min(4, bc * bw // (vec * 32)))
         n_tiles = n * d_in * h_in * cdiv(w_in, bw) * cdiv(c, bc)
         # 32-bit in-row index math unless an in-row offset (a masked lane's too) can pass 2^31 (row offsets are
         # int64 always)
         reach = max(w_out * gstr[4] + (c + bc) * gstr[1], w_in * istr[4] + (c + bc) * istr[1], w_out + w_in)
         consts = {"MODE": mode, "DIMS": spec.dims, "ALIGN": align, "KW": kw, "BW": bw, "BC": bc, "ACC": acc,
                   "I64": reach > _I32_MAX}
-        block = kw * bw * bc
         kernel = _upsample_backward_rows_kernel
     else:
-        bw = min(triton.next_power_of_2(w_in), _MAX_BW if h_in > 1 else tile)
-        bh = min(triton.next_power_of_2(h_in), max(1, tile // bw))
+        bw, bh, warps = _plane_tile(kw, w_in, h_in, tile)
         n_tiles = n * c * d_in * cdiv(h_in, bh) * cdiv(w_in, bw)
         # 32-bit in-plane index math unless an in-plane offset can pass 2^31 (plane offsets are int64 always)
         reach = max(h_out * gstr[3] + w_out * gstr[4], h_in * istr[3] + w_in * istr[4], h_out + h_in, w_out + w_in)
         consts = {"MODE": mode, "DIMS": spec.dims, "ALIGN": align, "KW": kw, "BH": bh, "BW": bw, "ACC": acc,
                   "I64": reach > _I32_MAX}
-        block = kw * bh * bw
         kernel = _upsample_backward_kernel
-    consts = launch_consts(consts, 4 if block >= 512 else 2 if block >= 128 else 1)
+    consts = launch_consts(consts, warps)
     args = (n_tiles, c, d_in, h_in, w_in, d_out, h_out, w_out, *gstr, *istr, *ratios)
     return _Plan(in_sizes, out_stride if cl else None, min(n_tiles, _MAX_PROGRAMS), args, consts, kernel)
 
@@ -589,8 +678,12 @@ def _example(spec: _Spec, in_sizes, out_sizes, align, scales, cl, device, dtype)
     return (g, list(out_sizes), list(in_sizes), align, *(scales or (None,) * spec.dims))
 
 
+_SPECS: dict[str, _Spec] = {}  # op name -> its spec
+
+
 def _declare(spec: _Spec):
     """Register op `spec.name` with ATen's signature and name."""
+    _SPECS[spec.name] = spec
     if spec.dims == 1:
         def fn(grad_output: torch.Tensor, output_size: Sequence[int], input_size: Sequence[int],
                align_corners: bool, scales: float | None = None) -> torch.Tensor:
