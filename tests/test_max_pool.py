@@ -401,7 +401,8 @@ def _same_bits_with_small_knobs(run, first, block_knob, label, monkeypatch) -> l
     programs for more tiles (the grid-stride loop, normally past 2^30 tiles) and int64 index math (normally past
     2^31), each alone, and its launch takes the branch the knob forces; the launches' consts."""
     seen = []
-    for knobs in ({"_TILE": 4}, {block_knob: 2}, {"_MAX_PROGRAMS": 2, "_TILE": 16}, {"_I32_MAX": 16}):
+    for knobs in ({"_TILE": 4}, {block_knob: 2}, {"_MAX_PROGRAMS": 2, "_TILE": 16}, {"_I32_MAX": 16},
+                  {"_COLS0": not mp._COLS0, "_TILE": 64}):
         mp.clear_plans()
         for knob, value in knobs.items():
             monkeypatch.setattr(mp, knob, value)
@@ -452,6 +453,79 @@ def test_tilings_repeats_and_index_widths_give_the_same_bits(op, monkeypatch):
         seen = _same_bits_with_small_knobs(lambda t=tiling: _tiled(op, args, t, monkeypatch), first, knob,
                                            f"{op} {tiling}", monkeypatch)
         assert all(c["CHANNELS"] is (tiling == "channels") for c in seen)
+
+
+# ----------------------------------------------------------------------------------------------- compile-time
+def test_magic_division_is_exact():
+    """`_div`'s multiply-high and shifts give x // n for every x below 2^30 (the plans use it only there): checked
+    at the edges (multiples of n and their neighbours, the top of the range) and at random, for small divisors,
+    powers of two and their neighbours, and large ones; m is a positive int32 (a kernel argument)."""
+    gen = torch.Generator().manual_seed(0)
+    divisors = list(range(2, 300)) + [d + e for k in range(9, 31) for d in (1 << k,) for e in (-1, 0, 1)] + \
+        torch.randint(2, 2**30, (200,), generator=gen).tolist()
+    for n in divisors:
+        m, sh = mp._magic(n)
+        assert 0 < m < 2**31, n
+        xs = [0, 1, n - 1, n, n + 1, 2**30 - 1, (2**30 - 1) // n * n, (2**30 - 1) // n * n - 1]
+        xs += torch.randint(0, 2**30, (64,), generator=gen).tolist()
+        for x in xs:
+            if 0 <= x < 2**30:
+                assert (((4 * x * m) >> 32) >> sh) == x // n, (x, n)
+
+
+def test_column_blocks_waste_the_fewest_lanes():
+    """The column block (a power of two from 32 to 128, or the row's next power of two): the one whose blocks pad a
+    row least, the widest of equals."""
+    for size, block in ((96, 32), (56, 64), (64, 64), (128, 128), (7, 8), (200, 32), (300, 64), (48, 64), (3, 4),
+                        (1, 1), (1000, 128), (4096, 128)):
+        assert mp._block(size, 128) == block, (size, mp._block(size, 128))
+
+
+def test_window_constants_not_sizes_select_the_compile():
+    """The constexprs depend on the pooling configuration and a few layout classes, not on the sizes: problems of
+    one configuration share a compiled variant (batch, channels, depth and height here), and only the window
+    changes the window constants."""
+    consts = []
+    for shape in ((2, 3, 8, 16, 32), (4, 5, 6, 12, 32), (1, 7, 10, 22, 32)):
+        g, x, k, s, p, d, c, idx = _max3d(shape, 2, 2, 0)
+        consts.append(mp._plan(mp._SPECS[MAX3D], tuple(g.shape), g.stride(), idx.stride(), tuple(x.shape), False,
+                               x.dtype, mp._window(mp._SPECS[MAX3D], x, k, s, p, d, c)[0]).consts)
+    assert all(c == consts[0] for c in consts), consts
+    assert consts[0]["WD"][7:] == (1, True) and consts[0]["EAGER"]  # (k = s: lean, one candidate a dim)
+    k3 = mp._progressions(((3,) * 3, (2,) * 3, (1,) * 3, (1,) * 3), (8,) * 3, (4,) * 3)[0]
+    assert k3[0] == (2, 2, 1, 1, 1, 0, 1, 2, False)  # (span, stride, padding, dilation, gcd, inverse, step, KS, lean)
+
+
+@pytest.mark.parametrize("case", range(3))
+def test_load_orders_and_layout_factors_give_the_same_bits(case, monkeypatch):
+    """g loaded with its index (EAGER) or after it, the whole-row column block or the narrowest, the lines tiling's
+    tile in both orientations (_COLS0: the one the installed Triton does not take), the channels tiling on even
+    channel counts (whose strides' factors of two the kernel takes out and multiplies back: ALIGN) and a row width
+    that is not a multiple of 16: the same bits, and stock's values. Windows lean along some dims (one candidate:
+    k <= s, or a dilated span below the stride) and not along others."""
+    args = [_max3d((2, 8, 5, 7, 12), (2, 3, 2), (2, 2, 3), (0, 1, 1), (1, 1, 2), False, values="ties", fmt=CL3D),
+            _adaptive((2, 8, 9, 12), (4, 5), values="ties", fmt=torch.channels_last),
+            _adaptive((2, 4, 6, 10, 20), (3, 3, 5), values="ties")][case]
+    if case < 2:  # (grad_output channels_last too, as the forward's output)
+        args = (args[0].contiguous(memory_format=CL3D if case == 0 else torch.channels_last), *args[1:])
+    op = [MAX3D, AMAX2D, AMAX3D][case]
+    first = check_case(op, args, what=op)
+    for knobs in ({"_EAGER_SLOTS": 0}, {"_EAGER_SLOTS": 64}, {"_MIN_BLOCK": 128}, {"_FORCE_TILING": "lines"},
+                  {"_FORCE_TILING": "lines", "_COLS0": not mp._COLS0},
+                  {"_FORCE_TILING": "channels", "_EAGER_SLOTS": 0}):
+        for knob, value in knobs.items():
+            monkeypatch.setattr(mp, knob, value)
+        mp.clear_plans()
+        launches = _launches(monkeypatch)
+        assert_bitwise_equal(getattr(ops, op)(*args), first, f"{op} {knobs}")
+        consts = launches[0][2]
+        if "_EAGER_SLOTS" in knobs:
+            assert consts["EAGER"] is (knobs["_EAGER_SLOTS"] > 0)
+        assert consts["COLS0"] is (mp._COLS0 and not consts["CHANNELS"])
+        if consts["CHANNELS"] and op != AMAX3D:
+            assert consts["ALIGN"][1] > 1 and consts["ALIGN"][2] > 1, consts["ALIGN"]  # (8 channels)
+        monkeypatch.undo()
+    mp.clear_plans()
 
 
 # ----------------------------------------------------------------------------------------------- errors

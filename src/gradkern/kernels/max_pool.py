@@ -16,8 +16,11 @@ its own (fp32 accumulation for f16/bf16/f32, fp64 for f64) and is written once:
   [ceil((i + p - span) / s), floor((i + p) / s)] within [0, O) (ceil(k / s) of them at most without dilation) with
   o s = i + p (mod d). Those form an arithmetic progression of step d / gcd(s, d) (none unless gcd(s, d) divides
   i + p), whose first term takes the inverse of s / gcd mod that step (a host constant): at most k a dim.
+  Where span < s (k <= s without dilation: MaxPool3d(2), anisotropic (1, 2, 2)), one window at most holds i, the
+  one of o = (i + p) // s, if i's offset in it is a tap: a "lean" dim, one candidate.
 * adaptive pooling: output o's window is [floor(o I / O), ceil((o + 1) I / O)); the outputs holding i are
-  `adaptive_pool._holding`'s range, at most `adaptive_pool.max_outputs` a dim.
+  [floor(i O / I), ceil((i + 1) O / I)), at most `adaptive_pool.max_outputs` a dim (exactly one where I divides
+  by O: ResNet's 56 -> 7).
 
 The forward's indices lie in their output's window, so a candidate's index test is all that selects. Indices that
 do not are never followed: an index outside its window, or outside the plane, adds nothing anywhere, and no address
@@ -38,7 +41,23 @@ A program owns a [BA, BB] tile of grad_input: BA consecutive lines (n, c, d, h) 
 (n, d, h, w) by a block of BB channels ("channels": C contiguous, so stores and channels_last loads coalesce). A
 tile spans planes and batch entries where they are small (a 7 x 7 plane pooled to (1, 1), a deep 3-D layer's 4^3
 volume), so programs stay full; past 2^30 tiles each program takes several in turn. Both tilings sum the same terms
-in the same order: same bits."""
+in the same order: same bits. A thread holds 4 columns of one row (`_COLS0`: the lines tile's orientation that
+gives its gathers and its store one layout under the installed Triton): the row's index math (its (n, c, d, h), the
+candidate ranges along the row axes, offsets) is done once a row, the column's once a column, and a candidate costs
+an element two loads, a compare and an add. The column block is the power of two from 32 to 128 that wastes the
+fewest lanes past a row's end (W = 96: 32 columns, not 128).
+
+Compile-time constants, as Inductor's pooling gathers have them: the window (kernel, stride, padding, dilation and
+the progressions' constants per dim) and the candidate counts per dim (adaptive pooling: `max_outputs`, its window
+bounds staying runtime values), so the candidate loops unroll and the divisions by the stride are by constants. The
+cost is one compile per pooling configuration (times dtype, tiling and a few layout classes: the column block, the
+strides' power-of-two factors, 32- or 64-bit indices, and Triton's own specialisations of sizes): a network has a
+few configurations (MaxPool3d(2), (3, 2, 1); a classifier's AdaptiveMaxPool2d(1) or (7, 7)), a second or two of
+compilation each, once per process (Triton's cache keeps them across processes). Divisions by runtime sizes (a
+row index's, adaptive pooling's, the tile index's) are a multiply-high and shifts by host constants (`_magic`).
+Where an input has one or two candidates, g is loaded together with its index (a select, no dependent load); with
+more, g is loaded only where the index is the input's. Offsets are 32-bit unless a tensor or the index math can pass
+2^31."""
 
 from __future__ import annotations
 
@@ -59,98 +78,196 @@ from ..elementwise import check_like, check_tensor, launch, launch_consts
 from ..errors import InvalidProblem, Unsupported
 from ..registry import Case, register_op
 from ..tl_helpers import cast_out
-from .adaptive_pool import _holding, max_outputs, suggests_channels_last
+from .adaptive_pool import max_outputs, suggests_channels_last
 
 _I32_MAX = 2**31 - 1
 _MAX_PROGRAMS = 2**30  # beyond, each program takes several tiles in turn (a grid-stride loop)
-_TILE = 1024  # elements a program owns: BA rows by BB columns, both powers of two (fewer for a smaller problem)
+_TILE = 512  # elements a program owns: BA rows by BB columns, both powers of two (fewer for a smaller problem)
+_WARPS = 4  # warps a program (fewer for a tile below 32 elements a warp): 4 elements a thread
 _MAX_BW = 128  # columns a "lines" tile spans at most (wider rows: several column blocks)
 _MAX_BC = 128  # channels a "channels" tile spans at most (more channels: several channel blocks)
+_MIN_BLOCK = 32  # the narrowest column block `_block` picks to spare lanes past a row's end (narrower: a warp's
+# access spans more rows, so more cache lines a load and store instruction)
+_EAGER_SLOTS = 2  # up to this many candidate slots an input, g is loaded with its index (see _gather's EAGER)
+# the lines tiling's tile as [columns, rows] under Triton 3.6 and older: their coalescing pass orders a load whose
+# addresses are contiguous along no axis (the candidates' gathers) first axis fastest, Triton 3.7 on last axis
+# fastest; so the tile's first axis is the columns there, and the loads and the store share one layout (4
+# consecutive columns a thread) where the other orientation puts a shared-memory layout conversion before the
+# store and spreads a warp's loads down the rows
+_COLS0 = tuple(int(v) for v in triton.__version__.split(".")[:2]) < (3, 7)
 _FORCE_TILING: str | None = None  # "lines" or "channels" overrides the layout's choice (tests)
 
 
 # ----------------------------------------------------------------------------------------------- kernel
 @triton.jit
-def _candidates(i, n_in, n_out, span, s, p, g, inv, step, ADAPTIVE: tl.constexpr, DILATED: tl.constexpr):
-    """(first, hi): the outputs whose windows hold input i along a dim are first, first + step, ... below hi."""
-    if ADAPTIVE:
-        first, hi = _holding(i, n_in, n_out)
+def _div(x, n, m, sh, MAGIC: tl.constexpr):
+    """x // n for 0 <= x; with MAGIC (32-bit x < 2^30), as the high word of (4 x) m shifted right by sh, m and sh
+    from `_magic`: a multiply and two shifts where a division by a runtime n takes some 20 instructions."""
+    if MAGIC:
+        return tl.umulhi(x * 4, m) >> sh
+    else:
+        return x // n
+
+
+@triton.jit
+def _divmod(x, n, m, sh, MAGIC: tl.constexpr):
+    q = _div(x, n, m, sh, MAGIC)
+    return q, x - q * n
+
+
+@triton.jit
+def _below(col, n, V: tl.constexpr):
+    """col < n, for a multiple n of V: as (col // V) < (n // V), so that Triton sees the mask constant over runs of
+    V columns (a mask that may change at any column keeps the vector stores and loads scalar where n is not known
+    to be a multiple of 16)."""
+    if V > 1:
+        return col // V < n // V
+    else:
+        return col < n
+
+
+@triton.jit
+def _pool_range(i, n_out, SPAN: tl.constexpr, S: tl.constexpr, P: tl.constexpr, DIL: tl.constexpr,
+                G: tl.constexpr, INV: tl.constexpr, STEP: tl.constexpr, LEAN: tl.constexpr):
+    """(first, hi): max pooling's outputs whose windows hold input i along a dim are first, first + STEP, ... below
+    hi (the window's constants: see `_progressions`)."""
+    if LEAN:  # (span < stride: at most one window holds i, o = (i + P) // S, where i's offset in it is a tap)
+        first = (i + P) // S
+        ok = first < n_out
+        if SPAN < S - 1 or DIL > 1:
+            r = i + P - first * S
+            ok = ok & (r <= SPAN)
+            if DIL > 1:
+                ok = ok & (r % DIL == 0)
+        hi = tl.where(ok, first + 1, first)
     else:  # (numerators kept non-negative: integer division truncates)
-        first = (tl.maximum(i + p - span, 0) + s - 1) // s
-        hi = tl.minimum((i + p) // s + 1, n_out)
-        if DILATED:  # the first o >= first with o s = i + p (mod dilation), if any (else none: first = hi)
-            r = (i + p) // g * inv % step
-            first = tl.where((i + p) % g == 0, first + (r - first % step + step) % step, hi)
+        first = (tl.maximum(i + P - SPAN, 0) + S - 1) // S
+        hi = tl.minimum((i + P) // S + 1, n_out)
+        if DIL > 1:  # the first o >= first with o S = i + P (mod DIL), if any (else none: first = hi)
+            r = (i + P) // G * INV % STEP
+            first = tl.where((i + P) % G == 0, first + (r - first % STEP + STEP) % STEP, hi)
     return first, hi
 
 
 @triton.jit
-def _gather(go, xi, n, c, d, h, w, m, SIZES, GS, XS, POOL, KS, BA: tl.constexpr, BB: tl.constexpr,
-            ADAPTIVE: tl.constexpr, DILATED: tl.constexpr, ACC: tl.constexpr):
-    """The gradient of the [BA, BB] inputs (n, c, d, h, w) (each a row or a column vector; lanes where m is false
-    skipped): the sum of g over their candidate outputs (od, oh, ow ascending) whose index is theirs."""
-    D, H, W = SIZES[0], SIZES[1], SIZES[2]
-    od0, od_hi = _candidates(d, D, SIZES[3], POOL[0], POOL[3], POOL[6], POOL[9], POOL[12], POOL[15], ADAPTIVE,
-                             DILATED)
-    oh0, oh_hi = _candidates(h, H, SIZES[4], POOL[1], POOL[4], POOL[7], POOL[10], POOL[13], POOL[16], ADAPTIVE,
-                             DILATED)
-    ow0, ow_hi = _candidates(w, W, SIZES[5], POOL[2], POOL[5], POOL[8], POOL[11], POOL[14], POOL[17], ADAPTIVE,
-                             DILATED)
+def _adaptive_range(i, n_in, n_out, m, sh, MAGIC: tl.constexpr, T: tl.constexpr):
+    """(first, hi): adaptive pooling's outputs whose windows hold input i along a dim, [floor(i O / I),
+    ceil((i + 1) O / I)); with one at most (T == 1), exactly one (the windows cover the input)."""
+    first = _div(i * n_out, n_in, m, sh, MAGIC)
+    if T == 1:
+        hi = first + 1
+    else:
+        hi = _div((i + 1) * n_out + n_in - 1, n_in, m, sh, MAGIC)
+    return first, hi
+
+
+@triton.jit
+def _range(i, n_in, n_out, m, sh, MAGIC: tl.constexpr, WIN: tl.constexpr, ADAPTIVE: tl.constexpr):
+    """(first, hi) of max pooling's or adaptive pooling's candidates along a dim (WIN: its `_progressions`)."""
+    if ADAPTIVE:
+        first, hi = _adaptive_range(i, n_in, n_out, m, sh, MAGIC, WIN[7])
+    else:
+        first, hi = _pool_range(i, n_out, WIN[0], WIN[1], WIN[2], WIN[3], WIN[4], WIN[5], WIN[6], WIN[8])
+    return first, hi
+
+
+@triton.jit
+def _gather(go, xi, n, c, d, h, w, rm, cm, SIZES, GS, XS, MAG, WD: tl.constexpr, WH: tl.constexpr,
+            WW: tl.constexpr, TD: tl.constexpr, TH: tl.constexpr, TW: tl.constexpr, MAGIC: tl.constexpr,
+            ALIGN: tl.constexpr, BA: tl.constexpr, BB: tl.constexpr, COLS0: tl.constexpr, CHANNELS: tl.constexpr,
+            ADAPTIVE: tl.constexpr, EAGER: tl.constexpr, SAME: tl.constexpr, ACC: tl.constexpr):
+    """The gradient of the [BA, BB] inputs (n, c, d, h, w) (row or column vectors: c a column with CHANNELS, w
+    one without; lanes outside rm & cm skipped): the sum of g over their candidate outputs (od, oh, ow ascending)
+    whose index is theirs. Row-only terms (offsets, masks) are summed before a column's enters, so that each costs
+    one operation per element."""
+    D, H, W = SIZES[1], SIZES[2], SIZES[3]
+    od0, od_hi = _range(d, D, SIZES[4], MAG[6], MAG[7], MAGIC[3], WD, ADAPTIVE)
+    oh0, oh_hi = _range(h, H, SIZES[5], MAG[8], MAG[9], MAGIC[4], WH, ADAPTIVE)
+    ow0, ow_hi = _range(w, W, SIZES[6], MAG[10], MAG[11], MAGIC[5], WW, ADAPTIVE)
     flat = (d * H + h) * W + w  # what indices hold for this input
-    g_at = go + n * GS[0] + c * GS[1]
-    x_at = xi + n * XS[0] + c * XS[1]
-    acc = tl.zeros([BA, BB], dtype=ACC)
-    for jd in range(0, KS[0]):
-        od = od0 + jd * POOL[15]
-        for jh in range(0, KS[1]):
-            oh = oh0 + jh * POOL[16]
-            mdh = m & (od < od_hi) & (oh < oh_hi)
-            for jw in range(0, KS[2]):
-                ow = ow0 + jw * POOL[17]
-                mo = mdh & (ow < ow_hi)
-                idx = tl.load(x_at + od * XS[2] + oh * XS[3] + ow * XS[4], mask=mo, other=-1)
-                hit = mo & (idx == flat)
-                acc += tl.load(g_at + od * GS[2] + oh * GS[3] + ow * GS[4], mask=hit, other=0.0).to(ACC)
+    # pointers to the first candidate (od0, oh0, ow0); a slot's is that plus a scalar (its steps times the strides),
+    # which the compiler adds to the address itself (a constant where the stride is 1: the load's immediate)
+    if CHANNELS:  # (rows: n, d, h, w; columns: c, contiguous where GS[1] / XS[1] is 1)
+        g_off = (n * GS[0] + od0 * GS[2] + oh0 * GS[3] + ow0 * GS[4]) * ALIGN[1] + c * GS[1]
+        x_off = (n * XS[0] + od0 * XS[2] + oh0 * XS[3] + ow0 * XS[4]) * ALIGN[2] + c * XS[1]
+    else:  # (rows: n, c, d, h; columns: w)
+        g_off = (n * GS[0] + c * GS[1] + od0 * GS[2] + oh0 * GS[3]) + ow0 * GS[4]
+        x_off = (n * XS[0] + c * XS[1] + od0 * XS[2] + oh0 * XS[3]) + ow0 * XS[4]
+    if SAME:  # (grad_output's and indices' strides agree: one offset)
+        x_off = g_off
+    pg = go + g_off
+    px = xi + x_off
+    if COLS0:
+        acc = tl.zeros([BB, BA], dtype=ACC)
+    else:
+        acc = tl.zeros([BA, BB], dtype=ACC)
+    for jd in tl.static_range(TD):
+        md = rm & (od0 + jd * WD[6] < od_hi)
+        for jh in tl.static_range(TH):
+            mdh = md & (oh0 + jh * WH[6] < oh_hi)
+            for jw in tl.static_range(TW):
+                mw = ow0 + jw * WW[6] < ow_hi
+                if CHANNELS:
+                    mo = (mdh & mw) & cm
+                else:
+                    mo = mdh & (cm & mw)
+                dg = (jd * WD[6] * GS[2] + jh * WH[6] * GS[3] + jw * WW[6] * GS[4]) * ALIGN[1]
+                dx = (jd * WD[6] * XS[2] + jh * WH[6] * XS[3] + jw * WW[6] * XS[4]) * ALIGN[2]
+                hit = mo & (tl.load(px + dx, mask=mo) == flat)  # (masked lanes' idx: anything)
+                if EAGER:  # (g loaded with its index, not after: no dependent load; a select instead of a mask)
+                    acc += tl.where(hit, tl.load(pg + dg, mask=mo).to(ACC), 0.0)
+                else:
+                    acc += tl.load(pg + dg, mask=hit, other=0.0).to(ACC)
     return acc
 
 
 @triton.jit
-def _max_pool_backward_kernel(gi, go, xi, n_tiles, n_b, n_rows, C, SIZES, GS, XS, IS, POOL, KS,
-                              BA: tl.constexpr, BB: tl.constexpr, CHANNELS: tl.constexpr, ADAPTIVE: tl.constexpr,
-                              DILATED: tl.constexpr, ACC: tl.constexpr, I64: tl.constexpr):
-    # SIZES (D, H, W, Do, Ho, Wo); GS, XS, IS the (N, C, D, H, W) strides of grad_output, indices, grad_input;
-    # POOL six triples over (D, H, W): max pooling's spans, strides, paddings, and the candidates' progression
-    # (gcd(stride, dilation), the inverse of stride / gcd mod step, step = dilation / gcd); KS the candidates a dim
-    D, H, W = SIZES[0], SIZES[1], SIZES[2]
+def _max_pool_backward_kernel(gi, go, xi, n_tiles, n_b, n_rows, SIZES, GS, XS, IS, MAG,
+                              WD: tl.constexpr, WH: tl.constexpr, WW: tl.constexpr, MAGIC: tl.constexpr,
+                              ALIGN: tl.constexpr, BA: tl.constexpr, BB: tl.constexpr, COLS0: tl.constexpr,
+                              CHANNELS: tl.constexpr, ADAPTIVE: tl.constexpr, EAGER: tl.constexpr, SAME: tl.constexpr,
+                              ACC: tl.constexpr, I64: tl.constexpr):
+    # SIZES (C, D, H, W, Do, Ho, Wo). GS, XS, IS: the (N, C, D, H, W) strides of grad_output, indices, grad_input,
+    # a row's (every axis but the column axis) divided by the tensor's ALIGN factor (a power of two dividing them
+    # all), which the kernel multiplies back: Triton then knows a row's offset a multiple of it, and so makes the
+    # store (and the channels tiling's loads) vector accesses where a stride is not a multiple of 16; ALIGN[3]
+    # divides the column axis' size (`_below`). MAG: `_div`'s (m, sh) for a row index's three divisions, adaptive
+    # pooling's by D, H and W, and the tile index's by n_b; MAGIC: which of them `_div` uses. WD, WH, WW: the window's
+    # constants per dim (`_progressions`), so one compile per pooling configuration (and dtype, tiling, layout class)
+    C, D, H, W = SIZES[0], SIZES[1], SIZES[2], SIZES[3]
     for t in range(tl.program_id(0), n_tiles, tl.num_programs(0)):
-        a = t // n_b
-        b = t % n_b  # the column block, fastest: consecutive programs write consecutive memory
+        # (b, the column block, fastest: consecutive programs write consecutive memory)
+        a, b = _divmod(t, n_b, MAG[12], MAG[13], MAGIC[6])
         if I64:
             a = a.to(tl.int64)
             b = b.to(tl.int64)
-        r = a * BA + tl.arange(0, BA)[:, None]
-        col = b * BB + tl.arange(0, BB)[None, :]
+        if COLS0:  # (the tile as [columns, rows]: see _COLS0)
+            r = a * BA + tl.arange(0, BA)[None, :]
+            col = b * BB + tl.arange(0, BB)[:, None]
+        else:
+            r = a * BA + tl.arange(0, BA)[:, None]
+            col = b * BB + tl.arange(0, BB)[None, :]
         rm = r < n_rows
         r = tl.minimum(r, n_rows - 1)  # (lanes past the end: in-range index math, their loads and store masked)
         if CHANNELS:  # rows (n, d, h, w), columns c
-            w = r % W
-            h = (r // W) % H
-            d = (r // W // H) % D
-            n = r // W // H // D
+            q, w = _divmod(r, W, MAG[0], MAG[1], MAGIC[0])
+            q, h = _divmod(q, H, MAG[2], MAG[3], MAGIC[1])
+            n, d = _divmod(q, D, MAG[4], MAG[5], MAGIC[2])
             c = col  # (unclamped, < C + BB: a min would hide its contiguity from Triton and so the vector accesses)
-            m = rm & (c < C)
-            acc = _gather(go, xi, n, c, d, h, w, m, SIZES, GS, XS, POOL, KS, BA, BB, ADAPTIVE, DILATED, ACC)
+            cm = _below(c, C, ALIGN[3])
+            acc = _gather(go, xi, n, c, d, h, w, rm, cm, SIZES, GS, XS, MAG, WD, WH, WW, WD[7], WH[7], WW[7],
+                          MAGIC, ALIGN, BA, BB, COLS0, CHANNELS, ADAPTIVE, EAGER, SAME, ACC)
+            dst = (n * IS[0] + d * IS[2] + h * IS[3] + w * IS[4]) * ALIGN[0] + c * IS[1]
         else:  # rows (n, c, d, h), columns w
-            h = r % H
-            d = (r // H) % D
-            c = (r // H // D) % C
-            n = r // H // D // C
+            q, h = _divmod(r, H, MAG[0], MAG[1], MAGIC[0])
+            q, d = _divmod(q, D, MAG[2], MAG[3], MAGIC[1])
+            n, c = _divmod(q, C, MAG[4], MAG[5], MAGIC[2])
             w = col  # (unclamped for the store, as c above; clamped for the gather's index math)
-            m = rm & (w < W)
-            acc = _gather(go, xi, n, c, d, h, tl.minimum(w, W - 1), m, SIZES, GS, XS, POOL, KS, BA, BB, ADAPTIVE,
-                          DILATED, ACC)
-        dst = gi + n * IS[0] + c * IS[1] + d * IS[2] + h * IS[3] + w * IS[4]
-        tl.store(dst, cast_out(acc, gi.dtype.element_ty), mask=m)
+            cm = _below(w, W, ALIGN[3])
+            acc = _gather(go, xi, n, c, d, h, tl.minimum(w, W - 1), rm, cm, SIZES, GS, XS, MAG, WD, WH, WW, WD[7],
+                          WH[7], WW[7], MAGIC, ALIGN, BA, BB, COLS0, CHANNELS, ADAPTIVE, EAGER, SAME, ACC)
+            dst = (n * IS[0] + c * IS[1] + d * IS[2] + h * IS[3]) * ALIGN[0] + w * IS[4]
+        tl.store(gi + dst, cast_out(acc, gi.dtype.element_ty), mask=rm & cm)
 
 
 # ----------------------------------------------------------------------------------------------- host
@@ -293,14 +410,40 @@ def _tiling(cl: bool, c: int) -> str:
     return _FORCE_TILING or ("channels" if cl and c > 1 else "lines")
 
 
+def _pow2_part(n: int) -> int:
+    """The largest power of two dividing n (0: any; here 2^30)."""
+    return n & -n if n else 1 << 30
+
+
+def _block(size: int, cap: int) -> int:
+    """The column block along an axis of `size`: the power of two, at most `cap` and at least `_MIN_BLOCK` (or
+    size's next power of two), whose blocks waste the fewest lanes past the axis' end; the widest among equals
+    (W = 96: 32, 200: 32, 56: 64). A lane past the row costs a whole element's work; a narrower block costs a
+    thread nothing (it holds one row's 4 columns either way), but its warp's accesses span more rows."""
+    top = min(triton.next_power_of_2(size), cap)
+    blocks = [top >> k for k in range(top.bit_length()) if top >> k >= min(_MIN_BLOCK, top)]
+    return min(blocks, key=lambda b: (cdiv(size, b) * b, -b))
+
+
+def _magic(n: int) -> tuple[int, int]:
+    """(m, l) such that x // n == (x * m) >> (30 + l) == ((4 x * m) >> 32) >> l for every 0 <= x < 2^30 (Granlund
+    and Montgomery: with l = ceil(log2 n) and m = ceil(2^(30 + l) / n), the error m * n - 2^(30 + l) is below
+    n <= 2^l); m < 2^31, a positive int32 (n > 1)."""
+    lg = (n - 1).bit_length()
+    return -(-(1 << (30 + lg)) // n), lg
+
+
 def _progressions(window: tuple | None, ins: tuple, outs: tuple) -> tuple[tuple, tuple, int]:
-    """(POOL, KS, the largest value the candidates' integer math can reach) for the kernel: per dim (D, H, W) of
+    """(WINS, KS, the largest value the candidates' integer math can reach) for the kernel: per dim (D, H, W) of
     input sizes `ins` and output sizes `outs`, max pooling's (`window`: (k, s, p, d) triples) or adaptive pooling's
-    (None) candidate progressions and how many candidates an input has at most."""
+    (None) window constants and how many candidates an input has at most (KS). A dim's constants (its WD, WH or WW
+    constexpr) are (span, stride, padding, dilation, gcd(stride, dilation), the inverse of stride / gcd mod step,
+    step = dilation / gcd, KS, lean: span < stride, so one window at most holds an input); adaptive pooling's are
+    only KS (and lean where it is 1), its windows' bounds are runtime values."""
     if window is None:
         ks = tuple(max_outputs(i, o) for i, o in zip(ins, outs, strict=True))
-        arith = max(2 * (i + 2) * (o + 2) for i, o in zip(ins, outs, strict=True))  # (_holding's products)
-        return (0,) * 9 + (1,) * 3 + (0,) * 3 + (1,) * 3, ks, arith
+        arith = max(2 * (i + 2) * (o + 2) for i, o in zip(ins, outs, strict=True))  # (_adaptive_range's products)
+        return tuple((0, 1, 0, 1, 1, 0, 1, kk, kk == 1) for kk in ks), ks, arith
     k, s, p, d = window
     span = tuple((kk - 1) * dd for kk, dd in zip(k, d, strict=True))
     g = tuple(math.gcd(ss, dd) for ss, dd in zip(s, d, strict=True))
@@ -310,7 +453,9 @@ def _progressions(window: tuple | None, ins: tuple, outs: tuple) -> tuple[tuple,
     ks = tuple(min(o, kk, cdiv(sp // ss + 1, st)) for o, kk, sp, ss, st in zip(outs, k, span, s, step, strict=True))
     arith = max(i + pp + ss + sp + (o + kk * st) * ss + (i + pp) * st + 2 * st
                 for i, o, pp, ss, sp, kk, st in zip(ins, outs, p, s, span, ks, step, strict=True))
-    return (*span, *s, *p, *g, *inv, *step), ks, arith
+    wins = tuple((sp, ss, pp, dd, gg, iv, st, kk, sp < ss)
+                 for sp, ss, pp, dd, gg, iv, st, kk in zip(span, s, p, d, g, inv, step, ks, strict=True))
+    return wins, ks, arith
 
 
 @functools.lru_cache(maxsize=4096)
@@ -319,36 +464,63 @@ def _plan(spec: _Spec, g_shape: tuple, g_stride: tuple, x_stride: tuple, shape: 
     """The launch of a validated, non-empty problem (`window`: max pooling's (k, s, p, d) per dim, else None)."""
     out_stride = _out_stride(spec, shape, cl)
     size, gsize = _ncdhw(spec.dims, shape, 1), _ncdhw(spec.dims, g_shape, 1)
-    gstr, xstr, istr = (_ncdhw(spec.dims, st, 0) for st in (g_stride, x_stride, out_stride))
+    # (a dim of size 1 is only ever at index 0, or a masked candidate past it: its stride 0, which keeps the
+    # strides' common factors, see ALIGN)
+    gstr, xstr, istr = (tuple(0 if x == 1 else st for x, st in zip(sz, _ncdhw(spec.dims, stv, 0), strict=True))
+                        for sz, stv in ((gsize, g_stride), (gsize, x_stride), (size, out_stride)))
     n, c, *ins = size
     outs = gsize[2:]
-    pool, ks, arith = _progressions(window, ins, outs)
-    dilated = window is not None and max(window[3]) > 1
-    steps = pool[15:]
+    wins, ks, arith = _progressions(window, ins, outs)
     acc = tl.float64 if dtype == torch.float64 else tl.float32
     d_in, h_in, w_in = ins
     channels = _tiling(cl, c) == "channels"
     if channels:
-        bb = min(triton.next_power_of_2(c), _MAX_BC)
+        bb = _block(c, _MAX_BC)
         n_rows, n_b = n * d_in * h_in * w_in, cdiv(c, bb)
+        row_div = (w_in, h_in, d_in)  # (a row index's divisions: w, h, d, and n the quotient)
+        col_axis = 1
     else:
-        bb = min(triton.next_power_of_2(w_in), _MAX_BW)
+        bb = _block(w_in, _MAX_BW)
         n_rows, n_b = n * c * d_in * h_in, cdiv(w_in, bb)
+        row_div = (h_in, d_in, c)
+        col_axis = 4
+    # the factors of ALIGN (grad_input's; the channels tiling's grad_output's and indices', where their columns are
+    # contiguous: the lines tiling's loads are not), and the strides of a row divided by them for the kernel
+    aligns = [min(_pow2_part(math.gcd(*[v for k, v in enumerate(st) if k != col_axis])), 16) if use else 1
+              for st, use in ((istr, True), (gstr, channels), (xstr, channels))]
+    istr_k, gstr_k, xstr_k = (tuple(v if k == col_axis else v // a for k, v in enumerate(st))
+                              for st, a in zip((istr, gstr, xstr), aligns, strict=True))
+    align = (*aligns, min(_pow2_part(c if channels else w_in), 16))  # (and the column axis' size: see _below)
     ba = min(triton.next_power_of_2(n_rows), max(1, _TILE // bb))
     n_tiles = cdiv(n_rows, ba) * n_b
     # 32-bit index math unless a row index, the candidates' arithmetic, an input's flat index or an offset into a
-    # tensor (a masked lane's too: candidates up to KS steps past the outputs, the column axis up to BB past its
-    # size) can pass 2^31
+    # tensor (a masked lane's too: candidates up to KS steps past the outputs or a lean dim's (i + p) // s, the
+    # column axis up to BB past its size) can pass 2^31
     lanes = (n, c + bb) if channels else (n, c)
     cols = ins if channels else (d_in, h_in, w_in + bb)
+    if window is None:
+        reach_o = outs
+    else:
+        reach_o = [max(o + kk * w[6], (i + w[2]) // w[1] + 1) for o, kk, w, i in zip(outs, ks, wins, ins, strict=True)]
     reach = [n_rows + ba, arith, d_in * h_in * w_in] + [
-        sum((x - 1) * st for x, st in zip((*lanes, *[o + k * sp for o, k, sp in zip(outs, ks, steps)]), strd))
-        for strd in (gstr, xstr)] + [sum((x - 1) * st for x, st in zip((*lanes, *cols), istr))]
+        sum((x - 1) * st for x, st in zip((*lanes, *reach_o), strd)) for strd in (gstr, xstr)] + [
+        sum((x - 1) * st for x, st in zip((*lanes, *cols), istr))]
     i64 = max(reach) > _I32_MAX
+    # divisions by runtime sizes as a multiply and shifts where 32-bit and below 2^30 (not by 1: Triton makes a 1
+    # a constant, and the division folds away): a row index's three, adaptive pooling's by D, H and W, the tile's
+    divs = [*row_div, *ins, n_b]
+    bounds = [n_rows] * 3 + [(i + 1) * (o + 1) for i, o in zip(ins, outs, strict=True)] + [n_tiles]
+    magic = tuple(not i64 and v != 1 and b < 2**30 and (k not in (3, 4, 5) or window is None)
+                  for k, (v, b) in enumerate(zip(divs, bounds, strict=True)))
+    mag = tuple(x for v, on in zip(divs, magic, strict=True) for x in (_magic(v) if on else (0, 0)))
     tile = ba * bb
-    consts = launch_consts({"BA": ba, "BB": bb, "CHANNELS": channels, "ADAPTIVE": window is None,
-                            "DILATED": dilated, "ACC": acc, "I64": i64}, 4 if tile >= 512 else 2 if tile >= 128 else 1)
-    args = (n_tiles, n_b, n_rows, c, (*ins, *outs), gstr, xstr, istr, pool, ks)
+    consts = launch_consts({"WD": wins[0], "WH": wins[1], "WW": wins[2], "MAGIC": magic, "ALIGN": align,
+                            "BA": ba, "BB": bb, "COLS0": _COLS0 and not channels,
+                            "CHANNELS": channels, "ADAPTIVE": window is None,
+                            "EAGER": math.prod(ks) <= _EAGER_SLOTS, "SAME": (gstr_k, aligns[1]) == (xstr_k, aligns[2]),
+                            "ACC": acc, "I64": i64},
+                           _WARPS if tile >= 32 * _WARPS else max(1, tile // 32))
+    args = (n_tiles, n_b, n_rows, (c, *ins, *outs), gstr_k, xstr_k, istr_k, mag)
     contiguous = out_stride == torch.empty(shape, device="meta").stride()
     return _Plan(shape, None if contiguous else out_stride, min(n_tiles, _MAX_PROGRAMS), args, consts)
 
