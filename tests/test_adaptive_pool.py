@@ -10,6 +10,7 @@ import torch.nn.functional as F
 import gradkern
 from conftest import DEVICE, DTYPES, dtype_id, gpu_only
 from gradkern import ops
+from gradkern.alloc import channels_last_format
 from gradkern.kernels import adaptive_pool as ap
 from gradkern.registry import REGISTRY
 from gradkern.testing import assert_bitwise_equal, assert_close, assert_repeats_bitwise, check_case, run_reference
@@ -155,7 +156,8 @@ def test_output_layout_is_atens():
         assert ours.stride() == stock.stride(), (label, ours.stride(), stock.stride())
         if x.dim() == 4:
             from torch._prims_common import suggest_memory_format
-            assert ap.suggests_channels_last(x) is (suggest_memory_format(x) == torch.channels_last), label
+            cl = torch.channels_last
+            assert (channels_last_format(x) is cl) is (suggest_memory_format(x) == cl), label
 
 
 @pytest.mark.parametrize("op", OPS)

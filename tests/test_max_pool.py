@@ -13,6 +13,7 @@ import torch.nn as nn
 import gradkern
 from conftest import DEVICE, DTYPES, dtype_id, gpu_only
 from gradkern import ops
+from gradkern.alloc import channels_last_format
 from gradkern.kernels import max_pool as mp
 from gradkern.registry import REGISTRY
 from gradkern.testing import assert_bitwise_equal, assert_close, assert_repeats_bitwise, check_case, run_reference
@@ -365,7 +366,7 @@ def test_output_layout_is_atens(monkeypatch):
     launches = _launches(monkeypatch)
     for label, x in _selves():
         if x.dim() == 5:
-            assert mp.suggests_channels_last_3d(x) is (suggest_memory_format(x) == CL3D), label
+            assert (channels_last_format(x) is CL3D) is (suggest_memory_format(x) == CL3D), label
         for op, args in _ops_for(label, x):
             launches.clear()
             ours = check_case(op, args, what=f"{op} {label}")

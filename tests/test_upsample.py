@@ -21,6 +21,7 @@ import triton.language as tl
 import gradkern
 from conftest import DEVICE, DTYPES, dtype_id, gpu_only
 from gradkern import ops
+from gradkern.alloc import channels_last_format
 from gradkern.kernels import upsample as up
 from gradkern.registry import REGISTRY
 from gradkern.testing import assert_bitwise_equal, assert_close, assert_repeats_bitwise, check_case, run_reference
@@ -206,7 +207,7 @@ def test_output_layout_is_atens():
         assert ours.stride() == stock.stride(), (op, label, ours.stride(), stock.stride())
         if g.dim() >= 4:
             from torch._prims_common import suggest_memory_format
-            fmt = up.channels_last_format(g)
+            fmt = channels_last_format(g)
             assert (fmt or torch.contiguous_format) == suggest_memory_format(g), label
 
 
@@ -379,7 +380,7 @@ def test_kernels_compile_with_sizes_of_one(tmp_path):
             (TRILINEAR, (1, 1, 1, 1, 1), (1, 1, 5), None), (TRILINEAR, (1, 4, 1, 2, 1), (3, 1, 2), cl3)):
         g = torch.empty((*in_sizes[:2], *out_sizes), device="meta", memory_format=fmt or torch.contiguous_format)
         spec = up._SPECS[op]
-        keep = up.channels_last_format(g) if spec.keeps_layout else None
+        keep = channels_last_format(g) if spec.keeps_layout else None
         plan = up._plan(spec, g.stride(), in_sizes, out_sizes, False, (None,) * len(out_sizes), keep,
                         torch.float32)
         consts = {k: (f"~{v.name}" if isinstance(v, tl.dtype) else v) for k, v in plan.consts.items()

@@ -1,4 +1,4 @@
-"""Output allocation for kernels that write every element of what they allocate.
+"""Output allocation for kernels that write every element of what they allocate, and the layout ATen gives them.
 
 In deterministic mode PyTorch fills the memory of `torch.empty` (and `empty_like`, `empty_strided`) with NaN
 (`torch.utils.deterministic.fill_uninitialized_memory`, on by default): for gradkern's outputs, which the kernel
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["empty", "empty_contiguous_like"]
+__all__ = ["empty", "empty_contiguous_like", "channels_last_format"]
 
 _deterministic = torch._C._get_deterministic_algorithms
 _fills = torch._C._get_deterministic_fill_uninitialized_memory
@@ -37,3 +37,19 @@ def empty_contiguous_like(t: torch.Tensor) -> torch.Tensor:
     if not (_deterministic() and _fills()):
         return torch.empty_like(t, memory_format=_CONTIGUOUS)
     return empty(t.shape, t.dtype, t.device)
+
+
+def channels_last_format(t: torch.Tensor) -> torch.memory_format | None:
+    """ATen's `suggest_memory_format()` where it is channels_last (4-D) or channels_last_3d (5-D), else None (the
+    layout ATen's pool and upsample kernels give grad_input, from their input's strides): c10's
+    is_channels_last_strides_{2d_s4,3d_s5}, strides decreasing in the order C, W, (H, D,) N, ambiguous cases
+    contiguous."""
+    if t.dim() not in (4, 5) or t.stride()[1] == 0:
+        return None
+    sizes, strides = t.shape, t.stride()
+    low = 0
+    for d in (1, *range(t.dim() - 1, 1, -1), 0):
+        if sizes[d] == 0 or strides[d] < low or (d == 0 and low == strides[1]):
+            return None
+        low = strides[d] * sizes[d] if sizes[d] > 1 else strides[d]
+    return torch.channels_last if t.dim() == 4 else torch.channels_last_3d

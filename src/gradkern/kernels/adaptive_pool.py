@@ -28,7 +28,7 @@ import triton.language as tl
 
 from .._cases import randn, stand_in
 from .._runtime import cdiv, remember
-from ..alloc import empty
+from ..alloc import channels_last_format, empty
 from ..elementwise import check_like, check_tensor, launch, launch_consts
 from ..errors import InvalidProblem
 from ..registry import Case, register_op
@@ -163,22 +163,6 @@ def max_outputs(i: int, o: int) -> int:
     return min(o, -(-o // i) + 1)
 
 
-def suggests_channels_last(t: torch.Tensor) -> bool:
-    """ATen's `suggest_memory_format() == channels_last` for a 4-D tensor (c10's is_channels_last_strides_2d_s4:
-    strides decreasing in the order C, W, H, N, ambiguous cases contiguous), which picks ATen's output layout."""
-    if t.dim() != 4:
-        return False
-    sizes, strides = t.shape, t.stride()
-    if strides[1] == 0:
-        return False
-    low = 0
-    for d in (1, 3, 2, 0):
-        if sizes[d] == 0 or strides[d] < low or (d == 0 and low == strides[1]):
-            return False
-        low = strides[d] * sizes[d] if sizes[d] > 1 else strides[d]
-    return True
-
-
 def _check(spec: _Spec, grad_output, self) -> None:
     """Every check, as named errors, before anything is allocated or launched."""
     check_tensor(spec.name, "grad_output", grad_output)
@@ -271,7 +255,7 @@ def _backward(spec: _Spec, grad_output, self) -> torch.Tensor:
         key = plan = None
     if plan is None:
         _check(spec, grad_output, self)
-        cl = spec.dims == 2 and suggests_channels_last(self)
+        cl = spec.dims == 2 and channels_last_format(self) is torch.channels_last
         if self.numel() == 0:
             fmt = torch.channels_last if cl else torch.contiguous_format
             return torch.empty(self.shape, dtype=self.dtype, device=self.device, memory_format=fmt)

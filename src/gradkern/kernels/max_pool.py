@@ -73,12 +73,12 @@ import triton.language as tl
 
 from .._cases import randn
 from .._runtime import cdiv, remember, values_key
-from ..alloc import empty
+from ..alloc import channels_last_format, empty
 from ..elementwise import check_like, check_tensor, launch, launch_consts
 from ..errors import InvalidProblem, Unsupported
 from ..registry import Case, register_op
 from ..tl_helpers import cast_out
-from .adaptive_pool import max_outputs, suggests_channels_last
+from .adaptive_pool import max_outputs
 
 _I32_MAX = 2**31 - 1
 _MAX_PROGRAMS = 2**30  # beyond, each program takes several tiles in turn (a grid-stride loop)
@@ -287,25 +287,11 @@ class _Plan:
     consts: dict
 
 
-def suggests_channels_last_3d(t: torch.Tensor) -> bool:
-    """ATen's `suggest_memory_format() == channels_last_3d` for a 5-D tensor (c10's is_channels_last_strides_3d_s5:
-    strides decreasing in the order C, W, H, D, N, ambiguous cases contiguous)."""
-    if t.dim() != 5:
-        return False
-    sizes, strides = t.shape, t.stride()
-    if strides[1] == 0:
-        return False
-    low = 0
-    for d in (1, 4, 3, 2, 0):
-        if sizes[d] == 0 or strides[d] < low or (d == 0 and low == strides[1]):
-            return False
-        low = strides[d] * sizes[d] if sizes[d] > 1 else strides[d]
-    return True
-
-
 def _channels_last(spec: _Spec, self: torch.Tensor) -> bool:
     """Whether ATen's grad_input is channels_last(_3d) for this self (see the module docstring)."""
-    return suggests_channels_last(self) if spec.dims == 2 else not spec.adaptive and suggests_channels_last_3d(self)
+    if spec.dims == 2:
+        return channels_last_format(self) is torch.channels_last
+    return not spec.adaptive and channels_last_format(self) is torch.channels_last_3d
 
 
 def _ints(spec: _Spec, arg: str, value, allowed: tuple[int, ...]) -> tuple[int, ...]:

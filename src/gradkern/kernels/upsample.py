@@ -56,7 +56,7 @@ import triton.language as tl
 
 from .._cases import randn
 from .._runtime import cdiv, remember, values_key
-from ..alloc import empty
+from ..alloc import channels_last_format, empty
 from ..elementwise import check_tensor, launch, launch_consts, round_to_dtype, scalar_bits
 from ..errors import InvalidProblem, Unsupported
 from ..registry import Case, register_op
@@ -403,21 +403,6 @@ class _Plan:
     args: tuple
     consts: dict
     kernel: object  # the plane or the row kernel
-
-
-def channels_last_format(t: torch.Tensor) -> torch.memory_format | None:
-    """ATen's `suggest_memory_format()` where it is channels_last (4-D) or channels_last_3d (5-D), else None: c10's
-    is_channels_last_strides_{2d_s4,3d_s5}, strides decreasing in the order C, W, (H, D,) N, ambiguous cases
-    contiguous."""
-    if t.dim() not in (4, 5) or t.stride()[1] == 0:
-        return None
-    sizes, strides = t.shape, t.stride()
-    low = 0
-    for d in (1, *range(t.dim() - 1, 1, -1), 0):
-        if sizes[d] == 0 or strides[d] < low or (d == 0 and low == strides[1]):
-            return None
-        low = strides[d] * sizes[d] if sizes[d] > 1 else strides[d]
-    return torch.channels_last if t.dim() == 4 else torch.channels_last_3d
 
 
 def _sizes(spec: _Spec, arg: str, value, count: int) -> tuple[int, ...]:
