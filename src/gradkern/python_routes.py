@@ -1,7 +1,7 @@
 """Python-level routes: functions PyTorch calls before dispatch, replaced while gradkern is enabled.
 
 In deterministic mode, three `torch.nn.functional` paths leave ATen before dispatch for a decomposition whose
-backward is a sort-based `index_put` (14-54x slower than ATen's kernels, per ../docs/research):
+backward is a sort-based `index_put` (14-54x slower than ATen's kernels, measured on an H100):
 
 * `F.pad(mode="replicate")` (nn.ReplicationPad*d) calls `decompositions._replication_pad` instead of
   `aten::replication_pad*d`;

@@ -48,9 +48,9 @@ from ..tl_helpers import cast_out
 OP = "avg_pool3d_backward"
 _I32_MAX = 2**31 - 1
 _MAX_PROGRAMS = 2**30  # beyond, each program takes several tiles in turn (a grid-stride loop)
-# elements a program owns (rows of W rounded up to a power of two, as many as fit): 512 where windows overlap (up to
-# 27 terms an element: 12.5% of copy at (3, 1, 1), 2.1x ATen f32; 1024 there is 1.6x slower), 1024 where each
-# input has one term (65% of copy at AvgPool3d(2) f32, 2.4x ATen; 512 is 1.3x slower) (H100)
+# elements a program owns (rows of W rounded up to a power of two, as many as fit): fewer where windows overlap (up
+# to 27 terms an element, more registers), more where each input has one term (AvgPool3d(2) f32: 65% of copy on an
+# H100); the variants measured are in docs/tuning/avg_pool.md
 _TILE = 512
 _TILE_ONE_TERM = 1024
 _MAX_BW = 128  # columns a tile spans at most (wider rows: several column blocks)
