@@ -17,10 +17,12 @@ import torch
 import triton
 import triton.language as tl
 
-from gradkern import _runtime, elementwise, multi_pointwise, reduction
-from gradkern.dispatch import use
+from gradkern import _runtime
+from gradkern.engines import multi_pointwise, reduction
 from gradkern.kernels import lerp, pad, prelu, repeat, segment_max, sparsemax, where
+from gradkern.launch import launcher
 from gradkern.registry import REGISTRY
+from gradkern.routing.dispatch import use
 from gradkern.testing import check_case
 
 F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
@@ -97,7 +99,7 @@ GROUPS = {  # name: (ops, dtypes, configs); each config overrides only what it n
                                            (2, 4096, 256), (4, 2048, 128))] + [DEFAULTS]),
     "pdl": (["prelu_backward", "where_backward", "lerp_backward", "repeat_backward", "_segment_reduce_backward",
              "segment_max_forward", "segment_max_backward"], [F32, BF16],
-            [DEFAULTS, (elementwise, {"PDL": False}), DEFAULTS]),  # kernels with and without PDL
+            [DEFAULTS, (launcher, {"PDL": False}), DEFAULTS]),  # kernels with and without PDL
     "multi": (["lerp_backward", "where_backward"], [F32, BF16],
               [DEFAULTS] + [(multi_pointwise, {"FLAT_BLOCK": dict.fromkeys((2, 4, 8), b), "FLAT_WARPS": w})
                             for b, w in ((2048, 4), (2048, 8), (4096, 8), (512, 4), (1024, 8), (4096, 4))]),
@@ -132,7 +134,7 @@ def _clear() -> None:
     repeat._views.clear()
     reduction._plans.clear()
     reduction._launches.clear()
-    elementwise._fast_cache.clear()
+    launcher._fast_cache.clear()
     for fused in (where._WHERE_BACKWARD, lerp._LERP_BACKWARD, prelu._PRELU_FULL):  # (the summing pass's tiles)
         fused._plans.clear()
 

@@ -10,8 +10,8 @@ import torch.nn.functional as F
 import gradkern
 from conftest import DEVICE, DTYPES, dtype_id, gpu_only
 from gradkern import ops
-from gradkern.alloc import channels_last_format
 from gradkern.kernels import adaptive_pool as ap
+from gradkern.launch.alloc import channels_last_format
 from gradkern.registry import REGISTRY
 from gradkern.testing import assert_bitwise_equal, assert_close, assert_repeats_bitwise, check_case, run_reference
 
@@ -193,7 +193,7 @@ def _same_bits_with_small_knobs(run, first, tile_knobs, label, monkeypatch) -> l
     set small, each alone, and its launch takes the branch the knob forces; the launches' consts."""
     launches = _launches(monkeypatch)
     seen = []
-    for knob, value in ((tile_knobs[0], 4), (tile_knobs[1], 2), ("_MAX_PROGRAMS", 2), ("_I32_MAX", 16)):
+    for knob, value in ((tile_knobs[0], 4), (tile_knobs[1], 2), ("_MAX_PROGRAMS", 2), ("I32_MAX", 16)):
         ap.clear_plans()
         monkeypatch.setattr(ap, knob, value)
         launches.clear()
@@ -201,7 +201,7 @@ def _same_bits_with_small_knobs(run, first, tile_knobs, label, monkeypatch) -> l
         _, ints, consts = launches[0]
         if knob == "_MAX_PROGRAMS":
             assert ints[0] > value  # (more tiles than programs)
-        if knob == "_I32_MAX":
+        if knob == "I32_MAX":
             assert consts["I64"]
         seen.append(consts)
         monkeypatch.undo()

@@ -197,7 +197,7 @@ def test_repeats_tilings_and_index_widths_give_the_same_values(monkeypatch):
              ({"_TILE": 4}, lambda ints, consts: consts["BR"] == 1),  # (windows overlap here)
              ({"_MAX_BW": 2}, lambda ints, consts: consts["BW"] == 2),
              ({"_TILE": 4, "_MAX_PROGRAMS": 2}, lambda ints, consts: ints[0] > 2),  # (more tiles than programs)
-             ({"_I32_MAX": 16}, lambda ints, consts: consts["I64"])]
+             ({"I32_MAX": 16}, lambda ints, consts: consts["I64"])]
     for settings, took in knobs:
         with pytest.MonkeyPatch.context() as m:
             for knob, value in settings.items():

@@ -12,9 +12,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import gradkern
 from conftest import DEVICE
-from gradkern import bench_models, cli
-from gradkern.dispatch import routed_overloads
 from gradkern.registry import REGISTRY
+from gradkern.routing.dispatch import routed_overloads
+from gradkern.tools import bench_models, cli
 
 SPARSEMAX = "gradkern.sparsemax"  # a route that is a gradkern function, not a routed ATen op
 

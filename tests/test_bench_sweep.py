@@ -11,8 +11,8 @@ import torch
 
 import gradkern
 from conftest import DEVICE
-from gradkern import bench_sweep, cli
 from gradkern.registry import REGISTRY
+from gradkern.tools import bench_sweep, cli
 
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import gradkern
-from gradkern import cli
 from gradkern.registry import REGISTRY
+from gradkern.tools import cli
 
 
 def test_list_runs(capfd):

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 import gradkern
 from conftest import gpu_only
-from gradkern import elementwise
+from gradkern.launch import launcher
 
 pytestmark = gpu_only
 
@@ -68,8 +68,8 @@ def test_training_step_captured_and_replayed(dtype, monkeypatch):
         torch.cuda.current_stream().wait_stream(side)
         # count the launches captured through gradkern's direct-launch cache (every kernel after its first call)
         captured = []
-        for key, call in list(elementwise._fast_cache.items()):
-            monkeypatch.setitem(elementwise._fast_cache, key,
+        for key, call in list(launcher._fast_cache.items()):
+            monkeypatch.setitem(launcher._fast_cache, key,
                                 lambda *a, _k=key, _c=call: (captured.append(_k), _c(*a))[1])
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 import gradkern
 from conftest import DEVICE
-from gradkern import dispatch
+from gradkern.routing import dispatch
 
 
 def test_enable_disable_idempotent_and_use_nests():

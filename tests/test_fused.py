@@ -15,9 +15,11 @@ import torch.nn.functional as F
 
 import gradkern
 from conftest import DEVICE, DTYPES, dtype_id, small_prelu_splits
-from gradkern import _runtime, dispatch, multi_pointwise, ops
+from gradkern import _runtime, ops
+from gradkern.engines import multi_pointwise
 from gradkern.kernels import prelu as prelu_mod
 from gradkern.registry import REGISTRY
+from gradkern.routing import dispatch
 from gradkern.testing import assert_bitwise_equal, assert_close, run_reference, to_reference
 
 FUSED_OPS = ("where_backward", "lerp_backward", "prelu_backward")
@@ -123,7 +125,7 @@ def test_summing_pass_int64_offsets(monkeypatch):
     lowering the threshold, since a 2^31-element problem does not fit a CPU test."""
     from gradkern.kernels import where as where_mod
 
-    monkeypatch.setattr(multi_pointwise, "_I32_MAX", 64)
+    monkeypatch.setattr(multi_pointwise, "I32_MAX", 64)
     for shape, oshape in (((30, 70), (30, 1)), ((30, 70), (70,))):
         g, c, s = _rand(shape, torch.float32).abs() + 0.1, _cond(shape), _rand(shape, torch.float32)
         o = _rand(oshape, torch.float32)

@@ -28,12 +28,13 @@ from hypothesis import strategies as st
 
 import gradkern
 from conftest import DEVICE, DTYPES, small_pad_tiles, small_prelu_splits
-from gradkern import dispatch, ops
+from gradkern import ops
+from gradkern.engines.reduction import reduce_sum, sum_to_shape
 from gradkern.kernels import pad as pad_mod
 from gradkern.kernels import segment_max as segmax_mod
 from gradkern.kernels import sparsemax as sparsemax_mod
-from gradkern.reduction import reduce_sum, sum_to_shape
 from gradkern.registry import REGISTRY
+from gradkern.routing import dispatch
 from gradkern.testing import assert_bitwise_equal, check_case, run_reference
 from test_reduction import assert_sum_close
 

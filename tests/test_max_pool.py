@@ -13,8 +13,8 @@ import torch.nn as nn
 import gradkern
 from conftest import DEVICE, DTYPES, dtype_id, gpu_only
 from gradkern import ops
-from gradkern.alloc import channels_last_format
 from gradkern.kernels import max_pool as mp
+from gradkern.launch.alloc import channels_last_format
 from gradkern.registry import REGISTRY
 from gradkern.testing import assert_bitwise_equal, assert_close, assert_repeats_bitwise, check_case, run_reference
 
@@ -402,7 +402,7 @@ def _same_bits_with_small_knobs(run, first, block_knob, label, monkeypatch) -> l
     programs for more tiles (the grid-stride loop, normally past 2^30 tiles) and int64 index math (normally past
     2^31), each alone, and its launch takes the branch the knob forces; the launches' consts."""
     seen = []
-    for knobs in ({"_TILE": 4}, {block_knob: 2}, {"_MAX_PROGRAMS": 2, "_TILE": 16}, {"_I32_MAX": 16},
+    for knobs in ({"_TILE": 4}, {block_knob: 2}, {"_MAX_PROGRAMS": 2, "_TILE": 16}, {"I32_MAX": 16},
                   {"_COLS0": not mp._COLS0, "_TILE": 64}):
         mp.clear_plans()
         for knob, value in knobs.items():
@@ -412,7 +412,7 @@ def _same_bits_with_small_knobs(run, first, block_knob, label, monkeypatch) -> l
         _, ints, consts = launches[0]
         if "_MAX_PROGRAMS" in knobs:
             assert ints[0] > 2  # (more tiles than programs)
-        if "_I32_MAX" in knobs:
+        if "I32_MAX" in knobs:
             assert consts["I64"]
         seen.append(consts)
         monkeypatch.undo()

@@ -200,11 +200,11 @@ def test_repeats_tilings_and_index_widths(monkeypatch):
                 split = check_case(OP, (x, t, weight, reduction, -100), what=f"{knobs}")
                 assert len(launches) == 2 and launches[0][1][0] > 1, knobs
                 nl.clear_plans()
-                monkeypatch.setattr(nl, "_I32_MAX", 16)
+                monkeypatch.setattr(nl, "I32_MAX", 16)
                 launches.clear()
                 assert_bitwise_equal(ops.nll_loss2d_forward(x, t, weight, reduction, -100), split, f"{knobs} I64")
                 assert launches[0][4]["I64"]
-                monkeypatch.setattr(nl, "_I32_MAX", 2**31 - 1)
+                monkeypatch.setattr(nl, "I32_MAX", 2**31 - 1)
         monkeypatch.undo()
         launches = _launches(monkeypatch)
     nl.clear_plans()

@@ -237,13 +237,13 @@ def test_int64_offsets_and_several_planes_per_program(op, monkeypatch):
     shape, pads = SEMANTICS[d][0]
     problem = _problem(op, shape, pads, torch.float32)
     expected = getattr(ops, op)(*problem)
-    knobs = [("_I32_MAX", 64)] + ([("_MAX_PROGRAMS", 2)] if d > 1 else [])  # 1d here is a single tile
+    knobs = [("I32_MAX", 64)] + ([("_MAX_PROGRAMS", 2)] if d > 1 else [])  # 1d here is a single tile
     for knob, value in knobs:
         padmod.clear_plans()
         monkeypatch.setattr(padmod, knob, value)
         plan = padmod._plan(padmod._Spec(op, d, op.startswith("reflection")), tuple(problem[0].shape),
                             problem[0].stride(), shape, tuple(pads), problem[1].stride(), torch.float32)
-        assert plan.consts["I64"] if knob == "_I32_MAX" else plan.args[1] > 1
+        assert plan.consts["I64"] if knob == "I32_MAX" else plan.args[1] > 1
         assert_bitwise_equal(getattr(ops, op)(*problem), expected, f"{op} {knob}={value}")
         monkeypatch.undo()
     padmod.clear_plans()

@@ -317,10 +317,10 @@ def test_per_problem_caches_stay_bounded(monkeypatch):
 
 
 def test_launch_keys_direct_relaunch_by_pointer_alignment(monkeypatch):
-    """`elementwise.launch` adds the pointers' 16-byte alignment to the caller's key and relaunches with the
+    """`launcher.launch` adds the pointers' 16-byte alignment to the caller's key and relaunches with the
     pointers as ints: a cached launcher serves only pointers aligned as those it was made for (others take the
     JIT path). Checked with stand-ins, so on any machine."""
-    from gradkern import elementwise
+    from gradkern.launch import launcher
 
     class Ptr:
         def __init__(self, addr):
@@ -335,16 +335,16 @@ def test_launch_keys_direct_relaunch_by_pointer_alignment(monkeypatch):
         def __getitem__(self, grid):
             return lambda *args, **kw: jit.append((grid, args, kw))
 
-    monkeypatch.setattr(elementwise, "_FAST_OK", True)
-    monkeypatch.setattr(elementwise, "hooks_idle", lambda: True)
+    monkeypatch.setattr(launcher, "_FAST_OK", True)
+    monkeypatch.setattr(launcher, "hooks_idle", lambda: True)
     monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)  # (CPU builds lack them)
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 99, raising=False)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(elementwise, "_fast_cache", {("key", True, False): lambda *a: direct.append(a)})
+    monkeypatch.setattr(launcher, "_fast_cache", {("key", True, False): lambda *a: direct.append(a)})
     consts = {"X": 7, "__values__": (7,), "num_warps": 4}
-    elementwise.launch(Kernel(), (3,), (Ptr(32), Ptr(17)), (5,), consts, 0, "key")
+    launcher.launch(Kernel(), (3,), (Ptr(32), Ptr(17)), (5,), consts, 0, "key")
     assert direct == [(3, 99, 32, 17, 5, 7)] and not jit
-    elementwise.launch(Kernel(), (3,), (Ptr(32), Ptr(48)), (5,), consts, 0, "key")  # aligned otherwise: JIT
+    launcher.launch(Kernel(), (3,), (Ptr(32), Ptr(48)), (5,), consts, 0, "key")  # aligned otherwise: JIT
     assert len(direct) == 1 and len(jit) == 1 and jit[0][1][2] == 5 and jit[0][2] == {"X": 7, "num_warps": 4}
 
 

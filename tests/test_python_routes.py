@@ -1,7 +1,7 @@
-"""The Python-level routes (gradkern.python_routes): the decompositions torch.nn.functional takes in deterministic
-mode, replaced while gradkern is enabled by a call of the ATen op whose backward gradkern serves; the original
-kept for other devices, tensor subclasses and problems gradkern does not serve; installed by enable() and removed
-by disable(). On CPU the functions are called directly (F takes these paths only for CUDA tensors)."""
+"""The Python-level routes (gradkern.routing.interceptions): the decompositions torch.nn.functional takes in
+deterministic mode, replaced while gradkern is enabled by a call of the ATen op whose backward gradkern serves; the
+original kept for other devices, tensor subclasses and problems gradkern does not serve; installed by enable() and
+removed by disable(). On CPU the functions are called directly (F takes these paths only for CUDA tensors)."""
 
 import pytest
 import torch

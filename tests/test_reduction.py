@@ -8,8 +8,10 @@ import pytest
 import torch
 
 from conftest import DEVICE, DTYPES, dtype_id, gpu_only
-from gradkern import InvalidProblem, Unsupported, elementwise, reduction
-from gradkern.reduction import reduce_sum, sum_to_shape
+from gradkern import InvalidProblem, Unsupported
+from gradkern.engines import reduction
+from gradkern.engines.reduction import reduce_sum, sum_to_shape
+from gradkern.launch import launcher
 from gradkern.testing import assert_bitwise_equal
 
 _EPS = {torch.float64: 2.0**-52, torch.float32: 2.0**-23, torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7}
@@ -218,7 +220,7 @@ def test_strided_split_regime():
 def test_int64_offsets_path(monkeypatch):
     """The int64 indexing variant (used when offsets can pass 2^31) gives the same sums: forced by lowering the
     threshold, since a 2^31-element tensor does not fit a CPU test."""
-    monkeypatch.setattr(reduction, "_I32_MAX", 64)
+    monkeypatch.setattr(reduction, "I32_MAX", 64)
     monkeypatch.setattr(reduction, "_plans", {})
     for shape, dims in [((37, 5, 11), (0, 2)), ((20000, 3), (0,)), ((3, 4096), (1,))]:
         x = _ints(shape, torch.float32)
@@ -329,13 +331,13 @@ def test_large_shapes_on_gpu(dtype):
 
 
 def test_pdl_switch_is_read_on_every_call(monkeypatch):
-    """`gradkern.elementwise.PDL = False` (the README's switch) turns programmatic dependent launch off at once,
+    """`gradkern.launch.launcher.PDL = False` (the README's switch) turns programmatic dependent launch off at once,
     also after launches have asked whether the device can do it."""
-    assert not elementwise.pdl_ok(-1), "never on the CPU"
-    monkeypatch.setattr(elementwise, "_pdl_capable", lambda device: True)
-    assert elementwise.pdl_ok(0)
-    monkeypatch.setattr(elementwise, "PDL", False)
-    assert not elementwise.pdl_ok(0)
+    assert not launcher.pdl_ok(-1), "never on the CPU"
+    monkeypatch.setattr(launcher, "_pdl_capable", lambda device: True)
+    assert launcher.pdl_ok(0)
+    monkeypatch.setattr(launcher, "PDL", False)
+    assert not launcher.pdl_ok(0)
 
 
 @gpu_only
@@ -345,7 +347,7 @@ def test_passes_launched_as_dependents_see_the_kernel_before():
     second pass right after the first, must see every write. The values are small integers, so every sum is exact:
     x alternates between base and base + 1, and each result must be the exact sum of what was written last."""
     device = torch.cuda.current_device()
-    assert elementwise.pdl_ok(device) == (elementwise.PDL and torch.cuda.get_device_capability(device)[0] >= 9)
+    assert launcher.pdl_ok(device) == (launcher.PDL and torch.cuda.get_device_capability(device)[0] >= 9)
     n = 1 << 22
     base = torch.randint(0, 2, (n,), device=DEVICE).float()  # sums < 2^24: exact in float32
     x = torch.empty_like(base)

@@ -5,8 +5,8 @@ import torch
 
 import gradkern
 from conftest import DEVICE, DTYPES, SIZE, dtype_id
-from gradkern.dispatch import routed_overloads
 from gradkern.registry import REGISTRY, Guarantee
+from gradkern.routing.dispatch import routed_overloads
 from gradkern.testing import assert_bitwise_equal, check_case
 
 OPS = sorted(REGISTRY)

@@ -187,7 +187,7 @@ def test_split_rows_match_whole_rows(monkeypatch):
 
 def test_int64_offsets_path(monkeypatch):
     """The int64 indexing the kernels switch to for tensors past 2^31 elements (forced with a tiny limit)."""
-    monkeypatch.setattr(sm, "_I32_MAX", 64)
+    monkeypatch.setattr(sm, "I32_MAX", 64)
     sm._plan.cache_clear()
     try:
         for shape, dim in (((6, 37), -1), ((37, 6), 0), ((4, 9, 5), 1)):

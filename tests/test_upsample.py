@@ -21,8 +21,8 @@ import triton.language as tl
 import gradkern
 from conftest import DEVICE, DTYPES, dtype_id, gpu_only
 from gradkern import ops
-from gradkern.alloc import channels_last_format
 from gradkern.kernels import upsample as up
+from gradkern.launch.alloc import channels_last_format
 from gradkern.registry import REGISTRY
 from gradkern.testing import assert_bitwise_equal, assert_close, assert_repeats_bitwise, check_case, run_reference
 
@@ -299,7 +299,7 @@ def test_tilings_chunks_and_index_widths(op, monkeypatch):
     first = fn(*args)
     assert_bitwise_equal(fn(*args), first, f"{op} run twice")
     launches = _launches(monkeypatch)
-    for knobs in ({"_MAX_PROGRAMS": 1}, {"_I32_MAX": 4}):
+    for knobs in ({"_MAX_PROGRAMS": 1}, {"I32_MAX": 4}):
         launches.clear()
         assert_bitwise_equal(_rebuilt(lambda: fn(*args), knobs, monkeypatch), first, f"{op} {knobs}")
         _, _, ints, consts = launches[0]

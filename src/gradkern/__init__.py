@@ -8,10 +8,10 @@
 
 from . import ops
 from ._runtime import default_device as device
-from .dispatch import disable, enable, is_enabled, use
 from .errors import GradkernError, InvalidProblem, RankUnsupported, Unsupported
 from .plan import Plan, plan
 from .registry import Guarantee, guarantee, supported_ops
+from .routing.dispatch import disable, enable, is_enabled, use
 
 __version__ = "0.1.0"
 
@@ -22,4 +22,4 @@ __all__ = [
 ]
 from .kernels.sparsemax import sparsemax  # noqa: E402,I001  (an autograd-aware op PyTorch lacks)
 from .kernels.segment_max import segment_max  # noqa: E402,I001  (an autograd-aware op PyTorch lacks)
-from . import python_routes  # noqa: E402,F401,I001  (declares the Python-level routes enable() installs)
+from .routing import interceptions  # noqa: E402,F401,I001  (declares the Python-level routes enable() installs)

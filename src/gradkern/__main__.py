@@ -10,7 +10,7 @@ def main() -> int:
         # kernels are defined (at import, which `python -m gradkern` has already done), so start afresh with it.
         os.environ["TRITON_INTERPRET"] = "1"
         os.execv(sys.executable, [sys.executable, "-m", "gradkern", *sys.argv[1:]])
-    from gradkern.cli import main as cli_main
+    from gradkern.tools.cli import main as cli_main
 
     return cli_main()
 

@@ -23,6 +23,14 @@ DTYPE_NAMES: dict[torch.dtype, str] = {
 }
 
 
+I32_MAX = 2**31 - 1  # the largest offset or size a kernel may compute in int32
+
+
+def next_pow2(n: int) -> int:
+    """The smallest power of two >= n (1 for n <= 1): tile sizes on the host, without triton's constexpr wrapper."""
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
 def math_dtype(dtype: torch.dtype) -> torch.dtype:
     """The dtype kernels compute in: fp64 for fp64 inputs, fp32 for everything else."""
     return torch.float64 if dtype == torch.float64 else torch.float32

@@ -28,8 +28,9 @@ from numbers import Number
 
 import torch
 
-from . import _runtime, elementwise
+from . import _runtime
 from .errors import InvalidProblem
+from .launch import launcher
 from .registry import Guarantee, OpInfo, get_op, route_rule
 
 __all__ = ["Plan", "Launch", "plan", "descriptor"]
@@ -161,7 +162,7 @@ def _recorded(run: Callable) -> tuple[list[Launch], object]:
             return original(self, *a, grid=grid, warmup=warmup, **kw)
         return run_recorded
 
-    elementwise.RECORDING = True  # (the direct relaunch paths stand aside: every launch goes through `run`)
+    launcher.RECORDING = True  # (the direct relaunch paths stand aside: every launch goes through `run`)
     for cls in classes:
         cls.run = recorder(originals[cls])
     try:
@@ -169,7 +170,7 @@ def _recorded(run: Callable) -> tuple[list[Launch], object]:
     finally:
         for cls in classes:
             cls.run = originals[cls]
-        elementwise.RECORDING = False
+        launcher.RECORDING = False
     return launches, result
 
 

@@ -9,9 +9,9 @@ from typing import Any
 
 import torch
 
-from .dispatch import use
-from .elementwise import round_to_dtype
+from .launch.launcher import round_to_dtype
 from .registry import get_op
+from .routing.dispatch import use
 
 __all__ = ["TOLERANCES", "to_reference", "run_reference", "assert_close", "assert_bitwise_equal", "check_case",
            "boundary_values", "layouts", "poison_like"]

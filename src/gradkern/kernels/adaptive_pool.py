@@ -27,14 +27,14 @@ import triton
 import triton.language as tl
 
 from .._cases import randn, stand_in
-from .._runtime import cdiv, remember
-from ..alloc import channels_last_format, empty
-from ..elementwise import check_like, check_tensor, launch, launch_consts
+from .._runtime import I32_MAX, cdiv, remember
 from ..errors import InvalidProblem
+from ..launch.alloc import channels_last_format, empty
+from ..launch.checks import check_like, check_tensor
+from ..launch.launcher import launch, launch_consts
+from ..launch.tl_helpers import cast_out
 from ..registry import Case, register_op
-from ..tl_helpers import cast_out
 
-_I32_MAX = 2**31 - 1
 _MAX_PROGRAMS = 2**30  # beyond, each program takes several tiles in turn (a grid-stride loop)
 _TILE = 1024  # elements a program owns (a plane smaller than that: the plane, rounded up to powers of two)
 _MAX_BW = 128  # columns a tile spans at most (wider planes: several column tiles)
@@ -215,7 +215,7 @@ def _plan(spec: _Spec, g_shape: tuple, g_stride: tuple, x_shape: tuple, cl: bool
         reach = max(2 * (w_in + 2) * (w_out + 2), (w_out + kw) * gstr[4] + (c + bc) * gstr[1],
                     w_in * istr[4] + (c + bc) * istr[1])
         tile = bw * bc
-        consts = launch_consts({"BW": bw, "BC": bc, "ACC": acc, "I64": reach > _I32_MAX},
+        consts = launch_consts({"BW": bw, "BC": bc, "ACC": acc, "I64": reach > I32_MAX},
                                4 if tile >= 512 else 2 if tile >= 128 else 1)
         args = (n_tiles, n_wb, n_cb, c, d_in, h_in, w_in, d_out, h_out, w_out, *gstr, *istr, kw)
         return _Plan(x_shape, out_stride if cl else None, min(n_tiles, _MAX_PROGRAMS), args, consts,
@@ -229,7 +229,7 @@ def _plan(spec: _Spec, g_shape: tuple, g_stride: tuple, x_shape: tuple, cl: bool
     reach = max(2 * (h_in + 2) * (h_out + 2), 2 * (w_in + 2) * (w_out + 2),
                 (h_out + kh) * gstr[3] + (w_out + kw) * gstr[4], h_in * istr[3] + w_in * istr[4])
     tile = bh * bw
-    consts = launch_consts({"BH": bh, "BW": bw, "ACC": acc, "I64": reach > _I32_MAX},
+    consts = launch_consts({"BH": bh, "BW": bw, "ACC": acc, "I64": reach > I32_MAX},
                            4 if tile >= 512 else 2 if tile >= 128 else 1)
     args = (n_tiles, n_hb, n_wb, c, d_in, h_in, w_in, d_out, h_out, w_out, *gstr, *istr, kh, kw)
     return _Plan(x_shape, out_stride if cl else None, min(n_tiles, _MAX_PROGRAMS), args, consts,

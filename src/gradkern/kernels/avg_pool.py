@@ -38,15 +38,15 @@ import triton
 import triton.language as tl
 
 from .._cases import randn, stand_in
-from .._runtime import cdiv, remember, values_key
-from ..alloc import empty
-from ..elementwise import check_like, check_tensor, launch, launch_consts
+from .._runtime import I32_MAX, cdiv, remember, values_key
 from ..errors import InvalidProblem
+from ..launch.alloc import empty
+from ..launch.checks import check_like, check_tensor
+from ..launch.launcher import launch, launch_consts
+from ..launch.tl_helpers import cast_out
 from ..registry import Case, register_op
-from ..tl_helpers import cast_out
 
 OP = "avg_pool3d_backward"
-_I32_MAX = 2**31 - 1
 _MAX_PROGRAMS = 2**30  # beyond, each program takes several tiles in turn (a grid-stride loop)
 # elements a program owns (rows of W rounded up to a power of two, as many as fit): fewer where windows overlap (up
 # to 27 terms an element, more registers), more where each input has one term (AvgPool3d(2) f32: 65% of copy on an
@@ -255,7 +255,7 @@ def _plan(g_shape: tuple, g_stride: tuple, x_shape: tuple, win: _Window, mode: i
     window = {f"{name}{i}": v for name, vals in (("K", win.kernel), ("S", win.stride), ("P", win.padding))
               for i, v in enumerate(vals)}
     consts = launch_consts({**window, "BR": br, "BW": bw, "MODE": mode,
-                            "ACC": tl.float64 if dtype == torch.float64 else tl.float32, "I64": reach > _I32_MAX},
+                            "ACC": tl.float64 if dtype == torch.float64 else tl.float32, "I64": reach > I32_MAX},
                            _WARPS if br * bw >= _WARPS * 32 else max(1, br * bw // 32))
     args = (n_tiles, n_cb, n_rows, c, (d_in, h_in, w_in), tuple(out), tuple(g_stride), divisor)
     return _Plan(x_shape, min(n_tiles, _MAX_PROGRAMS), args, consts)

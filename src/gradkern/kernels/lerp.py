@@ -17,11 +17,11 @@ import triton.language as tl
 
 from .._cases import matrix_shape, randn, stand_in
 from .._runtime import FLOAT_DTYPES, checked, meta_key
-from ..autograd_routing import STOCK_IN_AUTO, fused_autograd
-from ..elementwise import broadcast_shape, check_tensor
+from ..engines.multi_pointwise import MultiPointwise, check_output_mask
 from ..errors import InvalidProblem, Unsupported
-from ..multi_pointwise import MultiPointwise, check_output_mask
+from ..launch.checks import broadcast_shape, check_tensor
 from ..registry import Case, register_op
+from ..routing.autograd import STOCK_IN_AUTO, fused_autograd
 
 _OP = "lerp_backward"
 

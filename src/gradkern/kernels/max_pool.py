@@ -72,15 +72,15 @@ import triton
 import triton.language as tl
 
 from .._cases import randn
-from .._runtime import cdiv, remember, values_key
-from ..alloc import channels_last_format, empty
-from ..elementwise import check_like, check_tensor, launch, launch_consts
+from .._runtime import I32_MAX, cdiv, remember, values_key
 from ..errors import InvalidProblem, Unsupported
+from ..launch.alloc import channels_last_format, empty
+from ..launch.checks import check_like, check_tensor
+from ..launch.launcher import launch, launch_consts
+from ..launch.tl_helpers import cast_out
 from ..registry import Case, register_op
-from ..tl_helpers import cast_out
 from .adaptive_pool import max_outputs
 
-_I32_MAX = 2**31 - 1
 _MAX_PROGRAMS = 2**30  # beyond, each program takes several tiles in turn (a grid-stride loop)
 _TILE = 512  # elements a program owns: BA rows by BB columns, both powers of two (fewer for a smaller problem)
 _WARPS = 4  # warps a program (fewer for a tile below 32 elements a warp): 4 elements a thread
@@ -302,7 +302,7 @@ def _ints(spec: _Spec, arg: str, value, allowed: tuple[int, ...]) -> tuple[int, 
             (operator.index(value),)
     except TypeError:
         vals = None
-    if vals is None or len(vals) not in allowed or any(abs(v) > _I32_MAX for v in vals):
+    if vals is None or len(vals) not in allowed or any(abs(v) > I32_MAX for v in vals):
         counts = ", ".join(map(str, allowed[:-1])) + f" or {allowed[-1]}"
         raise InvalidProblem(spec.name, arg, f"{counts} ints below 2^31 (one for D, H and W alike, or one each"
                              f"{'; none: the kernel size' if 0 in allowed else ''})", repr(value))
@@ -491,7 +491,7 @@ def _plan(spec: _Spec, g_shape: tuple, g_stride: tuple, x_stride: tuple, shape: 
     reach = [n_rows + ba, arith, d_in * h_in * w_in] + [
         sum((x - 1) * st for x, st in zip((*lanes, *reach_o), strd)) for strd in (gstr, xstr)] + [
         sum((x - 1) * st for x, st in zip((*lanes, *cols), istr))]
-    i64 = max(reach) > _I32_MAX
+    i64 = max(reach) > I32_MAX
     # divisions by runtime sizes as a multiply and shifts where 32-bit and below 2^30 (not by 1: Triton makes a 1
     # a constant, and the division folds away): a row index's three, adaptive pooling's by D, H and W, the tile's
     divs = [*row_div, *ins, n_b]

@@ -38,15 +38,15 @@ import triton
 import triton.language as tl
 
 from .._cases import randn
-from .._runtime import cdiv, remember
-from ..alloc import empty
-from ..elementwise import check_like, check_tensor, launch, launch_consts
+from .._runtime import I32_MAX, cdiv, remember
 from ..errors import InvalidProblem, Unsupported
+from ..launch.alloc import empty
+from ..launch.checks import check_like, check_tensor
+from ..launch.launcher import launch, launch_consts
+from ..launch.tl_helpers import cast_out
 from ..registry import Case, register_op
-from ..tl_helpers import cast_out
 
 _OP = "nll_loss2d_forward"
-_I32_MAX = 2**31 - 1
 _BLOCK, _WARPS = 1024, 4  # elements a program takes a step (8 a thread at 4 warps)
 # a reducing launch runs up to about this many programs (some 16 an SM on an H100: enough loads in flight to hide
 # DRAM latency without relying on software pipelining); beyond, each program's chunk grows
@@ -224,7 +224,7 @@ def _plan(x_shape: tuple, x_stride: tuple, t_stride: tuple, w_shape: tuple | Non
     grid = cdiv(n_blocks, steps)
     span = grid * steps * block
     # 32-bit index math unless a flat index or an offset into self, target or weight can pass 2^31
-    i64 = max(span, _reach(x_shape, x_stride), _reach((n, h, w), t_stride), (c - 1) * swc) > _I32_MAX
+    i64 = max(span, _reach(x_shape, x_stride), _reach((n, h, w), t_stride), (c - 1) * swc) > I32_MAX
     acc = torch.float64 if dtype == torch.float64 else torch.float32
     tl_acc = tl.float64 if acc == torch.float64 else tl.float32
     one = reduction != 0 and grid == 1

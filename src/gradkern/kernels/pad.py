@@ -55,14 +55,14 @@ import triton.language as tl
 
 from .. import _runtime
 from .._cases import randn
-from .._runtime import cdiv, remember, values_key
-from ..alloc import empty, empty_contiguous_like
-from ..elementwise import check_like, check_out_overlap, check_tensor, launch, launch_consts
+from .._runtime import I32_MAX, cdiv, remember, values_key
 from ..errors import InvalidProblem, Unsupported
+from ..launch.alloc import empty, empty_contiguous_like
+from ..launch.checks import check_like, check_out_overlap, check_tensor
+from ..launch.launcher import launch, launch_consts
+from ..launch.tl_helpers import cast_out
 from ..registry import Case, register_op
-from ..tl_helpers import cast_out
 
-_I32_MAX = 2**31 - 1
 _MAX_PROGRAMS = 2**30
 # ----------------------------------------------------------------------------------------------- kernel
 @triton.jit
@@ -524,7 +524,7 @@ class _Spec:
 class _Plan:
     grid: int
     args: tuple  # the kernel's integer arguments after the two pointers
-    consts: dict  # constexprs and num_warps, for `elementwise.launch`
+    consts: dict  # constexprs and num_warps, for `launcher.launch`
 
 
 # grad_input elements a program tile by padded dims (fewer where the plane is smaller), widest column tile, warps:
@@ -649,7 +649,7 @@ def _vec(gstr, pw_lo: int, esize: int) -> int:
     grad_output's (Q0, Q1, D, H) strides and the left W pad, where W is contiguous; else 1. (Without it every load
     was one element: the row strides, and so the rows' alignment, were unknown to the compiler. VEC 2 at pad 2: 3d
     bf16 replicate 60.4 -> 52.6 us, H200.)"""
-    if gstr[4] != 1 or max(gstr[:4]) > _I32_MAX:  # (the kernel multiplies back in the argument's width: a stride
+    if gstr[4] != 1 or max(gstr[:4]) > I32_MAX:  # (the kernel multiplies back in the argument's width: a stride
         return 1  # past 2^31 divided to fit 32 bits would wrap there)
     vec = 16 // esize
     while vec > 1 and any(v % vec for v in (*gstr[:4], pw_lo)):
@@ -686,7 +686,7 @@ def _plan(spec: _Spec, g_shape, g_strides, self_shape, pads, out_strides, dtype:
     # in-plane offsets and row/column indices (mirrors reach about twice the size, plus the pad, plus a tile)
     reach = max((gsize[3] - 1) * gstr[3] + (gsize[4] - 1) * gstr[4], (h_in - 1) * istr[3] + (w_in - 1) * istr[4],
                 2 * max(gsize[3:] + isize[3:]) + max(map(abs, pads)) + 2 * max(bh, bw))
-    i64 = reach > _I32_MAX
+    i64 = reach > I32_MAX
     acc = tl.float64 if dtype == torch.float64 else tl.float32
     crop = min(pads) < 0
     # loads unrolled (in flight together): source planes, and replicate's extra rows / columns per side

@@ -15,8 +15,10 @@ import triton.language as tl
 
 from .._cases import pointwise_cases, randn
 from .._runtime import FLOAT_DTYPES
-from ..elementwise import Pointwise, result_dtype, round_to_dtype
+from ..engines.elementwise import Pointwise
 from ..errors import InvalidProblem, Unsupported
+from ..launch.checks import result_dtype
+from ..launch.launcher import round_to_dtype
 from ..registry import register_op
 
 # enable()'s route for every op here (see registry.OpInfo.route): ATen's kernels for them are deterministic and run

@@ -27,18 +27,18 @@ import triton
 import triton.language as tl
 
 from .._cases import randn
-from .._runtime import FLOAT_DTYPES, cdiv, checked, math_dtype, meta_key, remember
-from ..autograd_routing import STOCK_IN_AUTO, fused_autograd
-from ..elementwise import _dense_strides, broadcast_shape, check_tensor, launch, launch_consts
+from .._runtime import FLOAT_DTYPES, I32_MAX, cdiv, checked, math_dtype, meta_key, next_pow2, remember
+from ..engines.multi_pointwise import MultiPointwise, check_output_mask
+from ..engines.reduction import plan_view, run_plan
 from ..errors import InvalidProblem, Unsupported
-from ..multi_pointwise import MultiPointwise, check_output_mask
-from ..reduction import plan_view, run_plan
+from ..launch.checks import _dense_strides, broadcast_shape, check_tensor
+from ..launch.launcher import launch, launch_consts
+from ..launch.tl_helpers import TL_MATH, cast_out
 from ..registry import Case, register_op
-from ..tl_helpers import cast_out
+from ..routing.autograd import STOCK_IN_AUTO, fused_autograd
 
 _OP = "prelu_backward"
 _OP_FULL = "_prelu_kernel_backward"
-_I32_MAX = 2**31 - 1
 
 
 # ------------------------------------------------------------------------------------- elementwise (ATen's op)
@@ -190,11 +190,7 @@ _ROWS_MIN_L = 32  # (A, C, L) inputs with L >= this walk rows of L; smaller L (c
 _COLS_BK = 64
 _WARPS = 4  # the row kernel's
 _COLS_WARPS = 4
-_TL_MATH = {torch.float32: tl.float32, torch.float64: tl.float64}
 
-
-def _npow2(n: int) -> int:
-    return 1 << max(0, (int(n) - 1).bit_length())
 
 
 @dataclass(frozen=True)
@@ -214,8 +210,8 @@ _uids = itertools.count(1)
 
 
 def _rows_plan(A: int, C: int, L: int, tile: int, esize: int) -> _Fused:
-    bl = min(_npow2(L), tile // 2)
-    ba = min(_npow2(A), max(1, tile // bl))
+    bl = min(next_pow2(L), tile // 2)
+    ba = min(next_pow2(A), max(1, tile // bl))
     nb = cdiv(L, bl)
     tiles = cdiv(A, ba) * nb
     split = cdiv(tiles, _ROWS_TPP)
@@ -223,20 +219,20 @@ def _rows_plan(A: int, C: int, L: int, tile: int, esize: int) -> _Fused:
     tpp = cdiv(tiles, split)
     split = cdiv(tiles, tpp)
     return _Fused(True, C * split, (A, C, L, nb, tiles, tpp, split), (ba, bl), (C, split), (1,),
-                  A * C * L + tile > _I32_MAX, next(_uids))
+                  A * C * L + tile > I32_MAX, next(_uids))
 
 
 def _cols_plan(A: int, C: int, L: int) -> _Fused:
     K = C * L
-    bk = min(_npow2(K), _COLS_BK)
-    ba = min(_npow2(A), max(1, _COLS_TILE // bk))
+    bk = min(next_pow2(K), _COLS_BK)
+    ba = min(next_pow2(A), max(1, _COLS_TILE // bk))
     nkb = cdiv(K, bk)
     split = max(1, min(cdiv(_COLS_TARGET_PROGRAMS, nkb), cdiv(A, max(ba, _COLS_MIN_ROWS))))
     rpp = cdiv(cdiv(A, split), ba) * ba
     split = cdiv(A, rpp)
     tile = ba * bk
     return _Fused(False, nkb * split, (A, K, L, rpp, nkb, split), (ba, bk), (C, L, split), (1, 2),
-                  A * K + tile > _I32_MAX, next(_uids))
+                  A * K + tile > I32_MAX, next(_uids))
 
 
 def _fused_plan(x: torch.Tensor, g: torch.Tensor, C: int) -> _Fused | None:
@@ -332,7 +328,7 @@ def _call_plan(grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, need_i
 def _launch_consts(plan: _Fused, dtype: torch.dtype, need_input: bool, need_weight: bool) -> tuple:
     """The fused kernel's constexprs and the plan of the sum over its partials (None without grad_weight)."""
     mdt = math_dtype(dtype)
-    consts = launch_consts({"MATH": _TL_MATH[mdt], "HAS_GI": need_input, "HAS_GW": need_weight,
+    consts = launch_consts({"MATH": TL_MATH[mdt], "HAS_GI": need_input, "HAS_GW": need_weight,
                             "BA": plan.block[0], ("BL" if plan.rows else "BK"): plan.block[1], "I64": plan.i64},
                            _WARPS if plan.rows else _COLS_WARPS)
     strides = torch.empty(plan.part_shape, device="meta").stride()

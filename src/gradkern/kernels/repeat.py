@@ -21,12 +21,12 @@ from collections.abc import Sequence
 import torch
 
 from .._runtime import FLOAT_DTYPES, remember, values_key
-from ..autograd_routing import STOCK_IN_AUTO, direct_apply, plain_gradient, plain_tensors
-from ..dispatch import stock_call
-from ..elementwise import check_tensor
+from ..engines.reduction import plan_view, run_plan
 from ..errors import InvalidProblem, RankUnsupported
-from ..reduction import plan_view, run_plan
+from ..launch.checks import check_tensor
 from ..registry import REGISTRY, Case, register_op
+from ..routing.autograd import STOCK_IN_AUTO, direct_apply, plain_gradient, plain_tensors
+from ..routing.dispatch import stock_call
 
 _OP = "repeat_backward"
 MAX_REPEAT_RANK = 8

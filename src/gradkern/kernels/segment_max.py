@@ -31,16 +31,17 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import _runtime, dispatch
-from .._runtime import DEVICE_TYPE, FLOAT_DTYPES, cdiv, meta_key
-from ..autograd_routing import STOCK_IN_AUTO, plain_tensors
-from ..elementwise import check_tensor, launch, launch_consts, pdl_ok
+from .. import _runtime
+from .._runtime import DEVICE_TYPE, FLOAT_DTYPES, cdiv, meta_key, next_pow2
 from ..errors import InvalidProblem, Unsupported
+from ..launch.checks import check_tensor
+from ..launch.launcher import launch, launch_consts, pdl_ok
+from ..launch.tl_helpers import TL_MATH, cast_out, gdc_wait
 from ..registry import Case, register_op
-from ..tl_helpers import cast_out, gdc_wait
+from ..routing import dispatch
+from ..routing.autograd import STOCK_IN_AUTO, plain_tensors
 
 _INDEX_DTYPES = (torch.int32, torch.int64)
-_TL = {torch.float32: tl.float32, torch.float64: tl.float64}
 _BITS = {2: tl.int16, 4: tl.int32, 8: tl.int64}  # an element's bits, by its size in bytes
 
 
@@ -277,9 +278,6 @@ _INF_BITS = {torch.float16: 0x7C00, torch.bfloat16: 0x7F80, torch.float32: 0x7F8
              torch.float64: 0x7FF0000000000000}
 
 
-def _npow2(n: int) -> int:
-    return 1 << max(0, (int(n) - 1).bit_length())
-
 
 def _runs(sizes, strides) -> list[tuple[int, int]]:
     """The (size, stride) runs that dims of these sizes and strides merge into, outermost first (size-1 dims
@@ -341,9 +339,9 @@ def _segred_options(tile: int, esize: int) -> tuple[dict, dict]:
 def _blocks(inner: int, n: int, s: int, kernel: str, esize: int) -> tuple[int, int, int]:
     """(BLOCK_L, BLOCK_D, num_warps) from the inner size and the mean segment length (results never depend on
     them: max, argmax and tie counts are exact)."""
-    bd = min(_npow2(max(inner, 1)), _BD_MAX)
+    bd = min(next_pow2(max(inner, 1)), _BD_MAX)
     mean = max(1, n // max(s, 1))
-    bl = max(1, min(_npow2(mean), max(1, _TILE // bd), 256))
+    bl = max(1, min(next_pow2(mean), max(1, _TILE // bd), 256))
     return bl, bd, _WARPS_SMALL[kernel][esize] if bl * bd <= _SMALL_TILE else _WARPS_LARGE
 
 
@@ -592,8 +590,8 @@ def _segment_reduce_plan(data, seg, s: int, ends: bool, grad, output, pdl: bool)
     n_dblk = cdiv(inner, bd)
     lens = ends and _reads_lengths(data, axis, s)
     paths, options = _segred_options(bl * bd, data.element_size())
-    consts = {"BLOCK_L": bl, "BLOCK_D": bd, "MATH": _TL[_runtime.math_dtype(data.dtype)], "ENDS": ends,
-              "LENS": _npow2(s) if lens else 0, **paths, **split}
+    consts = {"BLOCK_L": bl, "BLOCK_D": bd, "MATH": TL_MATH[_runtime.math_dtype(data.dtype)], "ENDS": ends,
+              "LENS": next_pow2(s) if lens else 0, **paths, **split}
     return _new_plan(outer * s * n_dblk, (s, n, inner, n_dblk, *strides, _offsets_stride(seg)), copies, consts,
                      warps, pdl, **options)
 
@@ -605,7 +603,7 @@ def _reads_lengths(data: torch.Tensor, axis: int, s: int) -> bool:
     if not 0 < s <= _LENS_MAX_S:
         return False
     programs = math.prod(data.shape[:axis]) * s * cdiv(math.prod(data.shape[axis + 1:]), _BD_MAX)
-    return programs * _npow2(s) <= _LENS_MAX_READS
+    return programs * next_pow2(s) <= _LENS_MAX_READS
 
 
 # ----------------------------------------------------------------------------------------------- user API

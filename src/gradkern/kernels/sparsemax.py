@@ -48,11 +48,13 @@ import triton.language as tl
 
 from .. import _runtime
 from .._cases import randn
-from .._runtime import cdiv
-from ..elementwise import _collapse, _dense_strides, check_tensor, launch, launch_consts
+from .._runtime import I32_MAX, cdiv, next_pow2
+from ..engines.elementwise import _collapse
 from ..errors import InvalidProblem, Unsupported
+from ..launch.checks import _dense_strides, check_tensor
+from ..launch.launcher import launch, launch_consts
+from ..launch.tl_helpers import TL_MATH, cast_out
 from ..registry import Case, register_op
-from ..tl_helpers import cast_out
 
 __all__ = ["sparsemax", "sparsemax_forward", "sparsemax_backward"]
 
@@ -74,7 +76,6 @@ _VEC_CAP_ELEMS = 8
 _COL_ROWS = 16  # rows a program takes when the reduced dim is strided (rows adjacent in memory)
 _KB = 64  # chunk partials combined per step, in a fixed order
 _WARP_ELEMS = {"forward": 256, "backward": 256}
-_I32_MAX = 2**31 - 1
 
 
 # --------------------------------------------------------------------------------------------- shared Triton
@@ -225,7 +226,7 @@ def _combine(part_c, part_s, base, step, K, rmask, R: tl.constexpr, KB: tl.const
 
 # --------------------------------------------------------------------------------------------- forward kernels
 # Shapes and strides come as scalars (outer dims padded to _MAX_OUTER), so compiled kernels can be relaunched
-# directly with plain ints (elementwise.launch).
+# directly with plain ints (launcher.launch).
 @triton.jit
 def _fwd_rows_kernel(x, y, N, INNER, N_IB, o0, o1, o2, o3, o4, o5,
                      xo0, xo1, xo2, xo3, xo4, xo5, yo0, yo1, yo2, yo3, yo4, yo5, xs_i, xs_n, ys_i, ys_n,
@@ -430,7 +431,6 @@ def _bwd_split_kernel(y, g, dx, part_c, part_s, STAGE, N, INNER, N_IB, K, o0, o1
 
 
 # --------------------------------------------------------------------------------------------- host: plans
-_TL_MATH = {torch.float32: tl.float32, torch.float64: tl.float64}
 _MAX_OUTER = 6  # outer dims a kernel decomposes (rank 8 less the reduced and the inner dim)
 _plan_ids = itertools.count(1)
 
@@ -480,9 +480,6 @@ def _norm_dim(op: str, t: torch.Tensor, dim) -> int:
     return d % nd
 
 
-def _pow2(n: int) -> int:
-    return 1 << max(n - 1, 0).bit_length()
-
 
 def _contiguous_strides(shape) -> tuple[int, ...]:
     out, acc = [], 1
@@ -523,17 +520,17 @@ def _plan(op: str, shape: tuple[int, ...], strides: tuple[tuple[int, ...], ...],
 
     if dtype == torch.float64:
         block_max = max(block_max // 2, 1)
-    bn = _pow2(n)
+    bn = next_pow2(n)
     if s_dim[0] == 1 or n == 1:  # rows are contiguous: short ones grouped, long ones split
-        R = max(1, min(_ROW_TILE[direction] // bn, _pow2(inner)))
+        R = max(1, min(_ROW_TILE[direction] // bn, next_pow2(inner)))
         B = min(bn, block_max)
     else:  # rows are strided: take adjacent rows together so that loads coalesce
-        R = max(1, min(_COL_ROWS, _pow2(inner)))
+        R = max(1, min(_COL_ROWS, next_pow2(inner)))
         B = min(bn, max(block_max // R, 1))
     K = cdiv(n, B)
     warps = max(1, min(16, R * B // _WARP_ELEMS[direction]))
     extent = max(sum((s - 1) * abs(st) for s, st in zip(shape, t, strict=False)) for t in strides)
-    i64 = extent + R * max(map(abs, s_inner)) + B * max(map(abs, s_dim)) > _I32_MAX
+    i64 = extent + R * max(map(abs, s_inner)) + B * max(map(abs, s_dim)) > I32_MAX
     ints = (*oshape, *[1] * pad)
     for st in cstr:
         ints += (*[st[i] for i in outer], *[0] * pad)
@@ -546,10 +543,10 @@ def _plan(op: str, shape: tuple[int, ...], strides: tuple[tuple[int, ...], ...],
 
 
 def _launch(kernel, plan: _Plan, grid: int, ptrs: tuple, ints: tuple, extra: dict, device: int) -> None:
-    """Launch through `elementwise.launch`: after a specialisation's first launch its compiled kernel is
+    """Launch through `launcher.launch`: after a specialisation's first launch its compiled kernel is
     called directly (the plan fixes every int argument's specialisation; launch keys the pointers' alignment).
     Every kernel's constexprs are ORANK, R, B, then `extra`'s, then MATH, I64."""
-    consts = launch_consts({"ORANK": plan.orank, "R": plan.R, "B": plan.B, **extra, "MATH": _TL_MATH[plan.math],
+    consts = launch_consts({"ORANK": plan.orank, "R": plan.R, "B": plan.B, **extra, "MATH": TL_MATH[plan.math],
                             "I64": plan.i64}, plan.warps, **({"maxnreg": plan.maxnreg} if plan.maxnreg else {}))
     launch(kernel, (grid,), ptrs, ints, consts, device, (kernel, plan.uid, device))
 

@@ -55,14 +55,14 @@ import triton
 import triton.language as tl
 
 from .._cases import randn
-from .._runtime import cdiv, remember, values_key
-from ..alloc import channels_last_format, empty
-from ..elementwise import check_tensor, launch, launch_consts, round_to_dtype, scalar_bits
+from .._runtime import I32_MAX, cdiv, remember, values_key
 from ..errors import InvalidProblem, Unsupported
+from ..launch.alloc import channels_last_format, empty
+from ..launch.checks import check_tensor
+from ..launch.launcher import launch, launch_consts, round_to_dtype, scalar_bits
+from ..launch.tl_helpers import cast_out, scalar
 from ..registry import Case, register_op
-from ..tl_helpers import cast_out, scalar
 
-_I32_MAX = 2**31 - 1
 _MAX_PROGRAMS = 2**30  # beyond, each program takes several tiles in turn (a grid-stride loop)
 _BLOCK = 2048  # grad_input elements x candidate columns a program holds at once (its tile: _BLOCK / KW elements)
 _PER_THREAD = 16  # of those, a thread's (f32: ~80-150 registers, no spills with Triton 3.6 on sm_90)
@@ -566,7 +566,7 @@ def _plan(spec: _Spec, g_stride: tuple, in_sizes: tuple, out_sizes: tuple, align
         # int64 always)
         reach = max(w_out * gstr[4] + (c + bc) * gstr[1], w_in * istr[4] + (c + bc) * istr[1], w_out + w_in)
         consts = {"MODE": mode, "DIMS": spec.dims, "ALIGN": align, "KW": kw, "BW": bw, "BC": bc, "ACC": acc,
-                  "I64": reach > _I32_MAX}
+                  "I64": reach > I32_MAX}
         kernel = _upsample_backward_rows_kernel
     else:
         bw, bh, warps = _plane_tile(kw, w_in, h_in, tile)
@@ -574,7 +574,7 @@ def _plan(spec: _Spec, g_stride: tuple, in_sizes: tuple, out_sizes: tuple, align
         # 32-bit in-plane index math unless an in-plane offset can pass 2^31 (plane offsets are int64 always)
         reach = max(h_out * gstr[3] + w_out * gstr[4], h_in * istr[3] + w_in * istr[4], h_out + h_in, w_out + w_in)
         consts = {"MODE": mode, "DIMS": spec.dims, "ALIGN": align, "KW": kw, "BH": bh, "BW": bw, "ACC": acc,
-                  "I64": reach > _I32_MAX}
+                  "I64": reach > I32_MAX}
         kernel = _upsample_backward_kernel
     consts = launch_consts(consts, warps)
     args = (n_tiles, c, d_in, h_in, w_in, d_out, h_out, w_out, *gstr, *istr, *ratios)

@@ -3,7 +3,7 @@
 grad_self = where(cond, g, 0), grad_other = where(cond, 0, g) at the broadcast shape, each summed back to its
 input's shape (deterministically) and cast to its dtype; the condition gets no gradient. With `enable()`,
 `torch.where` / `Tensor.where` (tensor or Python-scalar operands) reach the `where.self` override on the autograd
-key (see autograd_routing), whose backward is this kernel."""
+key (see routing.autograd), whose backward is this kernel."""
 
 from __future__ import annotations
 
@@ -15,11 +15,11 @@ import triton.language as tl
 
 from .._cases import matrix_shape, randn, stand_in
 from .._runtime import FLOAT_DTYPES, checked, meta_key
-from ..autograd_routing import STOCK_IN_AUTO, fused_autograd
-from ..elementwise import broadcast_shape, check_tensor
+from ..engines.multi_pointwise import MultiPointwise, check_output_mask
 from ..errors import InvalidProblem
-from ..multi_pointwise import MultiPointwise, check_output_mask
+from ..launch.checks import broadcast_shape, check_tensor
 from ..registry import Case, register_op
+from ..routing.autograd import STOCK_IN_AUTO, fused_autograd
 
 _OP = "where_backward"
 _COND_DTYPES = (torch.bool, torch.uint8)  # uint8: deprecated by PyTorch, still accepted there (with a warning)

@@ -25,12 +25,12 @@ from collections.abc import Callable
 
 import torch
 
-from . import _runtime
+from .. import _runtime
+from .._runtime import I32_MAX
+from ..kernels.pad import padded_shape
+from ..registry import REGISTRY
 from .dispatch import intercept, is_enabled
-from .kernels.pad import padded_shape
-from .registry import REGISTRY
 
-_I32_MAX = 2**31 - 1
 _PLAIN = (torch.Tensor, torch.nn.Parameter)  # (subclasses, such as FakeTensor while tracing, keep the original)
 
 
@@ -61,7 +61,7 @@ def _replication_pad_backward(a, padding) -> str | None:
     out = padded_shape(a.shape, padding)
     # ATen's kernel refuses an empty input or output (the decomposition returns them), and its CUDA kernel
     # indexes in 32 bits
-    if a.numel() == 0 or min(out) <= 0 or max(a.numel(), math.prod(out)) > _I32_MAX:
+    if a.numel() == 0 or min(out) <= 0 or max(a.numel(), math.prod(out)) > I32_MAX:
         return None
     return f"replication_pad{len(padding) // 2}d_backward"
 

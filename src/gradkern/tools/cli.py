@@ -9,9 +9,9 @@ import traceback
 
 import torch
 
-from . import _runtime
-from ._cases import SIZES
-from .registry import REGISTRY, supported_ops
+from .. import _runtime
+from .._cases import SIZES
+from ..registry import REGISTRY, supported_ops
 
 
 def _dtype_arg(names: str) -> list[torch.dtype]:
@@ -107,7 +107,7 @@ def cmd_list(_args) -> int:
 
 
 def cmd_check(args) -> int:
-    from .testing import check_case
+    from ..testing import check_case
 
     size = "small" if _runtime.INTERPRET else "check"
     device = _runtime.default_device()

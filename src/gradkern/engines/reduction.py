@@ -42,17 +42,17 @@ import torch
 import triton
 import triton.language as tl
 
-from . import _runtime
-from ._runtime import cdiv
-from .elementwise import check_tensor, launch, launch_consts, pdl_ok
-from .errors import InvalidProblem, RankUnsupported, Unsupported
-from .tl_helpers import cast_out, gdc_wait
+from .. import _runtime
+from .._runtime import I32_MAX, cdiv, next_pow2
+from ..errors import InvalidProblem, RankUnsupported, Unsupported
+from ..launch.checks import check_tensor
+from ..launch.launcher import launch, launch_consts, pdl_ok
+from ..launch.tl_helpers import TL_MATH, cast_out, gdc_wait
 
 __all__ = ["reduce_sum", "sum_to_shape", "sum_to_dims", "plan_view", "run_plan", "MAX_RANK"]
 
 #: the most kept dims and the most reduced dims (each, after merging) a reduction handles
 MAX_RANK = 8
-_I32_MAX = 2**31 - 1
 _TARGET_PROGRAMS = 2048  # split a reduction until about this many programs run (shape-only, never timing)
 _MIN_STEPS_PER_SPLIT = 4  # ... but give each split at least this many tile steps
 _MIN_SPLIT_TERMS = 1024  # and split only reductions of at least this many terms per output
@@ -168,7 +168,7 @@ class _Pass:
     @property
     def consts(self) -> tuple:
         """The kernel's constexpr values, in parameter order."""
-        return (len(self.kshape), len(self.rshape), _TL[self.acc], self.block_o, self.block_r, self.o_contig,
+        return (len(self.kshape), len(self.rshape), TL_MATH[self.acc], self.block_o, self.block_r, self.o_contig,
                 self.o_div, self.r_contig, self.r_div, self.i64, self.step_sum)
 
 
@@ -181,13 +181,9 @@ class _Plan:
     passes: tuple[_Pass, ...]  # 1 or 2 (split + finish); empty when the result has no elements or is zeros
 
 
-_TL = {torch.float32: tl.float32, torch.float64: tl.float64}
 _plans: dict = {}
 _uids = itertools.count(1)
 
-
-def _npow2(n: int) -> int:
-    return 1 << max(0, (int(n) - 1).bit_length())
 
 
 def _pow2_dividing(n: int, cap: int) -> int:
@@ -239,27 +235,27 @@ def _blocks(kdims, rdims, n_out: int, n_red: int, esize: int, spread: bool = Fal
     o_contig = bool(kdims) and kdims[-1][1] == 1
     r_contig = bool(rdims) and rdims[-1][1] == 1
     if o_contig:  # coalesce across outputs
-        bo = min(_npow2(n_out), (_ROW_BYTES_16 if esize == 2 else _ROW_BYTES) // esize)
+        bo = min(next_pow2(n_out), (_ROW_BYTES_16 if esize == 2 else _ROW_BYTES) // esize)
         if spread:
             while bo * esize > 128 and cdiv(n_out, bo) < _MIN_PROGRAMS:
                 bo //= 2
         tile_bytes = _SHORT_TILE_BYTES if n_red <= 16 else _LONG_TILE_BYTES
-        br = min(_npow2(n_red), max(1, tile_bytes // (bo * esize)), 1024)
+        br = min(next_pow2(n_red), max(1, tile_bytes // (bo * esize)), 1024)
         if not spread:
-            bo = min(_npow2(n_out), max(bo, tile_bytes // (br * esize)), 4096)
+            bo = min(next_pow2(n_out), max(bo, tile_bytes // (br * esize)), 4096)
         step = _STEP_SUM and bo * esize >= 16 * 32 * _O_WARPS
         return bo, br, _O_WARPS, step
     tile = 4096 if esize <= 4 else 2048
     if r_contig:  # coalesce along the reduction
-        br = min(_npow2(n_red), 256 if esize >= 4 else 512)
-        bo = min(_npow2(n_out), max(1, tile // br))
+        br = min(next_pow2(n_red), 256 if esize >= 4 else 512)
+        bo = min(next_pow2(n_out), max(1, tile // br))
         while bo > 1 and cdiv(n_out, bo) < _MIN_PROGRAMS:  # few outputs: one (or a few) a program, longer
             bo //= 2  # rows (prelu's partials, 64 x 4096: 16 programs then a finishing pass took 4-8 us)
-        br = min(_npow2(n_red), max(br, tile // bo), 4096)
+        br = min(next_pow2(n_red), max(br, tile // bo), 4096)
     else:  # gathers either way: square-ish tiles
-        bo = min(_npow2(n_out), 64)
-        br = min(_npow2(n_red), max(1, tile // bo))
-        bo = min(_npow2(n_out), max(bo, tile // br), 1024)
+        bo = min(next_pow2(n_out), 64)
+        br = min(next_pow2(n_red), max(1, tile // bo))
+        bo = min(next_pow2(n_out), max(bo, tile // br), 1024)
     warps = 8 if bo * br >= 4096 else 4
     return bo, br, warps, False
 
@@ -290,8 +286,8 @@ def _make_pass(kdims, rdims, esize: int, acc: torch.dtype, allow_split: bool) ->
     o_contig, o_div = _hints(kdims, bo, esize)
     r_contig, r_div = _hints(rdims, br, esize)
     span = _max_offset(kdims) + _max_offset(rdims)
-    i64 = (2 * span >= _I32_MAX or n_out * n_split + bo >= _I32_MAX or n_red + steps_per_split * br >= _I32_MAX
-           or n_oblk * n_split >= _I32_MAX)
+    i64 = (2 * span >= I32_MAX or n_out * n_split + bo >= I32_MAX or n_red + steps_per_split * br >= I32_MAX
+           or n_oblk * n_split >= I32_MAX)
     kshape, kstride = (tuple(s for s, _ in kdims), tuple(st for _, st in kdims)) if kdims else ((1,), (0,))
     rshape, rstride = (tuple(s for s, _ in rdims), tuple(st for _, st in rdims)) if rdims else ((1,), (0,))
     return _Pass(n_out, n_red, steps_per_split * br, n_split, n_oblk, kshape, kstride, rshape, rstride,

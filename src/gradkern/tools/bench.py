@@ -14,10 +14,11 @@ from collections.abc import Callable
 
 import torch
 
-from . import _runtime, dispatch, ops
+from .. import _runtime, ops
+from ..registry import REGISTRY
+from ..routing import dispatch
+from ..routing.dispatch import use
 from .cli import print_table
-from .dispatch import use
-from .registry import REGISTRY
 
 
 def _median_ms(fn: Callable, gpu: bool) -> float:

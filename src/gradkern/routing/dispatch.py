@@ -22,9 +22,9 @@ from dataclasses import dataclass
 
 import torch
 
-from . import _runtime
-from .errors import InvalidProblem, RankUnsupported
-from .registry import REGISTRY, OpInfo
+from .. import _runtime
+from ..errors import InvalidProblem, RankUnsupported
+from ..registry import REGISTRY, OpInfo
 
 __all__ = ["enable", "disable", "use", "is_enabled", "mode", "stock_call", "routed_overloads", "intercept",
            "unregister"]

@@ -30,10 +30,10 @@ from collections.abc import Callable
 import torch
 from torch.autograd import forward_ad
 
-from . import _runtime
+from .. import _runtime
+from ..errors import RankUnsupported
+from ..registry import REGISTRY
 from .dispatch import stock_call
-from .errors import RankUnsupported
-from .registry import REGISTRY
 
 __all__ = ["fused_autograd", "plain_tensors", "plain_gradient", "direct_apply", "STOCK_IN_AUTO"]
 

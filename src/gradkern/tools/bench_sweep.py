@@ -73,12 +73,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import _runtime
+from .. import _runtime
+from ..plan import route_of
+from ..registry import REGISTRY
+from ..routing.dispatch import use
 from .bench import _f, _safe, copy_ceiling_gbs
 from .cli import _device_name, print_table
-from .dispatch import use
-from .plan import route_of
-from .registry import REGISTRY
 
 __all__ = ["SweepCase", "Built", "GENERATORS", "FAMILIES", "sweep_cases", "list_lines", "measure_case",
            "summarize", "run_sweep", "plot", "classify_compiled", "SWEEP_DTYPES", "MIN_CASES"]
@@ -587,7 +587,7 @@ _PADS = {
 
 
 def _pad_cases(op: str, S: Scale) -> list:
-    from .kernels.pad import padded_shape
+    from ..kernels.pad import padded_shape
 
     dims = int(op.split("_pad")[1][0])
     reflect = op.startswith("reflection")
@@ -716,7 +716,7 @@ def _sparsemax_backward_cases(op: str, S: Scale) -> list:
         grad_contig = i == len(_SPARSEMAX) + 1
 
         def make(c: _Ctx, shape=shape, dim=dim, lay=lay, scale=scale, grad_contig=grad_contig) -> Built:
-            from . import ops
+            from .. import ops
 
             x = c.arrange(shape, lay, lambda s: c.randn(s, scale))
             with torch.no_grad():
@@ -831,7 +831,7 @@ def _seg_problem(c: _Ctx, n: int, d: int, dist: str, lay: str, outer: int, i32: 
 
 
 def _segment_max_forward_cases(op: str, S: Scale) -> list:
-    from .kernels.segment_max import _bench_segment_reduce_max
+    from ..kernels.segment_max import _bench_segment_reduce_max
 
     out = []
     for label, n, d, dist, lay, outer, i32 in _seg_specs(S):
@@ -851,7 +851,7 @@ def _segment_max_backward_cases(op: str, S: Scale) -> list:
     out = []
     for label, n, d, dist, lay, outer, i32 in _seg_specs(S):
         def make(c: _Ctx, n=n, d=d, dist=dist, lay=lay, outer=outer, i32=i32) -> Built:
-            from . import ops
+            from .. import ops
 
             data, offs = _seg_problem(c, n, d, dist, lay, outer, i32)
             axis = 1 if outer else 0
@@ -1305,7 +1305,7 @@ def _relayable(t) -> bool:
 
 
 def _registry_builder(info, size: str, i: int, variant: str):
-    from .testing import layouts
+    from ..testing import layouts
 
     def relayout(t):
         if variant == "as given" or not _relayable(t) or t.dim() < (2 if variant == "transposed" else 1):
@@ -1482,7 +1482,7 @@ def measure_case(case: SweepCase, device, gpu: bool, ceiling: float, compile_ok:
     """One case: build, run gradkern once and check it against the reference, then (if it matched) time gradkern,
     stock eager and torch.compile of stock. The record's status: "ok", "FAIL: ..." (a wrong result) or "error: ..."
     (gradkern raised, or the case could not be built); only "ok" cases are timed."""
-    from . import ops
+    from .. import ops
 
     info = REGISTRY[case.op]
     dt = _runtime.DTYPE_NAMES[case.dtype]
@@ -1664,14 +1664,14 @@ def jit_variants() -> int | None:
 def _result(records, variants, dev_name, ceiling, gpu, elapsed, complete, compile_ok, compile_cases=None) -> dict:
     import triton
 
-    from . import __version__
+    from .. import __version__
 
     return {"benchmark": "sweep", "device": dev_name, "torch": torch.__version__, "triton": triton.__version__,
             "gradkern": __version__, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
             "interpreter": not gpu, "copy_ceiling_gbs": ceiling,
             "timing": {"do_bench_warmup_ms": WARMUP_MS, "do_bench_rep_ms": REP_MS, "return_mode": "median",
                        "torch_compile": compile_ok, "compile_cases": compile_cases, "large_bytes": LARGE_BYTES},
-            "bytes_rule": "minimum bytes the op must move; per family in gradkern.bench_sweep's docstring",
+            "bytes_rule": "minimum bytes the op must move; per family in gradkern.tools.bench_sweep's docstring",
             "elapsed_s": elapsed, "complete": complete, "variants": variants,
             "summary": summarize(records, variants), "records": records}
 

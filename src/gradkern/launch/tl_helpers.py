@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
-from ._runtime import INTERPRET
+from .._runtime import INTERPRET
 
 _INTERPRETED = tl.constexpr(INTERPRET)
 
-try:  # programmatic dependent launch's wait (griddepcontrol.wait): see `elementwise.pdl_ok`
+#: the Triton dtype kernels compute in, by `_runtime.math_dtype` (fp64 for fp64 inputs, fp32 for the rest)
+TL_MATH = {torch.float32: tl.float32, torch.float64: tl.float64}
+
+try:  # programmatic dependent launch's wait (griddepcontrol.wait): see `launcher.pdl_ok`
     from triton.language.extra.cuda import gdc_wait
     HAS_GDC = True
 except ImportError:  # pragma: no cover - a Triton without it: PDL stays off and this is never called
@@ -22,7 +26,7 @@ except ImportError:  # pragma: no cover - a Triton without it: PDL stays off and
 
 @triton.jit
 def scalar(bits, MATH: tl.constexpr):
-    """A float scalar passed as the int64 bits of its float64 value (see `elementwise.scalar_bits`)."""
+    """A float scalar passed as the int64 bits of its float64 value (see `launcher.scalar_bits`)."""
     return bits.to(tl.int64).to(tl.float64, bitcast=True).to(MATH)
 
 

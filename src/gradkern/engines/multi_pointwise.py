@@ -35,29 +35,18 @@ import torch
 import triton
 import triton.language as tl
 
-from . import _runtime
-from ._runtime import cdiv
-from .elementwise import (
-    SCALAR_PARAMS,
-    _broadcast_strides,
-    _collapse,
-    _dense_strides,
-    bits_spec,
-    broadcast_shape,
-    launch,
-    launch_consts,
-    scalar_bits,
-    strided_i64,
-    strided_offsets,
-)
-from .errors import InvalidProblem, RankUnsupported, Unsupported
+from .. import _runtime
+from .._runtime import I32_MAX, cdiv
+from ..errors import InvalidProblem, RankUnsupported, Unsupported
+from ..launch.checks import _dense_strides, broadcast_shape
+from ..launch.launcher import SCALAR_PARAMS, bits_spec, launch, launch_consts, scalar_bits
+from ..launch.tl_helpers import TL_MATH, cast_out, scalar
+from .elementwise import _broadcast_strides, _collapse, strided_i64, strided_offsets
 from .reduction import plan_view, run_plan, sum_to_dims
-from .tl_helpers import cast_out, scalar
 
 __all__ = ["MultiPointwise", "check_output_mask", "MAX_INPUTS", "MAX_OUTPUTS", "MAX_RANK"]
 
 MAX_INPUTS, MAX_OUTPUTS, MAX_RANK = 4, 3, 8
-_I32_MAX = 2**31 - 1
 # the flat kernel's elements a program by the widest operand's element size (16 bytes a thread for 2- and 4-byte
 # ones), warps: f32 512 against 1024, lerp 0.1993 -> 0.1974 ms (H200, 8192x8192; docs/tuning/pointwise.md)
 FLAT_BLOCK, FLAT_WARPS = {2: 1024, 4: 512, 8: 1024}, 4
@@ -67,7 +56,6 @@ STRIDED_BLOCK, STRIDED_WARPS = 1024, 4
 # the row pass's constants); H200, 8192x8192 (docs/tuning/pointwise.md)
 ROWS_TILE, ROWS_MAX_BC, ROWS_WARPS = 2048, 2048, 4
 COLS_TILE, COLS_MAX_BC, COLS_WARPS, COLS_PROGRAMS = 4096, 1024, 4, 512
-_TL_MATH = {torch.float32: tl.float32, torch.float64: tl.float64}
 
 
 def check_output_mask(op: str, output_mask, n: int) -> tuple[bool, ...]:
@@ -299,7 +287,7 @@ class MultiPointwise:
         wide = any(t.dtype == torch.float64 for _, t in given) or any(s is not None and s[1] == torch.float64
                                                                           for s in outs)
         math_torch = torch.float64 if wide else torch.float32
-        mdt = _TL_MATH[math_torch]
+        mdt = TL_MATH[math_torch]
         compute = ins[0].dtype if self.exact else math_torch  # what results to sum are in
         out_dtypes, reduce_to, final = [], [], []
         for spec in outs:
@@ -329,7 +317,7 @@ class MultiPointwise:
             strides = [contiguous if present[0].is_contiguous() or odt is None else
                        torch.empty_like(present[0], dtype=odt, device="meta").stride() for odt in out_dtypes]
             block = FLAT_BLOCK[max(t.element_size() for t in present)]
-            i64 = n + block > _I32_MAX
+            i64 = n + block > I32_MAX
             kernel, grid, ints = _flat_kernel, (cdiv(n, block),), (n,)
             consts = launch_consts({**base, "BLOCK": block, "I64": i64}, FLAT_WARPS)
         else:
@@ -457,5 +445,5 @@ def _summing_view(shape: tuple[int, ...], ins: list, reduce_to: tuple):
 def _summing_i64(summing: tuple) -> bool:
     _axis, R, M, BR, BC, n_cb, _rpp, n_p, istrides = summing
     span = max((R - 1) * abs(r) + (M - 1) * abs(c) for r, c in istrides)
-    return ((R + BR) * M + BC > _I32_MAX or span + BR * max(abs(r) for r, _ in istrides) > _I32_MAX
-            or (R + BR) * n_cb > _I32_MAX or (M + BC) * n_p > _I32_MAX)
+    return ((R + BR) * M + BC > I32_MAX or span + BR * max(abs(r) for r, _ in istrides) > I32_MAX
+            or (R + BR) * n_cb > I32_MAX or (M + BC) * n_p > I32_MAX)

@@ -31,10 +31,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import _runtime, dispatch
+from .. import _runtime
+from ..routing import dispatch
+from ..routing.dispatch import is_enabled, use
 from .bench import _f
 from .cli import _device_name, print_table
-from .dispatch import is_enabled, use
 
 __all__ = ["MODELS", "Config", "Workload", "stock_sparsemax", "stock_pytorch", "measure", "link_det_off", "run_models",
            "list_lines"]
@@ -269,7 +270,7 @@ class SparsemaxAttention(nn.Module):
         self.norm, self.qkv, self.proj = nn.LayerNorm(d), nn.Linear(d, 3 * d), nn.Linear(d, d)
 
     def forward(self, x):
-        from .kernels.sparsemax import sparsemax
+        from ..kernels.sparsemax import sparsemax
 
         b, t, d = x.shape
         x = x + self.pos.repeat(b, 1, 1)
@@ -734,7 +735,7 @@ def run_models(names: list[str] | None = None, dtypes: list[torch.dtype] | None 
     print(f"({len(records)} rows in {elapsed:.0f} s)")
     import triton
 
-    from . import __version__
+    from .. import __version__
 
     result = {"benchmark": "models", "device": dev_name, "torch": torch.__version__, "triton": triton.__version__,
               "gradkern": __version__, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
