@@ -17,9 +17,9 @@ import torch
 import triton
 import triton.language as tl
 
-from gradkern import _runtime
+from gradkern import _runtime, config
 from gradkern.engines import multi_pointwise, reduction
-from gradkern.kernels import lerp, pad, prelu, repeat, segment_max, sparsemax, where
+from gradkern.kernels import pad, prelu, segment_max, sparsemax
 from gradkern.launch import launcher
 from gradkern.registry import REGISTRY
 from gradkern.routing.dispatch import use
@@ -127,16 +127,7 @@ _saved: dict = {}
 
 
 def _clear() -> None:
-    pad.clear_plans()
-    sparsemax._plan.cache_clear()
-    prelu._plans.clear()
-    segment_max._plans.clear()
-    repeat._views.clear()
-    reduction._plans.clear()
-    reduction._launches.clear()
-    launcher._fast_cache.clear()
-    for fused in (where._WHERE_BACKWARD, lerp._LERP_BACKWARD, prelu._PRELU_FULL):  # (the summing pass's tiles)
-        fused._plans.clear()
+    config.clear_plans()
 
 
 def _apply(config) -> None:

@@ -13,7 +13,10 @@ if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
 import pytest  # noqa: E402
 
 import gradkern  # noqa: E402
-from gradkern import _runtime  # noqa: E402
+from gradkern import (
+    _runtime,  # noqa: E402
+    config,
+)
 
 DEVICE = _runtime.DEVICE_TYPE
 #: the size class of registry cases the tests run: small under the interpreter, larger on a GPU;
@@ -42,11 +45,11 @@ def small_pad_tiles(unroll: int = 1):
 
     with (mock.patch.object(pad, "_TILE", dict.fromkeys((1, 2, 3), 8)), mock.patch.object(pad, "_MAX_BW", 4),
           mock.patch.object(pad, "_UNROLL", unroll)):
-        pad.clear_plans()
+        config.clear_plans()
         try:
             yield
         finally:
-            pad.clear_plans()
+            config.clear_plans()
 
 
 @contextlib.contextmanager

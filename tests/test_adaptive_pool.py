@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 import gradkern
 from conftest import DEVICE, DTYPES, dtype_id, gpu_only
-from gradkern import ops
+from gradkern import config, ops
 from gradkern.kernels import adaptive_pool as ap
 from gradkern.launch.alloc import channels_last_format
 from gradkern.registry import REGISTRY
@@ -194,7 +194,7 @@ def _same_bits_with_small_knobs(run, first, tile_knobs, label, monkeypatch) -> l
     launches = _launches(monkeypatch)
     seen = []
     for knob, value in ((tile_knobs[0], 4), (tile_knobs[1], 2), ("_MAX_PROGRAMS", 2), ("I32_MAX", 16)):
-        ap.clear_plans()
+        config.clear_plans()
         monkeypatch.setattr(ap, knob, value)
         launches.clear()
         assert_bitwise_equal(run(), first, f"{label} {knob}={value}")
@@ -206,19 +206,19 @@ def _same_bits_with_small_knobs(run, first, tile_knobs, label, monkeypatch) -> l
         seen.append(consts)
         monkeypatch.undo()
         launches = _launches(monkeypatch)
-    ap.clear_plans()
+    config.clear_plans()
     return seen
 
 
 def _tiled(op, g, x, tiling, monkeypatch):
     """The op's result with `tiling` forced (fresh plans)."""
     monkeypatch.setattr(ap, "_FORCE_TILING", tiling)
-    ap.clear_plans()
+    config.clear_plans()
     try:
         return getattr(ops, op)(g, x)
     finally:
         monkeypatch.setattr(ap, "_FORCE_TILING", None)
-        ap.clear_plans()
+        config.clear_plans()
 
 
 # (self shape, output sizes) for channels_last self: C not a multiple of the channel block (5 and 7 with blocks of
@@ -241,13 +241,13 @@ def test_channels_last_row_tiling_matches_stock_and_the_plane_tiling(dtype, monk
         g, x = _problem(shape, out, dtype, cl)
         for g_name, gg in (("channels_last", g), ("contiguous", g.contiguous())):
             what = f"{shape} -> {out} grad_output {g_name}"
-            ap.clear_plans()
+            config.clear_plans()
             launches.clear()
             rows = check_case(op, (gg, x), what=what)
             assert ("BC" in launches[0][2]) is (len(shape) == 4), f"{what}: the layout's tiling"
             assert rows.stride() == getattr(torch.ops.aten, op)(gg.cpu(), x.cpu()).stride(), what
             assert_bitwise_equal(_tiled(op, gg, x, "planes", monkeypatch), rows, f"{what} planes")
-    ap.clear_plans()
+    config.clear_plans()
 
 
 def test_tiling_follows_the_layout(monkeypatch):

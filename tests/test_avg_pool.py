@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 import gradkern
 from conftest import DEVICE, DTYPES, dtype_id, gpu_only
-from gradkern import ops
+from gradkern import config, ops
 from gradkern.kernels import avg_pool as ap
 from gradkern.registry import REGISTRY
 from gradkern.testing import assert_bitwise_equal, assert_close, assert_repeats_bitwise, check_case, run_reference
@@ -202,13 +202,13 @@ def test_repeats_tilings_and_index_widths_give_the_same_values(monkeypatch):
         with pytest.MonkeyPatch.context() as m:
             for knob, value in settings.items():
                 m.setattr(ap, knob, value)
-            ap.clear_plans()
+            config.clear_plans()
             launches.clear()
             ours = ops.avg_pool3d_backward(*args)
             assert took(*launches[0][1:]), f"{settings}: the launch did not take the branch"
             assert_bitwise_equal(ops.avg_pool3d_backward(*args), ours, f"{settings}: run twice")
             assert_close(ours, first.double(), torch.float32, f"{settings}")
-    ap.clear_plans()
+    config.clear_plans()
 
 
 def test_bad_inputs_raise_named_errors_and_launch_nothing(monkeypatch):

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 import gradkern
 from conftest import DEVICE, DTYPES, dtype_id, small_prelu_splits
-from gradkern import _runtime, ops
+from gradkern import _runtime, config, ops
 from gradkern.engines import multi_pointwise
 from gradkern.kernels import prelu as prelu_mod
 from gradkern.registry import REGISTRY
@@ -107,13 +107,13 @@ def test_summing_pass_sums_trailing_or_leading_dims(dtype, monkeypatch):
         if view == "strided":
             g = _rand((shape[0], 2 * shape[1]), dtype)[:, ::2].abs() + 0.1
         o = _rand(oshape, dtype).abs() + 0.1  # (lerp's grad_weight sums g * (end - self) > 0)
-        where_mod._WHERE_BACKWARD._plans.clear()
+        config.clear_plans()
         ours = ops.where_backward(g, c, s, o)
         (plan,) = where_mod._WHERE_BACKWARD._plans.values()
         assert plan.summing, f"{shape} {oshape}: not the summing pass"
         _compare(ours, run_reference(REGISTRY["where_backward"].reference, (g, c, s, o)), dtype, f"where {shape}")
         w = _rand(oshape, dtype)
-        lerp_mod._LERP_BACKWARD._plans.clear()
+        config.clear_plans()
         ours = ops.lerp_backward(g, s, o, w)
         (plan,) = lerp_mod._LERP_BACKWARD._plans.values()
         assert plan.summing, f"lerp {shape} {oshape}: not the summing pass"
@@ -129,13 +129,13 @@ def test_summing_pass_int64_offsets(monkeypatch):
     for shape, oshape in (((30, 70), (30, 1)), ((30, 70), (70,))):
         g, c, s = _rand(shape, torch.float32).abs() + 0.1, _cond(shape), _rand(shape, torch.float32)
         o = _rand(oshape, torch.float32)
-        where_mod._WHERE_BACKWARD._plans.clear()
+        config.clear_plans()
         ours = ops.where_backward(g, c, s, o)
         (plan,) = where_mod._WHERE_BACKWARD._plans.values()
         assert plan.summing and plan.i64
         _compare(ours, run_reference(REGISTRY["where_backward"].reference, (g, c, s, o)), torch.float32,
                  f"where i64 {oshape}")
-    where_mod._WHERE_BACKWARD._plans.clear()
+    config.clear_plans()
 
 
 def test_where_backward_layouts_and_mixed_dtypes():

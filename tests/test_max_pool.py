@@ -12,7 +12,7 @@ import torch.nn as nn
 
 import gradkern
 from conftest import DEVICE, DTYPES, dtype_id, gpu_only
-from gradkern import ops
+from gradkern import config, ops
 from gradkern.kernels import max_pool as mp
 from gradkern.launch.alloc import channels_last_format
 from gradkern.registry import REGISTRY
@@ -154,12 +154,12 @@ def test_random_window_configurations_with_ties_match_stock(tiling, monkeypatch)
     """Seeded draws over the whole small configuration space, in each tiling (the channels tiling forced on
     contiguous tensors: it reads and writes through strides)."""
     monkeypatch.setattr(mp, "_FORCE_TILING", tiling)
-    mp.clear_plans()
+    config.clear_plans()
     try:
         for dims, ceil_mode in _random_windows(12, seed=7 if tiling == "lines" else 8):
             check_case(MAX3D, _window_args(dims, ceil_mode, "ties", batch=(2, 3)), what=f"{dims} {ceil_mode}")
     finally:
-        mp.clear_plans()
+        config.clear_plans()
 
 
 @pytest.mark.parametrize("op, axis", [(AMAX2D, "H"), (AMAX2D, "W"), (AMAX3D, "D")])
@@ -227,7 +227,7 @@ def test_indices_outside_their_window_or_plane_add_nothing(tiling, monkeypatch):
     """Indices no forward produced: the op follows an index only inside its output's window (and so the plane);
     the rest add nothing anywhere (stock's kernels write wherever they point, out of bounds included)."""
     monkeypatch.setattr(mp, "_FORCE_TILING", tiling)
-    mp.clear_plans()
+    config.clear_plans()
     try:
         for dims, ceil_mode in (WINDOWS[1], WINDOWS[3]):
             g, x, k, s, p, d, c, idx = _window_args(dims, ceil_mode, "randn")
@@ -248,7 +248,7 @@ def test_indices_outside_their_window_or_plane_add_nothing(tiling, monkeypatch):
             assert_close(op(g, x, bad), _scatter_reference(g, bad, tuple(x.shape), len(osize), followed),
                          torch.float32, str(shape))
     finally:
-        mp.clear_plans()
+        config.clear_plans()
 
 
 def test_windows_holding_no_input_pass_no_gradient():
@@ -404,7 +404,7 @@ def _same_bits_with_small_knobs(run, first, block_knob, label, monkeypatch) -> l
     seen = []
     for knobs in ({"_TILE": 4}, {block_knob: 2}, {"_MAX_PROGRAMS": 2, "_TILE": 16}, {"I32_MAX": 16},
                   {"_COLS0": not mp._COLS0, "_TILE": 64}):
-        mp.clear_plans()
+        config.clear_plans()
         for knob, value in knobs.items():
             monkeypatch.setattr(mp, knob, value)
         launches = _launches(monkeypatch)
@@ -416,19 +416,19 @@ def _same_bits_with_small_knobs(run, first, block_knob, label, monkeypatch) -> l
             assert consts["I64"]
         seen.append(consts)
         monkeypatch.undo()
-    mp.clear_plans()
+    config.clear_plans()
     return seen
 
 
 def _tiled(op, args, tiling, monkeypatch):
     """The op's result with `tiling` forced (fresh plans)."""
     monkeypatch.setattr(mp, "_FORCE_TILING", tiling)
-    mp.clear_plans()
+    config.clear_plans()
     try:
         return getattr(ops, op)(*args)
     finally:
         monkeypatch.setattr(mp, "_FORCE_TILING", None)
-        mp.clear_plans()
+        config.clear_plans()
 
 
 # per op, a problem with overlapping windows (max_pool3d's and adaptive 2d's channels_last: the channels tiling when
@@ -516,7 +516,7 @@ def test_load_orders_and_layout_factors_give_the_same_bits(case, monkeypatch):
                   {"_FORCE_TILING": "channels", "_EAGER_SLOTS": 0}):
         for knob, value in knobs.items():
             monkeypatch.setattr(mp, knob, value)
-        mp.clear_plans()
+        config.clear_plans()
         launches = _launches(monkeypatch)
         assert_bitwise_equal(getattr(ops, op)(*args), first, f"{op} {knobs}")
         consts = launches[0][2]
@@ -526,7 +526,7 @@ def test_load_orders_and_layout_factors_give_the_same_bits(case, monkeypatch):
         if consts["CHANNELS"] and op != AMAX3D:
             assert consts["ALIGN"][1] > 1 and consts["ALIGN"][2] > 1, consts["ALIGN"]  # (8 channels)
         monkeypatch.undo()
-    mp.clear_plans()
+    config.clear_plans()
 
 
 # ----------------------------------------------------------------------------------------------- errors

@@ -11,7 +11,7 @@ import torch.nn as nn
 
 import gradkern
 from conftest import DEVICE, DTYPES, dtype_id, gpu_only
-from gradkern import ops
+from gradkern import config, ops
 from gradkern.kernels import nll_loss as nl
 from gradkern.registry import REGISTRY
 from gradkern.testing import assert_bitwise_equal, assert_close, assert_repeats_bitwise, check_case, run_reference
@@ -195,11 +195,11 @@ def test_repeats_tilings_and_index_widths(monkeypatch):
             monkeypatch.setattr(nl, name, value)
         for weight in (w, None):
             for reduction in (MEAN, SUM):
-                nl.clear_plans()
+                config.clear_plans()
                 launches.clear()
                 split = check_case(OP, (x, t, weight, reduction, -100), what=f"{knobs}")
                 assert len(launches) == 2 and launches[0][1][0] > 1, knobs
-                nl.clear_plans()
+                config.clear_plans()
                 monkeypatch.setattr(nl, "I32_MAX", 16)
                 launches.clear()
                 assert_bitwise_equal(ops.nll_loss2d_forward(x, t, weight, reduction, -100), split, f"{knobs} I64")
@@ -207,7 +207,7 @@ def test_repeats_tilings_and_index_widths(monkeypatch):
                 monkeypatch.setattr(nl, "I32_MAX", 2**31 - 1)
         monkeypatch.undo()
         launches = _launches(monkeypatch)
-    nl.clear_plans()
+    config.clear_plans()
 
 
 def test_bad_inputs_raise_named_errors_and_launch_nothing(monkeypatch):

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 import gradkern
 from conftest import DEVICE, DTYPES, dtype_id, gpu_only, small_pad_tiles
-from gradkern import ops
+from gradkern import config, ops
 from gradkern.kernels import pad as padmod
 from gradkern.registry import REGISTRY
 from gradkern.testing import (
@@ -239,14 +239,14 @@ def test_int64_offsets_and_several_planes_per_program(op, monkeypatch):
     expected = getattr(ops, op)(*problem)
     knobs = [("I32_MAX", 64)] + ([("_MAX_PROGRAMS", 2)] if d > 1 else [])  # 1d here is a single tile
     for knob, value in knobs:
-        padmod.clear_plans()
+        config.clear_plans()
         monkeypatch.setattr(padmod, knob, value)
         plan = padmod._plan(padmod._Spec(op, d, op.startswith("reflection")), tuple(problem[0].shape),
                             problem[0].stride(), shape, tuple(pads), problem[1].stride(), torch.float32)
         assert plan.consts["I64"] if knob == "I32_MAX" else plan.args[1] > 1
         assert_bitwise_equal(getattr(ops, op)(*problem), expected, f"{op} {knob}={value}")
         monkeypatch.undo()
-    padmod.clear_plans()
+    config.clear_plans()
 
 
 @pytest.mark.parametrize("op", [op for op in OPS if _dims(op) > 1])  # (1d pads no rows: never EARLY)
@@ -258,13 +258,13 @@ def test_strip_values_gathered_before_or_after_the_bulk_store_agree(op, monkeypa
     problem = _problem(op, shape, pads, torch.float32)
     results = {}
     for early in (True, False):
-        padmod.clear_plans()
+        config.clear_plans()
         monkeypatch.setattr(padmod, "_EARLY_STRIPS", early)
         plan = padmod._plan(padmod._Spec(op, d, op.startswith("reflection")), tuple(problem[0].shape),
                             problem[0].stride(), shape, tuple(pads), problem[1].stride(), torch.float32)
         assert plan.consts["EARLY"] is early  # (this problem's planes fit one tile)
         results[early] = getattr(ops, op)(*problem)
-    padmod.clear_plans()
+    config.clear_plans()
     assert_bitwise_equal(results[True], results[False], op)
 
 
@@ -287,13 +287,13 @@ def test_edge_columns_in_the_bulk_agree_with_their_own_part(op, w_in, w_pads, sp
         monkeypatch.setattr(padmod, "_TILE", dict.fromkeys((1, 2, 3), 16))
     results = {}
     for edges in ({(d, 4)}, set()):
-        padmod.clear_plans()
+        config.clear_plans()
         monkeypatch.setattr(padmod, "_EDGES", edges)
         plan = padmod._plan(padmod._Spec(op, d, reflect), tuple(problem[0].shape), problem[0].stride(), shape,
                             tuple(pads), problem[1].stride(), torch.float32)
         assert plan.consts["EDGES"] is bool(edges) and plan.consts["EARLY"] is not split
         results[bool(edges)] = check_case(op, problem, what=f"{op} pad {pads} EDGES={bool(edges)}")
-    padmod.clear_plans()
+    config.clear_plans()
     assert_bitwise_equal(results[True], results[False], op)
 
 
@@ -314,13 +314,13 @@ def test_corners_a_source_a_lane_and_per_element_match_stock(op, split, monkeypa
     for shape, pads in CORNERS[d]:
         problem = _problem(op, shape, pads, torch.float32)
         for lanes in (1024, 0):
-            padmod.clear_plans()
+            config.clear_plans()
             monkeypatch.setattr(padmod, "_CORNER_LANES", lanes)
             plan = padmod._plan(padmod._Spec(op, d, False), tuple(problem[0].shape), problem[0].stride(), shape,
                                 tuple(pads), problem[1].stride(), torch.float32)
             assert (plan.consts["CS"] > 0) is (lanes > 0) and (split or plan.consts["EARLY"])
             check_case(op, problem, what=f"{op} {shape} pad {pads} lanes {lanes} split {split}")
-    padmod.clear_plans()
+    config.clear_plans()
 
 
 # power-of-two planes (each a whole tile), one of them strided, and a plane whose W is not (its tile is wider); where
@@ -342,7 +342,7 @@ def test_whole_tiles_unmasked_match_stock_and_masked(op, monkeypatch):
             g = torch.randn((*g.shape[:-1], 2 * g.shape[-1]), device=DEVICE).to(torch.bfloat16)[..., ::2]
         outs = []
         for unmasked, fixed in (({(3, 2)}, True), ({(3, 2)}, False), (set(), True)):
-            padmod.clear_plans()
+            config.clear_plans()
             monkeypatch.setattr(padmod, "_UNMASKED", unmasked)
             monkeypatch.setattr(padmod, "_FIXED", fixed)
             plan = padmod._plan(padmod._Spec(op, 3, op.startswith("reflection")), tuple(g.shape), g.stride(),
@@ -354,7 +354,7 @@ def test_whole_tiles_unmasked_match_stock_and_masked(op, monkeypatch):
             outs.append(getattr(ops, op)(g, x, p))
         assert_bitwise_equal(outs[0], outs[2])
         assert_bitwise_equal(outs[1], outs[2])
-    padmod.clear_plans()
+    config.clear_plans()
 
 
 def test_magic_division_is_exact():

@@ -301,21 +301,6 @@ def test_strided_relaunch_keys_follow_scalar_specialisation():
             check_case("hardshrink", (x, lam), what=f"hardshrink lambd={lam} offset={start}")
 
 
-def test_per_problem_caches_stay_bounded(monkeypatch):
-    """`_runtime.remember`, behind every plan and launcher cache: a None key (a problem that could not be keyed) is
-    not stored, and a cache that holds more than CACHE_LIMIT entries is emptied before the next one goes in."""
-    from gradkern import _runtime
-
-    monkeypatch.setattr(_runtime, "CACHE_LIMIT", 2)
-    cache: dict = {}
-    assert _runtime.remember(cache, None, "x") == "x" and cache == {}
-    for k in range(3):
-        assert _runtime.remember(cache, k, k * 10) == k * 10
-    assert cache == {0: 0, 1: 10, 2: 20}
-    _runtime.remember(cache, 3, 30)
-    assert cache == {3: 30}
-
-
 def test_launch_keys_direct_relaunch_by_pointer_alignment(monkeypatch):
     """`launcher.launch` adds the pointers' 16-byte alignment to the caller's key and relaunches with the
     pointers as ints: a cached launcher serves only pointers aligned as those it was made for (others take the

@@ -10,7 +10,7 @@ import torch
 
 import gradkern
 from conftest import DEVICE, DTYPES, dtype_id, gpu_only
-from gradkern import ops
+from gradkern import config, ops
 from gradkern.kernels import sparsemax as sm
 from gradkern.testing import assert_bitwise_equal, assert_close, check_case, layouts, run_reference
 
@@ -188,7 +188,7 @@ def test_split_rows_match_whole_rows(monkeypatch):
 def test_int64_offsets_path(monkeypatch):
     """The int64 indexing the kernels switch to for tensors past 2^31 elements (forced with a tiny limit)."""
     monkeypatch.setattr(sm, "I32_MAX", 64)
-    sm._plan.cache_clear()
+    config.clear_plans()
     try:
         for shape, dim in (((6, 37), -1), ((37, 6), 0), ((4, 9, 5), 1)):
             x = _x(shape, torch.float32)
@@ -196,7 +196,7 @@ def test_int64_offsets_path(monkeypatch):
             y = check_case("sparsemax_forward", (x, dim), what=f"int64 forward {shape}")
             check_case("sparsemax_backward", (_x(shape, torch.float32, seed=4), y, dim), what="int64 backward")
     finally:
-        sm._plan.cache_clear()
+        config.clear_plans()
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)

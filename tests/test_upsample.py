@@ -20,7 +20,7 @@ import triton.language as tl
 
 import gradkern
 from conftest import DEVICE, DTYPES, dtype_id, gpu_only
-from gradkern import ops
+from gradkern import config, ops
 from gradkern.kernels import upsample as up
 from gradkern.launch.alloc import channels_last_format
 from gradkern.registry import REGISTRY
@@ -282,9 +282,9 @@ def _rebuilt(run, knobs: dict, monkeypatch):
     with monkeypatch.context() as m:
         for k, v in knobs.items():
             m.setattr(up, k, v)
-        up.clear_plans()
+        config.clear_plans()
         out = run()
-    up.clear_plans()
+    config.clear_plans()
     return out
 
 
@@ -319,14 +319,14 @@ def test_channels_last_takes_row_tiles(op, monkeypatch):
     d = _dims(op)
     fmt = torch.channels_last if d == 2 else torch.channels_last_3d
     monkeypatch.setattr(up, "_MAX_BC", 2)
-    up.clear_plans()
+    config.clear_plans()
     launches = _launches(monkeypatch)
     for c, memory_format, rows in ((5, fmt, True), (1, fmt, False), (5, None, False)):
         launches.clear()
         args = _args(op, (1, c, *(3, 4, 5)[-d:]), (5, 2, 9)[-d:], True, fmt=memory_format)
         check_case(op, args, what=f"{op} C={c} {memory_format}")
         assert ("BC" in launches[0][3]) is rows, (c, memory_format)
-    up.clear_plans()
+    config.clear_plans()
 
 
 # ----------------------------------------------------------------------------------------------- compiled

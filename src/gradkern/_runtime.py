@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 
 import torch
 
@@ -42,9 +41,6 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-CACHE_LIMIT = 4096  # a per-problem cache (plans, launchers) holding more entries than this is emptied
-
-
 def values_key(values) -> tuple | None:
     """A cache-key part for a sequence of int-like arguments (dims, repeats, sizes): the values with their types
     (2.0 and True equal 2 and 1, but only ints are valid); None, so not cached, where a tensor is among them (its
@@ -58,28 +54,6 @@ def meta_key(values) -> tuple:
     """A cache-key part for arguments a check reads: each tensor's shape, dtype, device and negative bit, the type of
     anything else (a check reads no more of it)."""
     return (*[(v.shape, v.dtype, v.device, v.is_neg()) if isinstance(v, torch.Tensor) else type(v) for v in values],)
-
-
-def checked(cache: dict, key, check: Callable):
-    """`cache[key]`, else `check()` (which raises for an invalid problem) remembered under `key`: a problem is
-    validated once. Nothing is remembered while torch.compile traces (check_tensor lets negative-bit views pass
-    there) or for a None key."""
-    hit = cache.get(key) if key is not None else None
-    if hit is None:
-        hit = check()
-        if not torch.compiler.is_compiling():
-            remember(cache, key, hit)
-    return hit
-
-
-def remember(cache: dict, key, value):
-    """`cache[key] = value` (nothing for a None key: a problem that could not be keyed), emptying the cache first
-    once it holds more than CACHE_LIMIT entries, so that caches keyed by problem stay bounded. Returns value."""
-    if key is not None:
-        if len(cache) > CACHE_LIMIT:
-            cache.clear()
-        cache[key] = value
-    return value
 
 
 def default_device() -> torch.device:

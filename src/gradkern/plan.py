@@ -28,7 +28,7 @@ from numbers import Number
 
 import torch
 
-from . import _runtime
+from .config import PlanCache
 from .errors import InvalidProblem
 from .launch import launcher
 from .registry import Guarantee, OpInfo, get_op, route_rule
@@ -89,7 +89,7 @@ def _describe(a):
                          type(a).__name__)
 
 
-_plans: dict = {}
+_plans = PlanCache("plan._plans")
 _lock = threading.Lock()
 
 
@@ -106,7 +106,7 @@ def plan(op_name: str, *args, **kwargs) -> Plan:
             launches, result = _recorded(lambda: _validate(info.fn, args, kwargs))
             found = Plan(op_name, key, route_of(info, args, kwargs), route_rule(info),
                          _guarantee(info, args), tuple(launches), _bytes(info, args, kwargs, result), info.fn)
-            _runtime.remember(_plans, key, found)
+            _plans.remember(key, found)
     return found
 
 

@@ -26,6 +26,7 @@ import triton.language as tl
 
 from .. import _runtime
 from .._runtime import I32_MAX, cdiv
+from ..config import PlanCache
 from ..errors import InvalidProblem, RankUnsupported, Unsupported
 from ..launch.checks import _dense_strides, broadcast_shape, check_out_overlap, check_tensor, result_dtype
 from ..launch.launcher import (
@@ -191,8 +192,10 @@ class Pointwise:
         if not 1 <= len(inputs) <= 3:
             raise ValueError("Pointwise takes one to three tensor inputs")
         self.op, self.math_fn, self.inputs, self.out_name = op, math_fn, tuple(inputs), out_name
-        self._plans: dict = {}  # validation + launch plan per (flag, out layout, input shapes/strides/dtypes)
-        self._fast: dict = {}  # compiled relaunch entries for flat problems with a fresh output
+        # validation + launch plan per (flag, out layout, input shapes/strides/dtypes)
+        self._plans = PlanCache("engines.elementwise._plans")
+        # compiled relaunch entries for flat problems with a fresh output
+        self._fast = PlanCache("engines.elementwise._fast")
 
     # -- validation and planning (cached) --------------------------------------------------------------
     def _plan(self, ts: Sequence, out, flag: int) -> _Plan:
@@ -267,7 +270,7 @@ class Pointwise:
         if plan is None:
             if len(ts) != len(self.inputs):
                 raise TypeError(f"{self.op}: expected {len(self.inputs)} tensors, got {len(ts)}")
-            plan = _runtime.remember(self._plans, key, self._plan(ts, out, flag))
+            plan = self._plans.remember(key, self._plan(ts, out, flag))
         fresh = out is None
         if not fresh:  # depends on the data pointers: checked on every call, not cached with the plan
             check_out_overlap(self.op, self.out_name, out, dict(zip(self.inputs, ts, strict=False)))
@@ -295,7 +298,7 @@ class Pointwise:
                                     BLOCK=FLAT_BLOCK, I64=i64, **kw)
             aligned = not any(t.data_ptr() & 15 for t in (out, *ts))
             if fresh and aligned and relaunchable(ck) and fkey is not None:
-                _runtime.remember(self._fast, fkey, (direct_launcher(ck), grid[0], device,
+                self._fast.remember(fkey, (direct_launcher(ck), grid[0], device,
                                                      plan.out_dtype == ts[0].dtype, plan.out_dtype, tail))
             return out
         grid = (cdiv(plan.n, STRIDED_BLOCK),)

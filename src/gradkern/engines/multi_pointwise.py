@@ -35,8 +35,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import _runtime
 from .._runtime import I32_MAX, cdiv
+from ..config import PlanCache
 from ..errors import InvalidProblem, RankUnsupported, Unsupported
 from ..launch.checks import _dense_strides, broadcast_shape
 from ..launch.launcher import SCALAR_PARAMS, bits_spec, launch, launch_consts, scalar_bits
@@ -229,7 +229,7 @@ class MultiPointwise:
             raise ValueError(f"MultiPointwise takes 1..{MAX_INPUTS} inputs and 1..{MAX_OUTPUTS} outputs")
         self.op, self.math_fn, self.inputs, self.outputs = op, math_fn, tuple(inputs), tuple(outputs)
         self.exact = exact
-        self._plans: dict = {}
+        self._plans = PlanCache("engines.multi_pointwise._plans")
 
     def __call__(self, inputs: Sequence[torch.Tensor | None], outputs: Sequence[tuple | None], *,
                  scalars: Sequence[float] = (), flag: int = 0) -> tuple[torch.Tensor | None, ...]:
@@ -240,7 +240,7 @@ class MultiPointwise:
         except (AttributeError, TypeError):  # a non-tensor argument: let validation name it
             plan, key = None, None
         if plan is None:
-            plan = _runtime.remember(self._plans, key, self._plan(inputs, outputs, flag))
+            plan = self._plans.remember(key, self._plan(inputs, outputs, flag))
         first = inputs[0]
         dev = first.device
         res: list = [None] * MAX_OUTPUTS

@@ -44,6 +44,7 @@ import triton.language as tl
 
 from .. import _runtime
 from .._runtime import I32_MAX, cdiv, next_pow2
+from ..config import PlanCache
 from ..errors import InvalidProblem, RankUnsupported, Unsupported
 from ..launch.checks import check_tensor
 from ..launch.launcher import launch, launch_consts, pdl_ok
@@ -181,7 +182,7 @@ class _Plan:
     passes: tuple[_Pass, ...]  # 1 or 2 (split + finish); empty when the result has no elements or is zeros
 
 
-_plans: dict = {}
+_plans = PlanCache("engines.reduction._plans")
 _uids = itertools.count(1)
 
 
@@ -365,7 +366,7 @@ def _get_plan(op: str, x: torch.Tensor, dims, out_dtype) -> _Plan:
         raise Unsupported(op, "out_dtype", "one of float32, float16, bfloat16, float64", out_dtype)
     nd = _normalize_dims(op, dims, x.dim())
     plan = _plan_for(op, tuple(x.shape), tuple(x.stride()), x.dtype, nd, out_dtype)
-    return _runtime.remember(_plans, key, plan)
+    return _plans.remember(key, plan)
 
 
 def plan_view(shape: tuple[int, ...], strides: tuple[int, ...], dtype: torch.dtype, dims: tuple[int, ...], *,
@@ -378,7 +379,7 @@ def plan_view(shape: tuple[int, ...], strides: tuple[int, ...], dtype: torch.dty
     plan = _plans.get(key)
     if plan is None:
         plan = _plan_for(op, shape, strides, dtype, dims, out_dtype)
-        _runtime.remember(_plans, key, plan)
+        _plans.remember(key, plan)
     return plan
 
 
@@ -389,7 +390,8 @@ def run_plan(plan: _Plan, x: torch.Tensor, out_shape: Sequence[int] | None = Non
 
 
 _CONST_NAMES = ("KR", "RR", "ACC", "BLOCK_O", "BLOCK_R", "O_CONTIG", "O_DIV", "R_CONTIG", "R_DIV", "I64", "STEP_SUM")
-_launches: dict = {}  # (pass uid, PDL) -> the pass's grid, integer arguments and launch_consts
+# (pass uid, PDL) -> the pass's grid, integer arguments and launch_consts
+_launches = PlanCache("engines.reduction._launches")
 
 
 def _run_pass(p: _Pass, src: torch.Tensor, dst: torch.Tensor, device: int) -> None:
@@ -397,7 +399,7 @@ def _run_pass(p: _Pass, src: torch.Tensor, dst: torch.Tensor, device: int) -> No
     hit = _launches.get((p.uid, pdl))
     if hit is None:
         consts = launch_consts(dict(zip(_CONST_NAMES, p.consts, strict=True)), p.num_warps, pdl=pdl)
-        hit = _runtime.remember(_launches, (p.uid, pdl), ((p.n_oblk * p.n_split,), p.ints, consts))
+        hit = _launches.remember((p.uid, pdl), ((p.n_oblk * p.n_split,), p.ints, consts))
     grid, ints, consts = hit
     launch(_sum_kernel, grid, (src, dst), ints, consts, device, (_sum_kernel, p.uid, device, pdl))
 

@@ -19,7 +19,6 @@ kernel's, so both give the same bits."""
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
@@ -27,7 +26,8 @@ import triton
 import triton.language as tl
 
 from .._cases import randn, stand_in
-from .._runtime import I32_MAX, cdiv, remember
+from .._runtime import I32_MAX, cdiv
+from ..config import PlanCache, plan_builder
 from ..errors import InvalidProblem
 from ..launch.alloc import channels_last_format, empty
 from ..launch.checks import check_like, check_tensor
@@ -190,7 +190,7 @@ def _tiling(cl: bool, c: int) -> str:
     return _FORCE_TILING or ("rows" if cl and c > 1 else "planes")
 
 
-@functools.lru_cache(maxsize=4096)
+@plan_builder
 def _plan(spec: _Spec, g_shape: tuple, g_stride: tuple, x_shape: tuple, cl: bool, dtype: torch.dtype) -> _Plan:
     """The launch of a validated, non-empty problem: every shape as (N, C, D, H, W), unbatched N = 1 with stride 0,
     2d with D = 1."""
@@ -236,13 +236,8 @@ def _plan(spec: _Spec, g_shape: tuple, g_stride: tuple, x_shape: tuple, cl: bool
                  _adaptive_avg_pool_backward_kernel)
 
 
-_VALIDATED: dict = {}  # a problem's (tensor layouts) -> its plan, checked once
+_VALIDATED = PlanCache("kernels.adaptive_pool._VALIDATED")  # a problem's (tensor layouts) -> its plan, checked once
 
-
-def clear_plans() -> None:
-    """Forget every plan (after the launch constants change: tests)."""
-    _plan.cache_clear()
-    _VALIDATED.clear()
 
 
 def _backward(spec: _Spec, grad_output, self) -> torch.Tensor:
@@ -259,7 +254,7 @@ def _backward(spec: _Spec, grad_output, self) -> torch.Tensor:
         if self.numel() == 0:
             fmt = torch.channels_last if cl else torch.contiguous_format
             return torch.empty(self.shape, dtype=self.dtype, device=self.device, memory_format=fmt)
-        plan = remember(_VALIDATED, key, _plan(spec, tuple(grad_output.shape), grad_output.stride(),
+        plan = _VALIDATED.remember(key, _plan(spec, tuple(grad_output.shape), grad_output.stride(),
                                                tuple(self.shape), cl, self.dtype))
     out = empty(plan.shape, self.dtype, self.device, plan.stride)
     device = self.get_device()

@@ -28,7 +28,6 @@ reshapes grad_input to (N*C, D, H, W))."""
 
 from __future__ import annotations
 
-import functools
 import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -38,7 +37,8 @@ import triton
 import triton.language as tl
 
 from .._cases import randn, stand_in
-from .._runtime import I32_MAX, cdiv, remember, values_key
+from .._runtime import I32_MAX, cdiv, values_key
+from ..config import PlanCache, plan_builder
 from ..errors import InvalidProblem
 from ..launch.alloc import empty
 from ..launch.checks import check_like, check_tensor
@@ -234,7 +234,7 @@ def _check(grad_output, self, win: _Window) -> None:
         raise InvalidProblem(OP, "grad_output", f"shape {want} (the pooled shape of self)", f"shape {g_shape}")
 
 
-@functools.lru_cache(maxsize=4096)
+@plan_builder
 def _plan(g_shape: tuple, g_stride: tuple, x_shape: tuple, win: _Window, mode: int, divisor: int,
           dtype: torch.dtype) -> _Plan:
     """The launch of a validated, non-empty problem; an unbatched one as a batch of one (N's stride 0)."""
@@ -261,13 +261,11 @@ def _plan(g_shape: tuple, g_stride: tuple, x_shape: tuple, win: _Window, mode: i
     return _Plan(x_shape, min(n_tiles, _MAX_PROGRAMS), args, consts)
 
 
-_VALIDATED: dict = {}  # a problem (grad_output's layout, self's shape, the window arguments) -> its plan
+# a problem (grad_output's layout, self's shape, the window arguments) -> its plan
 
 
-def clear_plans() -> None:
-    """Forget every plan (after the launch constants change: tests)."""
-    _plan.cache_clear()
-    _VALIDATED.clear()
+_VALIDATED = PlanCache("kernels.avg_pool._VALIDATED")
+
 
 
 def avg_pool3d_backward(grad_output: torch.Tensor, self: torch.Tensor, kernel_size: Sequence[int],
@@ -291,7 +289,7 @@ def avg_pool3d_backward(grad_output: torch.Tensor, self: torch.Tensor, kernel_si
         if self.numel() == 0:
             return torch.empty(self.shape, dtype=self.dtype, device=self.device)
         mode = _OVERRIDE if divisor is not None else _INCLUDE_PAD if count_include_pad else _EXCLUDE_PAD
-        plan = remember(_VALIDATED, key, _plan(tuple(grad_output.shape), grad_output.stride(), tuple(self.shape),
+        plan = _VALIDATED.remember(key, _plan(tuple(grad_output.shape), grad_output.stride(), tuple(self.shape),
                                                win, mode, 1 if divisor is None else divisor, self.dtype))
     out = empty(plan.shape, self.dtype, self.device)
     device = self.get_device()

@@ -16,7 +16,8 @@ import triton
 import triton.language as tl
 
 from .._cases import matrix_shape, randn, stand_in
-from .._runtime import FLOAT_DTYPES, checked, meta_key
+from .._runtime import FLOAT_DTYPES, meta_key
+from ..config import PlanCache
 from ..engines.multi_pointwise import MultiPointwise, check_output_mask
 from ..errors import InvalidProblem, Unsupported
 from ..launch.checks import broadcast_shape, check_tensor
@@ -156,12 +157,12 @@ def lerp_backward(grad: torch.Tensor, self: torch.Tensor, end: torch.Tensor, wei
     input's shape and dtype; None where output_mask says so, and grad_weight None for a Python-number weight
     (self and end are read only for grad_weight)."""
     mask = check_output_mask(_OP, output_mask, 3)
-    specs = checked(_checked, (mask, *meta_key((grad, self, end, weight))),
+    specs = _checked.checked((mask, *meta_key((grad, self, end, weight))),
                     lambda: _lerp_specs(grad, self, end, weight, mask))
     return _lerp_grads(grad, self, end, weight, *specs)
 
 
-_checked: dict = {}  # validated problems -> the gradients' (shape, dtype) specs
+_checked = PlanCache("kernels.lerp._checked")  # validated problems -> the gradients' (shape, dtype) specs
 
 
 def _lerp_specs(grad, self, end, weight, mask) -> tuple:

@@ -61,7 +61,6 @@ more, g is loaded only where the index is the input's. Offsets are 32-bit unless
 
 from __future__ import annotations
 
-import functools
 import math
 import operator
 from collections.abc import Sequence
@@ -72,7 +71,8 @@ import triton
 import triton.language as tl
 
 from .._cases import randn
-from .._runtime import I32_MAX, cdiv, remember, values_key
+from .._runtime import I32_MAX, cdiv, values_key
+from ..config import PlanCache, plan_builder
 from ..errors import InvalidProblem, Unsupported
 from ..launch.alloc import channels_last_format, empty
 from ..launch.checks import check_like, check_tensor
@@ -444,7 +444,7 @@ def _progressions(window: tuple | None, ins: tuple, outs: tuple) -> tuple[tuple,
     return wins, ks, arith
 
 
-@functools.lru_cache(maxsize=4096)
+@plan_builder
 def _plan(spec: _Spec, g_shape: tuple, g_stride: tuple, x_stride: tuple, shape: tuple, cl: bool,
           dtype: torch.dtype, window: tuple | None) -> _Plan:
     """The launch of a validated, non-empty problem (`window`: max pooling's (k, s, p, d) per dim, else None)."""
@@ -511,13 +511,11 @@ def _plan(spec: _Spec, g_shape: tuple, g_stride: tuple, x_stride: tuple, shape: 
     return _Plan(shape, None if contiguous else out_stride, min(n_tiles, _MAX_PROGRAMS), args, consts)
 
 
-_VALIDATED: dict = {}  # a problem's (tensor layouts, window) -> its plan, checked once
+# a problem's (tensor layouts, window) -> its plan, checked once
 
 
-def clear_plans() -> None:
-    """Forget every plan (after the launch constants change: tests)."""
-    _plan.cache_clear()
-    _VALIDATED.clear()
+_VALIDATED = PlanCache("kernels.max_pool._VALIDATED")
+
 
 
 def _lookup(spec: _Spec, grad_output, self, indices, params: tuple) -> tuple:
@@ -547,7 +545,7 @@ def _backward(spec: _Spec, grad_output, self, indices, params: tuple = ()) -> to
         if self.numel() == 0:
             return torch.empty_strided(self.shape, _out_stride(spec, tuple(self.shape), cl), dtype=self.dtype,
                                        device=self.device)
-        plan = remember(_VALIDATED, key, _plan(spec, tuple(grad_output.shape), grad_output.stride(),
+        plan = _VALIDATED.remember(key, _plan(spec, tuple(grad_output.shape), grad_output.stride(),
                                                indices.stride(), tuple(self.shape), cl, self.dtype, window))
     out = empty(plan.shape, self.dtype, self.device, plan.stride)
     device = self.get_device()

@@ -38,7 +38,8 @@ import triton
 import triton.language as tl
 
 from .._cases import randn
-from .._runtime import I32_MAX, cdiv, remember
+from .._runtime import I32_MAX, cdiv
+from ..config import PlanCache
 from ..errors import InvalidProblem, Unsupported
 from ..launch.alloc import empty
 from ..launch.checks import check_like, check_tensor
@@ -239,12 +240,11 @@ def _plan(x_shape: tuple, x_stride: tuple, t_stride: tuple, w_shape: tuple | Non
     return _Plan(reduction, out_shape, out_stride, False, flat_weight, grid, args, consts, grid, acc, finish)
 
 
-_VALIDATED: dict = {}  # a problem's (layouts, reduction, ignore_index) -> its plan, checked once
+# a problem's (layouts, reduction, ignore_index) -> its plan, checked once
 
 
-def clear_plans() -> None:
-    """Forget every plan (after the launch constants change: tests)."""
-    _VALIDATED.clear()
+_VALIDATED = PlanCache("kernels.nll_loss._VALIDATED")
+
 
 
 def _key(self, target, weight, reduction, ignore_index) -> tuple:
@@ -273,7 +273,7 @@ def nll_loss2d_forward(self: torch.Tensor, target: torch.Tensor, weight: torch.T
         key = plan = None
     if plan is None:
         red, ign = _check(self, target, weight, reduction, ignore_index)
-        plan = remember(_VALIDATED, key, _plan(
+        plan = _VALIDATED.remember(key, _plan(
             tuple(self.shape), self.stride(), target.stride(), None if weight is None else tuple(weight.shape),
             None if weight is None else weight.stride(), self.dtype, red, ign))
     if plan.empty:

@@ -55,7 +55,8 @@ import triton.language as tl
 
 from .. import _runtime
 from .._cases import randn
-from .._runtime import I32_MAX, cdiv, remember, values_key
+from .._runtime import I32_MAX, cdiv, values_key
+from ..config import PlanCache, plan_builder
 from ..errors import InvalidProblem, Unsupported
 from ..launch.alloc import empty, empty_contiguous_like
 from ..launch.checks import check_like, check_out_overlap, check_tensor
@@ -664,7 +665,7 @@ def _magic(n: int) -> tuple[int, int]:
     return -(-(1 << s) // n), s
 
 
-@functools.lru_cache(maxsize=4096)
+@plan_builder
 def _plan(spec: _Spec, g_shape, g_strides, self_shape, pads, out_strides, dtype: torch.dtype) -> _Plan:
     """The launch for one layout (shapes already checked)."""
     merge = spec.dims == 1 and _mergeable(g_shape, g_strides) and _mergeable(self_shape, out_strides)
@@ -752,13 +753,11 @@ def _check_out(spec: _Spec, out, self: torch.Tensor, grad_output: torch.Tensor, 
         out.resize_(self.shape)
 
 
-_VALIDATED: dict = {}  # a problem with a fresh grad_input (its tensors' layouts, padding) -> its plan, checked once
+# a problem with a fresh grad_input (its tensors' layouts, padding) -> its plan, checked once
 
 
-def clear_plans() -> None:
-    """Forget every plan (after the launch constants change: tests, scripts/tune.py)."""
-    _plan.cache_clear()
-    _VALIDATED.clear()
+_VALIDATED = PlanCache("kernels.pad._VALIDATED")
+
 
 
 def _backward(spec: _Spec, grad_output, self, padding, grad_input=None, resize: bool = False) -> torch.Tensor:
@@ -797,7 +796,7 @@ def _backward(spec: _Spec, grad_output, self, padding, grad_input=None, resize: 
         return out
     plan = _plan(spec, g_shape, grad_output.stride(), self_shape, pads, out.stride(), self.dtype)
     if grad_input is None:
-        remember(_VALIDATED, key, plan)
+        _VALIDATED.remember(key, plan)
     device = self.get_device()
     launch(_pad_backward_kernel, (plan.grid,), (out, grad_output), plan.args, plan.consts, device, (plan, device))
     return out

@@ -27,7 +27,8 @@ import triton
 import triton.language as tl
 
 from .._cases import randn
-from .._runtime import FLOAT_DTYPES, I32_MAX, cdiv, checked, math_dtype, meta_key, next_pow2, remember
+from .._runtime import FLOAT_DTYPES, I32_MAX, cdiv, math_dtype, meta_key, next_pow2
+from ..config import PlanCache
 from ..engines.multi_pointwise import MultiPointwise, check_output_mask
 from ..engines.reduction import plan_view, run_plan
 from ..errors import InvalidProblem, Unsupported
@@ -77,12 +78,12 @@ def _full_route(grad_output, self, weight) -> bool:
 def _prelu_kernel_backward(grad_output: torch.Tensor, self: torch.Tensor, weight: torch.Tensor
                            ) -> tuple[torch.Tensor, torch.Tensor]:
     """ATen's prelu backward: (x > 0 ? g : w*g, x > 0 ? 0 : x*g), both at the broadcast shape (w broadcast to x)."""
-    spec = checked(_checked, (_OP_FULL, *meta_key((grad_output, self, weight))),
+    spec = _checked.checked((_OP_FULL, *meta_key((grad_output, self, weight))),
                    lambda: _kernel_backward_spec(grad_output, self, weight))
     return _PRELU_FULL((grad_output, self, weight), (spec, spec))
 
 
-_checked: dict = {}  # validated problems of both ops -> what their validation found
+_checked = PlanCache("kernels.prelu._checked")  # validated problems of both ops -> what their validation found
 
 
 def _kernel_backward_spec(grad_output, self, weight) -> tuple:
@@ -205,7 +206,7 @@ class _Fused:
     uid: int  # identifies the plan (so its kernel's specialisation) in the relaunch cache
 
 
-_plans: dict = {}
+_plans = PlanCache("kernels.prelu._plans")
 _uids = itertools.count(1)
 
 
@@ -253,7 +254,7 @@ def _fused_plan(x: torch.Tensor, g: torch.Tensor, C: int) -> _Fused | None:
         fmt = {4: torch.channels_last, 5: torch.channels_last_3d}.get(x.dim())
         if fmt is not None and x.is_contiguous(memory_format=fmt) and g.is_contiguous(memory_format=fmt):
             plan = _cols_plan(n // C, C, 1)
-    return remember(_plans, key, plan)
+    return _plans.remember(key, plan)
 
 
 def _channel_shape(x: torch.Tensor, C: int) -> list[int]:
@@ -274,7 +275,7 @@ def _prelu_grads(grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, need
            need_input, need_weight)
     call = _plans.get(key)
     if call is None:
-        call = remember(_plans, key, _call_plan(grad, x, weight, need_input, need_weight))
+        call = _plans.remember(key, _call_plan(grad, x, weight, need_input, need_weight))
     if call.fused is None:  # a layout the fused kernels do not walk: elementwise pass + deterministic sum
         w = weight.reshape(call.w_shape)
         gi, gw = _PRELU_FULL((grad, x, w), ((x.shape, x.dtype) if need_input else None,
@@ -430,7 +431,7 @@ def prelu_backward(grad_output: torch.Tensor, self: torch.Tensor, weight: torch.
     """Gradients of torch.prelu(self, weight) in one pass: (grad_input, grad_weight), grad_weight in weight's
     shape (reduced in the same pass, deterministically); None where output_mask says so."""
     mask = check_output_mask(_OP, output_mask, 2)
-    checked(_checked, (_OP, *meta_key((grad_output, self, weight))), lambda: _check_backward(grad_output, self, weight))
+    _checked.checked((_OP, *meta_key((grad_output, self, weight))), lambda: _check_backward(grad_output, self, weight))
     return _prelu_grads(grad_output, self, weight, *mask)
 
 

@@ -20,7 +20,8 @@ from collections.abc import Sequence
 
 import torch
 
-from .._runtime import FLOAT_DTYPES, remember, values_key
+from .._runtime import FLOAT_DTYPES, values_key
+from ..config import PlanCache
 from ..engines.reduction import plan_view, run_plan
 from ..errors import InvalidProblem, RankUnsupported
 from ..launch.checks import check_tensor
@@ -30,7 +31,7 @@ from ..routing.dispatch import stock_call
 
 _OP = "repeat_backward"
 MAX_REPEAT_RANK = 8
-_views: dict = {}
+_views = PlanCache("kernels.repeat._views")
 
 
 def _ints(name: str, values, what: str) -> tuple[int, ...]:
@@ -85,7 +86,7 @@ def repeat_backward(grad: torch.Tensor, repeats: Sequence[int], input_shape: Seq
     except (AttributeError, TypeError):
         key, plan = None, None
     if plan is None:
-        plan = remember(_views, key, _plan(grad, repeats, input_shape))
+        plan = _views.remember(key, _plan(grad, repeats, input_shape))
     if plan[2]:  # nothing to sum: autograd's formula returns grad itself (a sum would turn -0.0 into +0.0)
         return grad.clone(memory_format=torch.contiguous_format)
     return run_plan(plan[0], grad, plan[1])

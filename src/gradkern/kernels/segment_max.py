@@ -33,6 +33,7 @@ import triton.language as tl
 
 from .. import _runtime
 from .._runtime import DEVICE_TYPE, FLOAT_DTYPES, cdiv, meta_key, next_pow2
+from ..config import PlanCache
 from ..errors import InvalidProblem, Unsupported
 from ..launch.checks import check_tensor
 from ..launch.launcher import launch, launch_consts, pdl_ok
@@ -382,13 +383,13 @@ class _Plan:
     uid: int
 
 
-_plans: dict = {}
+_plans = PlanCache("kernels.segment_max._plans")
 _plan_uids = itertools.count(1)
 
 
 def _planned(key, make) -> _Plan:
     plan = _plans.get(key)
-    return plan if plan is not None else _runtime.remember(_plans, key, make())
+    return plan if plan is not None else _plans.remember(key, make())
 
 
 def _new_plan(grid: int, ints: tuple, copies: tuple, consts: dict, warps: int, pdl: bool, **options) -> _Plan:

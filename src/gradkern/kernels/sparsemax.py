@@ -36,7 +36,6 @@ NaN get NaN (so the rows the forward fills with NaN get NaN gradients).
 
 from __future__ import annotations
 
-import functools
 import itertools
 import math
 import operator
@@ -49,6 +48,7 @@ import triton.language as tl
 from .. import _runtime
 from .._cases import randn
 from .._runtime import I32_MAX, cdiv, next_pow2
+from ..config import plan_builder
 from ..engines.elementwise import _collapse
 from ..errors import InvalidProblem, Unsupported
 from ..launch.checks import _dense_strides, check_tensor
@@ -494,7 +494,7 @@ def _out_strides(t: torch.Tensor) -> tuple[int, ...]:
     return tuple(t.stride()) if _dense_strides(t) else _contiguous_strides(t.shape)
 
 
-@functools.lru_cache(maxsize=4096)
+@plan_builder
 def _plan(op: str, shape: tuple[int, ...], strides: tuple[tuple[int, ...], ...], dtype: torch.dtype, dim: int,
           block_max: int) -> _Plan:
     """`strides`: the operands' strides, the one that sets the tiling first, the output last."""

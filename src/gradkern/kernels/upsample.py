@@ -43,7 +43,6 @@ grad_output's suggested memory format (channels_last / channels_last_3d), linear
 
 from __future__ import annotations
 
-import functools
 import math
 import operator
 from collections.abc import Sequence
@@ -55,7 +54,8 @@ import triton
 import triton.language as tl
 
 from .._cases import randn
-from .._runtime import I32_MAX, cdiv, remember, values_key
+from .._runtime import I32_MAX, cdiv, values_key
+from ..config import PlanCache, plan_builder
 from ..errors import InvalidProblem, Unsupported
 from ..launch.alloc import channels_last_format, empty
 from ..launch.checks import check_tensor
@@ -532,7 +532,7 @@ def _tiling(cl: bool, c: int) -> str:
     return _FORCE_TILING or ("rows" if cl and c > 1 else "planes")
 
 
-@functools.lru_cache(maxsize=4096)
+@plan_builder
 def _plan(spec: _Spec, g_stride: tuple, in_sizes: tuple, out_sizes: tuple, align: bool, scales: tuple,
           fmt: torch.memory_format | None, dtype: torch.dtype) -> _Plan:
     """The launch of a validated, non-empty problem: every shape as (N, C, D, H, W), D (and H) 1 for 2d (1d)."""
@@ -581,13 +581,11 @@ def _plan(spec: _Spec, g_stride: tuple, in_sizes: tuple, out_sizes: tuple, align
     return _Plan(in_sizes, out_stride if cl else None, min(n_tiles, _MAX_PROGRAMS), args, consts, kernel)
 
 
-_VALIDATED: dict = {}  # a problem (grad_output's layout, sizes, flags, scales) -> its plan, checked once
+# a problem (grad_output's layout, sizes, flags, scales) -> its plan, checked once
 
 
-def clear_plans() -> None:
-    """Forget every plan (after the launch constants change: tests)."""
-    _plan.cache_clear()
-    _VALIDATED.clear()
+_VALIDATED = PlanCache("kernels.upsample._VALIDATED")
+
 
 
 def _scales_key(scales: tuple):
@@ -614,7 +612,7 @@ def _backward(spec: _Spec, grad_output, output_size, input_size, align_corners, 
         for name, s, i, o in zip(spec.scale_names, scales, in_sizes[2:], out_sizes, strict=True):
             if not math.isfinite(_scale(i, o, align_corners, s, grad_output.dtype)):
                 raise InvalidProblem(spec.name, name, "a scale whose reciprocal is finite in the math dtype", s)
-        plan = remember(_VALIDATED, key, _plan(spec, grad_output.stride(), in_sizes, out_sizes, align_corners,
+        plan = _VALIDATED.remember(key, _plan(spec, grad_output.stride(), in_sizes, out_sizes, align_corners,
                                                tuple(scales), fmt, grad_output.dtype))
     out = empty(plan.shape, grad_output.dtype, grad_output.device, plan.stride)
     device = grad_output.get_device()

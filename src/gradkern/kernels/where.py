@@ -14,7 +14,8 @@ import triton
 import triton.language as tl
 
 from .._cases import matrix_shape, randn, stand_in
-from .._runtime import FLOAT_DTYPES, checked, meta_key
+from .._runtime import FLOAT_DTYPES, meta_key
+from ..config import PlanCache
 from ..engines.multi_pointwise import MultiPointwise, check_output_mask
 from ..errors import InvalidProblem
 from ..launch.checks import broadcast_shape, check_tensor
@@ -108,12 +109,12 @@ def where_backward(grad: torch.Tensor, condition: torch.Tensor, self, other,
     """Gradients of torch.where(condition, self, other) in one pass: (grad_self, grad_other), each at its input's
     shape and dtype (None where output_mask says so; only the inputs' shapes and dtypes are read)."""
     mask = check_output_mask(_OP, output_mask, 2)
-    specs = checked(_checked, (mask, *meta_key((grad, condition, self, other))),
+    specs = _checked.checked((mask, *meta_key((grad, condition, self, other))),
                     lambda: _where_specs(grad, condition, self, other, mask))
     return _where_grads(grad, condition, *specs)
 
 
-_checked: dict = {}  # validated problems -> the gradients' (shape, dtype) specs
+_checked = PlanCache("kernels.where._checked")  # validated problems -> the gradients' (shape, dtype) specs
 
 
 def _where_specs(grad, condition, self, other, mask) -> tuple:

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import torch
 
 from .. import _runtime
+from ..config import PlanCache
 from ..errors import InvalidProblem, Unsupported
 
 
@@ -46,7 +47,10 @@ def check_like(op: str, arg: str, t: torch.Tensor, ref_arg: str, ref: torch.Tens
         raise Unsupported(op, arg, f"a tensor on {ref.device} (the device of {ref_arg})", t.device)
 
 
-_BROADCAST: dict = {}  # shapes -> broadcast shape (torch.broadcast_shapes costs 10-20 us a call)
+# shapes -> broadcast shape (torch.broadcast_shapes costs 10-20 us a call)
+
+
+_BROADCAST = PlanCache("launch.checks._BROADCAST")
 
 
 def broadcast_shape(op: str, names: Sequence[str], shapes: Sequence) -> tuple[int, ...]:
@@ -63,7 +67,7 @@ def broadcast_shape(op: str, names: Sequence[str], shapes: Sequence) -> tuple[in
         except RuntimeError:
             given = ", ".join(f"{n}{tuple(s)}" for n, s in zip(names, shapes, strict=False))
             raise InvalidProblem(op, "/".join(names), "shapes that broadcast together", given) from None
-        _runtime.remember(_BROADCAST, key, shape)
+        _BROADCAST.remember(key, shape)
     return shape
 
 

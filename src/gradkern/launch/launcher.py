@@ -13,6 +13,7 @@ import triton
 
 from .. import _runtime
 from .._runtime import I32_MAX
+from ..config import PlanCache
 from ..errors import Unsupported
 from .tl_helpers import HAS_GDC
 
@@ -74,7 +75,7 @@ def _rounded(value: float, dtype: torch.dtype) -> float:
 
 
 # ----------------------------------------------------------------------------------------------- fast launch
-_fast_cache: dict = {}
+_fast_cache = PlanCache("launch.launcher._fast_cache")
 _empty_like = torch.empty_like
 _get_device = getattr(torch._C, "_cuda_getDevice", None)
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
@@ -171,4 +172,4 @@ def launch(kernel, grid: tuple[int, ...], ptrs: Sequence[torch.Tensor], ints: Se
         return
     ck = kernel[grid](*ptrs, *ints, **kw)
     if spec_key is not None and relaunchable(ck):
-        _runtime.remember(_fast_cache, spec_key, direct_launcher(ck))  # built once per specialisation, not per call
+        _fast_cache.remember(spec_key, direct_launcher(ck))  # built once per specialisation, not per call
