@@ -1,12 +1,14 @@
 """Sweep launch constants on the GPU machine: `python scripts/tune.py compile GROUP I` compiles config I of a
 group (run many at once: Triton's on-disk cache is shared), `python scripts/tune.py time GROUP...` times every
-config of the groups in one process and writes $OUT/tune-GROUP.json. Each config sets module constants; the
-plans are rebuilt for it. Every result is also checked against stock PyTorch (a config that is fast but wrong
-shows as such). The constants chosen from these figures are the modules' defaults; results depend only on the
-shape, dtype and these constants, never on timing."""
+config of the groups in one process and writes $OUT/tune-GROUP.json, one record per (config, op, dtype, case) with
+the GPU, torch and Triton versions and the date. A config overrides fields of an op family's frozen config object
+(`gradkern.config.override`); the plans are rebuilt for it. Every result is also checked against stock PyTorch (a
+config that is fast but wrong shows as such). The values chosen from these figures are the families' shipped
+configs; results depend only on the shape, dtype and the config, never on timing."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -39,7 +41,7 @@ def _sr(r2, r4, w2, w4):  # segment_reduce's small tiles: register caps and warp
     return (segment_max, {"_SEGRED_MAXNREG": caps, "_WARPS_SMALL": warps})
 
 
-DEFAULTS = (None, {})  # the modules' own constants
+DEFAULTS = (None, {})  # the families' shipped configs
 
 def _caps(**by_size):  # pad's register caps {(dims, element size, reflect): cap}, both modes alike: d3e2=80 ...
     return {(int(k[1]), int(k[3:]), mode): v for k, v in by_size.items() for mode in (False, True)}
@@ -123,32 +125,27 @@ GROUPS = {  # name: (ops, dtypes, configs); each config overrides only what it n
                 (reduction, {"_STEP_SUM": False, "_MIN_PROGRAMS": 1})]),  # the last: before either
 }
 
-_saved: dict = {}
+_active = contextlib.ExitStack()  # the override in force (config 0, the defaults: none)
 
 
-def _clear() -> None:
+def _apply(group_config) -> None:
+    """Make `group_config`, a (Tunable, {field: value}) pair or DEFAULTS, the one in force; every plan is rebuilt."""
+    _active.close()
+    tunable, values = group_config
+    if tunable is not None:
+        _active.enter_context(config.override(tunable, **values))
     config.clear_plans()
-
-
-def _apply(config) -> None:
-    for (module, k), v in _saved.items():  # back to the defaults first
-        setattr(module, k, v)
-    module, values = config
-    for k, v in values.items():
-        _saved.setdefault((module, k), getattr(module, k))
-        setattr(module, k, v)
-    _clear()
 
 
 def refs(out_dir: str) -> None:
     """Copies to compare with: the copy ceiling (2 GB moved), a copy as large as each op case, for pad the
     strided copy of grad_output's interior (the direct sources alone) by ATen, and for repeat (64, 1) a plain read
     of its grad (a read-only stream: no kernel that reads those bytes can take less)."""
-    recs = []
+    recs, env = [], _env()
 
     def rec(what, nbytes, fn):
         t = _ms(fn)
-        recs.append({"what": what, "ms": t, "gbs": nbytes / t / 1e6})
+        recs.append({**env, "what": what, "ms": t, "gbs": nbytes / t / 1e6})
         print(f"ref {what}: {t:.4f} ms {nbytes / t / 1e6:.0f} GB/s", flush=True)
 
     for n in (1 << 28, 1 << 24, 1 << 22):
@@ -214,8 +211,16 @@ def compile_one(group: str, i: int) -> None:
         torch.cuda.synchronize()
 
 
+def _env() -> dict:
+    """The columns every record carries, so that figures from different cards and versions stay apart."""
+    return {"gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu (interpreter)",
+            "torch": torch.__version__, "triton": triton.__version__,
+            "date": time.strftime("%Y-%m-%d", time.gmtime())}
+
+
 def time_group(group: str, out_dir: str) -> None:
     configs = GROUPS[group][2]
+    env = _env()
     cases = list(_cases(group))
     records = []
     with use(False):
@@ -223,8 +228,8 @@ def time_group(group: str, out_dir: str) -> None:
         for op, dtype, case in cases:
             fn = REGISTRY[op].stock()
             stock[(op, dtype, case.label)] = _ms(lambda: fn(*case.args, **dict(case.kwargs)))
-        for i, config in enumerate(configs):
-            _apply(config)
+        for i, group_config in enumerate(configs):
+            _apply(group_config)
             for op, dtype, case in cases:
                 fn, a, kw = REGISTRY[op].fn, case.args, dict(case.kwargs)
                 try:
@@ -234,7 +239,8 @@ def time_group(group: str, out_dir: str) -> None:
                     ok = f"{type(e).__name__}: {str(e)[:200]}"
                 t = _ms(lambda: fn(*a, **kw))
                 base = stock[(op, dtype, case.label)]
-                rec = {"config": i, "values": {k: repr(v) for k, v in config[1].items()}, "op": op,
+                rec = {**env, "group": group, "config": i, "family": getattr(config[0], "name", "defaults"),
+                       "values": {k: repr(v) for k, v in group_config[1].items()}, "op": op,
                        "dtype": _runtime.DTYPE_NAMES[dtype], "case": case.label, "ms": t, "stock_ms": base,
                        "gbs": case.bytes / t / 1e6, "vs_stock": base / t, "check": ok}
                 records.append(rec)
