@@ -958,14 +958,20 @@ _POOL = {
 }
 
 
-def _adaptive_pool_cases(op: str, S: Scale) -> list:
+def _adaptive_problems(op: str, S: Scale):
+    """(label, dims, self shape, output size, grad_output layout, self channels_last) of the adaptive pools'
+    problems (`_POOL`), average and max alike."""
     dims = 3 if "3d" in op else 2
-    out = []
     for note, full, tiny, osizes, gl, cl in _POOL[dims]:
         shape, osize = S(full, tiny), S(*osizes)
-        gshape = tuple(shape[:len(shape) - dims]) + tuple(osize)
         lay = f" grad {LAYOUTS[gl]}" if gl != "contig" else ""
-        label = f"{_dims(shape)} -> {_dims(osize)}{lay}" + (f" ({note})" if note else "")
+        yield f"{_dims(shape)} -> {_dims(osize)}{lay}" + (f" ({note})" if note else ""), dims, shape, osize, gl, cl
+
+
+def _adaptive_pool_cases(op: str, S: Scale) -> list:
+    out = []
+    for label, dims, shape, osize, gl, cl in _adaptive_problems(op, S):
+        gshape = tuple(shape[:len(shape) - dims]) + tuple(osize)
 
         def make(c: _Ctx, shape=shape, gshape=gshape, gl=gl, cl=cl) -> Built:
             g = c.arrange(gshape, gl)
@@ -1196,16 +1202,12 @@ def _pool3d_builder(maxpool, shape, k3, s3, p3, extra, xl):
 
 # ----------------------------------------------------------------------------------------------- adaptive max pool
 def _adaptive_max_pool_cases(op: str, S: Scale) -> list:
-    """The adaptive average pools' problems, with self real (the forward's indices come from it) and the indices
-    read besides grad_output."""
-    dims = 3 if "3d" in op else 2
+    """The adaptive pools' problems for max pooling: self real (the forward's indices come from it), and the
+    indices read besides grad_output."""
     out = []
-    for note, full, tiny, osizes, gl, cl in _POOL[dims]:
-        shape, osize = S(full, tiny), S(*osizes)
-        lay = f" grad {LAYOUTS[gl]}" if gl != "contig" else ""
-        label = f"{_dims(shape)} -> {_dims(osize)}{lay}" + (f" ({note})" if note else "")
+    for label, dims, shape, osize, gl, cl in _adaptive_problems(op, S):
 
-        def make(c: _Ctx, shape=shape, osize=osize, gl=gl, cl=cl) -> Built:
+        def make(c: _Ctx, shape=shape, osize=osize, gl=gl, cl=cl, dims=dims) -> Built:
             x = c.arrange(shape, "cl" if cl else "contig")
             fwd = torch.ops.aten.adaptive_max_pool3d if dims == 3 else torch.ops.aten.adaptive_max_pool2d
             _, idx = fwd(x, list(osize))
