@@ -25,15 +25,15 @@ for all but the border planes). Along H and W, the indices with extra sources fo
 * if the tile holds part of a strip, after a barrier, its strip elements are rewritten in three disjoint parts:
   strip rows x other columns with all their H sources ([SH, BW] chunks), other rows x strip columns with all
   their W sources ([BH, SW]), and the corners with all sources ([SH, SW]; replicate's a source a lane, each
-  element's lanes summed). The loads of a part are unrolled (replicate's extra rows and columns up to _UNROLL per
-  side, wider pads loop), so they are in flight together.
+  element's lanes summed). The loads of a part are unrolled (replicate's extra rows and columns up to
+  `PadConfig.unroll` per side, wider pads loop), so they are in flight together.
   The pad rows they read (which no bulk load touched) were asked of L2 before the bulk (a prefetch, on a GPU).
   Where a tile is its whole plane (so it holds every strip), the strip parts' values are gathered before the bulk
   store and only stored after the barrier (but reflect's with GEOM below). Where a tile holds every column and the
   column strips are one column a side (replicate; reflect with pads of 1; with GEOM below, up to four columns),
-  those are selected into the bulk tile before its store instead (f32, and 16-bit 3d: `_EDGES`). Where a tile is
-  exactly its plane (16-bit 3d), the bulk loads and stores without masks, and the plane's sizes, pads and strips are
-  compile-time constants (GEOM).
+  those are selected into the bulk tile before its store instead (f32, and 16-bit 3d: `PadConfig.edges`). Where a
+  tile is exactly its plane (16-bit 3d: `PadConfig.geom`), the bulk loads and stores without masks, and the plane's
+  sizes, pads and strips are compile-time constants (GEOM).
 
 Border work is thus proportional to the border data, and never widens the bulk's per-element work (the kernel is
 instruction-bound where every element carries border masks: measured on an H200). The grid is 1-D (planes x row
@@ -56,7 +56,7 @@ import triton.language as tl
 from .. import _runtime
 from .._cases import randn
 from .._runtime import I32_MAX, cdiv, values_key
-from ..config import PlanCache, plan_builder
+from ..config import PlanCache, Tunable, plan_builder
 from ..errors import InvalidProblem, Unsupported
 from ..launch.alloc import empty, empty_contiguous_like
 from ..launch.checks import check_like, check_out_overlap, check_tensor
@@ -485,7 +485,7 @@ def _pad_backward_kernel(
     w1 = tl.minimum(w0 + BW, W_in)
     h = h0 + tl.arange(0, BH)[:, None]
     w = w0 + tl.arange(0, BW)[None, :]
-    if EVEN:  # the tile is exactly its plane: masks that are constant true, which the compiler drops (`_UNMASKED`)
+    if EVEN:  # the tile is exactly its plane: masks that are constant true, which the compiler drops (`PadConfig.geom`)
         rm = tl.full([BH, 1], 1, tl.int1)
         cm = tl.full([1, BW], 1, tl.int1)
     else:
@@ -528,40 +528,42 @@ class _Plan:
     consts: dict  # constexprs and num_warps, for `launcher.launch`
 
 
-# grad_input elements a program tile by padded dims (fewer where the plane is smaller), widest column tile, warps:
-# 3d 4096 is 1.2-1.4x 2048 in replicate (H200, torch 2.11, triton 3.6; all figures: docs/tuning/pad.md)
-_TILE = {1: 2048, 2: 2048, 3: 4096}
-_MAX_BW = 1024
-_WARPS = 4
-_UNROLL = 4  # replicate pads up to this many unrolled, wider ones in loops
-# a cap on registers a thread (ptxas --maxrregcount) by (padded dims, element size, reflect), none where absent: only
-# 16-bit 3d gains (reflect 96: 1.02-1.04x against none; replicate 80, see _EARLY_STRIPS), elsewhere caps lose
-_MAXNREG = {(3, 2, False): 80, (3, 2, True): 96}  # (padded dims, element size, reflect): registers
-_PREFETCH = True  # where H is padded, a program first asks L2 for its pad rows (`_prefetch_pad_rows`), on a GPU
-# where a tile is its whole plane, its strip parts gather their values before the bulk store (their loads in flight
-# with the bulk's) and store them after the barrier; that takes registers, hence 16-bit 3d replicate's cap of 80.
-# bf16 3d replicate pad 2: 49.3 -> 47.7 us (H200)
-_EARLY_STRIPS = True
-# where a tile holds every column and the column strips are one column a side (replicate; reflect with pads of 1),
-# their values are selected into the bulk tile before its store (f32 3d replicate pad 1: 0.5777 -> 0.5577 ms)
-_EDGES = {(1, 4), (2, 4), (3, 4), (3, 2)}  # (padded dims, element size)
-# replicate's corner chunk is summed a source a lane (`_corner_lanes`) where its lanes (elements x sources, a power of
-# two each) are at most this many: 16-bit 3d pad 2 48.6 -> 46.1 us; reflect's larger chunks lose with lanes
-_CORNER_LANES = 1024
-# where a tile is exactly its plane (H and W powers of two, the plane within _TILE), the bulk's masks are constant
-# true tensors the compiler drops (EVEN): bf16 3d replicate pad 2 46.9 -> 46.3 us; f32 and split tiles lose
-_UNMASKED = {(3, 2)}  # (padded dims, element size)
-# and there the plane's sizes, pads and strips are constants (GEOM, a constexpr tuple: a compile per plane shape and
-# pads), folded into every strip index and mask: 578 -> 461 SASS instructions a thread, bf16 pad 2 45.4 -> 42.1 us
-_FIXED = True
-# with GEOM, EDGES also selects reflect's column strips of up to four columns (pads of 2) into the bulk tile (their
-# selects cost little with constant columns): reflect bf16 pad 2 48.1 -> 47.0 us
-_EDGES_4 = True
-# the register cap of a plan with GEOM, both modes: reflect bf16 pad 2 46.2-46.6 us against 47.0-48.1 at 96
-_MAXNREG_FIXED = 80
-# with GEOM, reflect gathers its strips' values after the barrier (EARLY off), replicate before: reflect bf16 pad 2
-# 45.5 -> 43.6 us (56 registers, not 80); replicate is faster with EARLY
-_EARLY_FIXED_REFLECT = False
+@dataclass(frozen=True)
+class PadConfig:
+    """pad's launch heuristics, read once per plan. A (dims, size) pair is (padded dims, element size in bytes).
+    Figures: H200, torch 2.11, Triton 3.6; their measurements and the variants tried: docs/tuning/pad.md."""
+
+    #: grad_input elements a program tile, for 1, 2 and 3 padded dims (fewer where the plane is smaller): 3d 4096 is
+    #: 1.2-1.4x 2048 in replicate
+    tile: tuple[int, int, int] = (2048, 2048, 4096)
+    #: the widest column tile
+    max_bw: int = 1024
+    #: warps a program (8: 0.57-1.01x)
+    warps: int = 4
+    #: replicate pads up to this many a side unrolled (their loads in flight together), wider ones in loops
+    unroll: int = 4
+    #: registers a thread (ptxas --maxrregcount) by (dims, size, reflect), none where absent: only 16-bit 3d gains
+    #: (reflect 96: 1.02-1.04x against none; replicate 80, which early_strips needs), elsewhere caps lose
+    maxnreg: tuple[tuple[tuple[int, int, bool], int], ...] = (((3, 2, False), 80), ((3, 2, True), 96))
+    #: the cap where the plane's geometry is constant (GEOM), both modes: reflect bf16 pad 2 46.2-46.6 us against
+    #: 47.0-48.1 at 96
+    maxnreg_geom: int = 80
+    #: a tile that is its whole plane gathers its strip parts' values before the bulk store (their loads in flight
+    #: with the bulk's), but reflect's under GEOM: bf16 3d replicate pad 2 49.3 -> 47.7 us
+    early_strips: bool = True
+    #: (dims, size) where a tile holding every column selects its column strips into the bulk tile before its store
+    #: (one column a side; under GEOM up to four columns): f32 3d replicate pad 1 0.5777 -> 0.5577 ms
+    edges: frozenset[tuple[int, int]] = frozenset({(1, 4), (2, 4), (3, 4), (3, 2)})
+    #: replicate's corner chunk is summed a source a lane (`_corner_lanes`) where its lanes (elements x sources, a
+    #: power of two each) are at most this many: 16-bit 3d pad 2 48.6 -> 46.1 us; reflect's larger chunks lose
+    corner_lanes: int = 1024
+    #: (dims, size) where a tile that is exactly its plane (H and W powers of two, within `tile`) runs without masks
+    #: and with the plane's sizes, pads and strips as constants (GEOM: a compile per plane shape and pads): bf16 3d
+    #: replicate pad 2 46.9 -> 43.1 us; f32 and split tiles lose
+    geom: frozenset[tuple[int, int]] = frozenset({(3, 2)})
+
+
+CONFIG = Tunable("pad", PadConfig())
 _WAYS = ("left", "right", "top", "bottom", "front", "back")
 
 
@@ -667,7 +669,8 @@ def _magic(n: int) -> tuple[int, int]:
 
 @plan_builder
 def _plan(spec: _Spec, g_shape, g_strides, self_shape, pads, out_strides, dtype: torch.dtype) -> _Plan:
-    """The launch for one layout (shapes already checked)."""
+    """The launch for one layout (shapes already checked), under the config in force."""
+    cfg = CONFIG.current
     merge = spec.dims == 1 and _mergeable(g_shape, g_strides) and _mergeable(self_shape, out_strides)
     gsize, gstr = _canonical(spec, g_shape, g_strides, merge)
     isize, istr = _canonical(spec, self_shape, out_strides, merge)
@@ -675,8 +678,8 @@ def _plan(spec: _Spec, g_shape, g_strides, self_shape, pads, out_strides, dtype:
     pw_lo, pw_hi, ph_lo, ph_hi, pd_lo, pd_hi = pads + (0,) * (6 - len(pads))
     hs = _strips(h_in, ph_lo, ph_hi, spec.reflect)
     ws = _strips(w_in, pw_lo, pw_hi, spec.reflect)
-    bw = min(triton.next_power_of_2(w_in), _MAX_BW)
-    bh = min(triton.next_power_of_2(h_in), max(1, _TILE[spec.dims] // bw))
+    bw = min(triton.next_power_of_2(w_in), cfg.max_bw)
+    bh = min(triton.next_power_of_2(h_in), max(1, cfg.tile[spec.dims - 1] // bw))
     # the strips are rewritten in [sh, bw] / [bh, sw] chunks
     sh = min(triton.next_power_of_2(max(hs[1] - hs[0] + hs[3] - hs[2], 1)), bh)
     sw = min(triton.next_power_of_2(max(ws[1] - ws[0] + ws[3] - ws[2], 1)), bw)
@@ -693,36 +696,35 @@ def _plan(spec: _Spec, g_shape, g_strides, self_shape, pads, out_strides, dtype:
     # loads unrolled (in flight together): source planes, and replicate's extra rows / columns per side
     if spec.reflect:  # at most three source planes; one mirror a side along H and W
         nd, nxh, nxw, loops = 3, 0, 0, False
-    else:  # replicate: the most source planes, extra rows and columns a side; past _UNROLL, the rest in loops
+    else:  # replicate: the most source planes, extra rows and columns a side; past cfg.unroll, the rest in loops
         planes_max = 1 + (max(pd_lo, 0) + max(pd_hi, 0) if d_in == 1 else max(pd_lo, pd_hi, 0))
-        nd = min(planes_max, 1 + _UNROLL)
-        nxh, nxw = min(max(ph_lo, ph_hi, 0), _UNROLL), min(max(pw_lo, pw_hi, 0), _UNROLL)
-        loops = planes_max > nd or max(pads) > _UNROLL  # (compiled only where needed: they double the code)
+        nd = min(planes_max, 1 + cfg.unroll)
+        nxh, nxw = min(max(ph_lo, ph_hi, 0), cfg.unroll), min(max(pw_lo, pw_hi, 0), cfg.unroll)
+        loops = planes_max > nd or max(pads) > cfg.unroll  # (compiled only where needed: they double the code)
     # replicate's extra sources of both ends along a dim share one load per source, but in a dim of size 1
     sides_h, sides_w = 2 if h_in == 1 else 1, 2 if w_in == 1 else 1
     vec = _vec(gstr, pw_lo, dtype.itemsize)
     # replicate's corner chunk a source a lane (`_corner_lanes`): lanes an element, where every source is unrolled and
     # the chunk's lanes stay few; else 0 (the per-element form)
     lanes = triton.next_power_of_2(nd * (1 + sides_h * nxh) * (1 + sides_w * nxw))
-    cs = 0 if spec.reflect or loops or sh * sw * lanes > _CORNER_LANES else lanes
+    cs = 0 if spec.reflect or loops or sh * sw * lanes > cfg.corner_lanes else lanes
+    # GEOM: the tile is exactly its plane, so it runs unmasked with its plane's geometry as constants
+    geom = (spec.dims, dtype.itemsize) in cfg.geom and h_in == bh and w_in == bw
+    early = (cfg.early_strips and n_hb == n_wb == 1 and hs[1] + hs[3] > 0 and ws[1] + ws[3] > 0
+             and not (geom and spec.reflect))
     # EDGES: a tile holds every column (so both strips) and they are one column a side (so sw == 2), or with GEOM
     # (where the selects cost little) at most four columns in all
-    even = (spec.dims, dtype.itemsize) in _UNMASKED and h_in == bh and w_in == bw
-    fixed = even and _FIXED
-    early = (_EARLY_STRIPS and n_hb == n_wb == 1 and hs[1] + hs[3] > 0 and ws[1] + ws[3] > 0
-             and not (fixed and spec.reflect and not _EARLY_FIXED_REFLECT))
-    edges = (spec.dims, dtype.itemsize) in _EDGES and n_wb == 1 and (
-        ws[1] - ws[0] == 1 and ws[3] - ws[2] == 1 or fixed and _EDGES_4 and sw == 4)
+    edges = (spec.dims, dtype.itemsize) in cfg.edges and n_wb == 1 and (
+        ws[1] - ws[0] == 1 and ws[3] - ws[2] == 1 or geom and sw == 4)
+    cap = cfg.maxnreg_geom if geom else dict(cfg.maxnreg).get((spec.dims, dtype.itemsize, spec.reflect))
     values = (spec.reflect, crop, bh, bw, sh, sw, nd, nxh, nxw, sides_h, sides_w, loops, per_program > 1, acc, i64,
-              vec, _PREFETCH and not _runtime.INTERPRET and (ph_lo > 0 or ph_hi > 0),
-              early, edges, cs, even,
-              (h_in, w_in, *gsize[3:], ph_lo, ph_hi, pw_lo, pw_hi, *hs, *ws) if fixed else None,
+              vec, not _runtime.INTERPRET and (ph_lo > 0 or ph_hi > 0), early, edges, cs, geom,
+              (h_in, w_in, *gsize[3:], ph_lo, ph_hi, pw_lo, pw_hi, *hs, *ws) if geom else None,
               (per_program == 1 and d_in > 1, per_program == 1 and q1 > 1))
-    cap = _MAXNREG_FIXED if fixed else _MAXNREG.get((spec.dims, dtype.itemsize, spec.reflect))
     consts = launch_consts(dict(zip(("REFLECT", "CROP", "BH", "BW", "SH", "SW", "ND", "NXH", "NXW", "SIDES_H",
                                      "SIDES_W", "LOOPS", "PLANES_LOOP", "ACC", "I64", "VEC", "PREFETCH", "EARLY",
                                      "EDGES", "CS", "EVEN", "GEOM", "MAGIC"),
-                                    values, strict=True)), _WARPS, **({"maxnreg": cap} if cap else {}))
+                                    values, strict=True)), cfg.warps, **({"maxnreg": cap} if cap else {}))
     args = (planes, per_program, n_hb, n_wb, q1, *_magic(d_in), *_magic(q1), d_in, h_in, w_in, *gsize[2:],
             *(s // vec for s in gstr[:4]), gstr[4], *istr, pd_lo, ph_lo, ph_hi, pw_lo // vec, pw_hi, *hs, *ws)
     return _Plan(grid, args, consts)
