@@ -43,13 +43,8 @@ def small_pad_tiles(unroll: int = 1):
     cross tile edges (what large planes get), and replicate pads wider than `unroll` in loops."""
     from gradkern.kernels import pad
 
-    with (mock.patch.object(pad, "_TILE", dict.fromkeys((1, 2, 3), 8)), mock.patch.object(pad, "_MAX_BW", 4),
-          mock.patch.object(pad, "_UNROLL", unroll)):
-        config.clear_plans()
-        try:
-            yield
-        finally:
-            config.clear_plans()
+    with config.override(pad.CONFIG, tile=(8, 8, 8), max_bw=4, unroll=unroll):
+        yield
 
 
 @contextlib.contextmanager

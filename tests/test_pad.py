@@ -60,6 +60,12 @@ REPLICATE_ONLY = {
 }
 
 
+def _plan(op, g, x, pads):
+    """The plan `op` builds for grad_output g and self x under the config in force."""
+    spec = padmod._Spec(op, _dims(op), op.startswith("reflection"))
+    return padmod._plan(spec, tuple(g.shape), g.stride(), tuple(x.shape), tuple(pads), x.stride(), x.dtype)
+
+
 def _valid(op, shape, pads) -> bool:
     if op.startswith("reflection"):
         return all(p < shape[-1 - k // 2] for k, p in enumerate(pads))
@@ -232,7 +238,8 @@ def test_empty(op):
 
 @pytest.mark.parametrize("op", [OPS[0], OPS[1], OPS[5]])
 def test_int64_offsets_and_several_planes_per_program(op, monkeypatch):
-    """The int64 path and the multi-plane path (normally only for > 2^31 elements / > 2^30 tiles), forced."""
+    """The int64 path and the multi-plane path (normally only for > 2^31 elements / > 2^30 tiles), forced by
+    lowering the int32 limit and the grid's (module constants: limits, not tuning choices)."""
     d = _dims(op)
     shape, pads = SEMANTICS[d][0]
     problem = _problem(op, shape, pads, torch.float32)
@@ -241,16 +248,15 @@ def test_int64_offsets_and_several_planes_per_program(op, monkeypatch):
     for knob, value in knobs:
         config.clear_plans()
         monkeypatch.setattr(padmod, knob, value)
-        plan = padmod._plan(padmod._Spec(op, d, op.startswith("reflection")), tuple(problem[0].shape),
-                            problem[0].stride(), shape, tuple(pads), problem[1].stride(), torch.float32)
-        assert plan.consts["I64"] if knob == "I32_MAX" else plan.args[1] > 1
+        plan = _plan(op, *problem)
+        assert plan.consts["I64"] if knob == "I32_MAX" else plan.args[0][1] > 1  # (GRID's planes a program)
         assert_bitwise_equal(getattr(ops, op)(*problem), expected, f"{op} {knob}={value}")
         monkeypatch.undo()
     config.clear_plans()
 
 
 @pytest.mark.parametrize("op", [op for op in OPS if _dims(op) > 1])  # (1d pads no rows: never EARLY)
-def test_strip_values_gathered_before_or_after_the_bulk_store_agree(op, monkeypatch):
+def test_strip_values_gathered_before_or_after_the_bulk_store_agree(op):
     """Whole-plane tiles gather their strip parts' values before the bulk store (EARLY), split ones after the
     barrier: forced both ways, the same bits."""
     d = _dims(op)
@@ -258,13 +264,9 @@ def test_strip_values_gathered_before_or_after_the_bulk_store_agree(op, monkeypa
     problem = _problem(op, shape, pads, torch.float32)
     results = {}
     for early in (True, False):
-        config.clear_plans()
-        monkeypatch.setattr(padmod, "_EARLY_STRIPS", early)
-        plan = padmod._plan(padmod._Spec(op, d, op.startswith("reflection")), tuple(problem[0].shape),
-                            problem[0].stride(), shape, tuple(pads), problem[1].stride(), torch.float32)
-        assert plan.consts["EARLY"] is early  # (this problem's planes fit one tile)
-        results[early] = getattr(ops, op)(*problem)
-    config.clear_plans()
+        with config.override(padmod.CONFIG, early_strips=early):
+            assert _plan(op, *problem).consts["EARLY"] is early  # (this problem's planes fit one tile)
+            results[early] = getattr(ops, op)(*problem)
     assert_bitwise_equal(results[True], results[False], op)
 
 
@@ -272,7 +274,7 @@ def test_strip_values_gathered_before_or_after_the_bulk_store_agree(op, monkeypa
                                 "reflection_pad2d_backward", "reflection_pad3d_backward"])
 @pytest.mark.parametrize("w_in, w_pads", [(7, (1, 1)), (7, (2, 2)), (7, (1, 3)), (7, (6, 5)), (3, (1, 1))])
 @pytest.mark.parametrize("split", [False, True])  # whole-plane tiles (EARLY), or tiles of a few rows
-def test_edge_columns_in_the_bulk_agree_with_their_own_part(op, w_in, w_pads, split, monkeypatch):
+def test_edge_columns_in_the_bulk_agree_with_their_own_part(op, w_in, w_pads, split):
     """Where a tile holds every column and the column strips are one column a side (replicate; reflect with pads of
     1), their values are selected into the bulk tile (EDGES) instead of stored after the barrier: forced both ways,
     the same bits, and the reference's values."""
@@ -283,17 +285,13 @@ def test_edge_columns_in_the_bulk_agree_with_their_own_part(op, w_in, w_pads, sp
     shape = (2, 3, 5, 6, w_in)[-(d + 2):]
     pads = (*w_pads, 2, 1, 1, 2)[:2 * d]
     problem = _problem(op, shape, pads, torch.float32)
-    if split:  # tiles of 16 elements: 2 (or 4) rows of the 7 (or 3) columns
-        monkeypatch.setattr(padmod, "_TILE", dict.fromkeys((1, 2, 3), 16))
+    tile = (16, 16, 16) if split else padmod.CONFIG.current.tile  # (16 elements: 2 or 4 rows of the 7 or 3 columns)
     results = {}
-    for edges in ({(d, 4)}, set()):
-        config.clear_plans()
-        monkeypatch.setattr(padmod, "_EDGES", edges)
-        plan = padmod._plan(padmod._Spec(op, d, reflect), tuple(problem[0].shape), problem[0].stride(), shape,
-                            tuple(pads), problem[1].stride(), torch.float32)
-        assert plan.consts["EDGES"] is bool(edges) and plan.consts["EARLY"] is not split
-        results[bool(edges)] = check_case(op, problem, what=f"{op} pad {pads} EDGES={bool(edges)}")
-    config.clear_plans()
+    for edges in (frozenset({(d, 4)}), frozenset()):
+        with config.override(padmod.CONFIG, tile=tile, edges=edges):
+            plan = _plan(op, *problem)
+            assert plan.consts["EDGES"] is bool(edges) and plan.consts["EARLY"] is not split
+            results[bool(edges)] = check_case(op, problem, what=f"{op} pad {pads} EDGES={bool(edges)}")
     assert_bitwise_equal(results[True], results[False], op)
 
 
@@ -305,22 +303,17 @@ CORNERS = {2: [((2, 2, 7, 9), (2, 1, 0, 3)), ((1, 3, 5, 4), (3, 3, 2, 1)), ((1, 
 
 @pytest.mark.parametrize("op", ["replication_pad2d_backward", "replication_pad3d_backward"])
 @pytest.mark.parametrize("split", [False, True])  # whole-plane tiles (EARLY), or tiles of a few rows
-def test_corners_a_source_a_lane_and_per_element_match_stock(op, split, monkeypatch):
+def test_corners_a_source_a_lane_and_per_element_match_stock(op, split):
     """Replicate's corners (strip rows x strip columns) summed a source a lane (`_corner_lanes`) and each element's
-    sources in turn (`_CORNER_LANES = 0`) both match stock."""
-    d = _dims(op)
-    if split:  # tiles of 16 elements
-        monkeypatch.setattr(padmod, "_TILE", dict.fromkeys((1, 2, 3), 16))
-    for shape, pads in CORNERS[d]:
+    sources in turn (`corner_lanes=0`) both match stock."""
+    tile = (16, 16, 16) if split else padmod.CONFIG.current.tile  # (tiles of 16 elements)
+    for shape, pads in CORNERS[_dims(op)]:
         problem = _problem(op, shape, pads, torch.float32)
         for lanes in (1024, 0):
-            config.clear_plans()
-            monkeypatch.setattr(padmod, "_CORNER_LANES", lanes)
-            plan = padmod._plan(padmod._Spec(op, d, False), tuple(problem[0].shape), problem[0].stride(), shape,
-                                tuple(pads), problem[1].stride(), torch.float32)
-            assert (plan.consts["CS"] > 0) is (lanes > 0) and (split or plan.consts["EARLY"])
-            check_case(op, problem, what=f"{op} {shape} pad {pads} lanes {lanes} split {split}")
-    config.clear_plans()
+            with config.override(padmod.CONFIG, tile=tile, corner_lanes=lanes):
+                plan = _plan(op, *problem)
+                assert (plan.consts["CS"] > 0) is (lanes > 0) and (split or plan.consts["EARLY"])
+                check_case(op, problem, what=f"{op} {shape} pad {pads} lanes {lanes} split {split}")
 
 
 # power-of-two planes (each a whole tile), one of them strided, and a plane whose W is not (its tile is wider); where
@@ -332,8 +325,8 @@ UNMASKED = [((2, 3, 4, 8, 16), (2, 2, 2, 2, 2, 2), False), ((1, 2, 3, 4, 8), (1,
 
 
 @pytest.mark.parametrize("op", ["replication_pad3d_backward", "reflection_pad3d_backward"])
-def test_whole_tiles_unmasked_match_stock_and_masked(op, monkeypatch):
-    """16-bit 3d tiles that are exactly their plane run their bulk without masks (EVEN, `_UNMASKED`) and with the
+def test_whole_tiles_unmasked_match_stock_and_masked(op):
+    """16-bit 3d tiles that are exactly their plane (`PadConfig.geom`) run their bulk without masks and with the
     plane's geometry as constants (GEOM): that form matches stock and the general one bit for bit, and a plane that
     is not exactly its tile keeps its masks."""
     for shape, pads, strided in UNMASKED:
@@ -341,20 +334,13 @@ def test_whole_tiles_unmasked_match_stock_and_masked(op, monkeypatch):
         if strided:  # grad_output read in place through its strides
             g = torch.randn((*g.shape[:-1], 2 * g.shape[-1]), device=DEVICE).to(torch.bfloat16)[..., ::2]
         outs = []
-        for unmasked, fixed in (({(3, 2)}, True), ({(3, 2)}, False), (set(), True)):
-            config.clear_plans()
-            monkeypatch.setattr(padmod, "_UNMASKED", unmasked)
-            monkeypatch.setattr(padmod, "_FIXED", fixed)
-            plan = padmod._plan(padmod._Spec(op, 3, op.startswith("reflection")), tuple(g.shape), g.stride(),
-                                shape, tuple(pads), x.stride(), torch.bfloat16)
-            whole = all(n & (n - 1) == 0 for n in shape[-2:])
-            assert plan.consts["EVEN"] is (bool(unmasked) and whole)
-            assert (plan.consts["GEOM"] is not None) is (plan.consts["EVEN"] and fixed)  # (its geometry as constants)
-            check_case(op, (g, x, p), what=f"{op} {shape} pad {pads} unmasked {unmasked} fixed {fixed}")
-            outs.append(getattr(ops, op)(g, x, p))
-        assert_bitwise_equal(outs[0], outs[2])
-        assert_bitwise_equal(outs[1], outs[2])
-    config.clear_plans()
+        for geom in (frozenset({(3, 2)}), frozenset()):
+            with config.override(padmod.CONFIG, geom=geom):
+                whole = all(n & (n - 1) == 0 for n in shape[-2:])
+                assert (_plan(op, g, x, p).consts["GEOM"] is not None) is (bool(geom) and whole)
+                check_case(op, (g, x, p), what=f"{op} {shape} pad {pads} geom {set(geom)}")
+                outs.append(getattr(ops, op)(g, x, p))
+        assert_bitwise_equal(outs[0], outs[1])
 
 
 def test_magic_division_is_exact():
@@ -380,11 +366,8 @@ def test_magic_division_is_exact():
 def test_magic_division_only_by_more_than_one(op, shape, magic):
     """A plan divides a program's plane index by magic numbers only by a D or C above 1: a divisor of 1 is a
     constant to the compiler, whose division folds away (magic numbers there made reflection_pad1d 1.6x slower)."""
-    d = _dims(op)
-    g, x, p = _problem(op, shape, [1] * (2 * d))
-    plan = padmod._plan(padmod._Spec(op, d, op.startswith("reflection")), tuple(g.shape), g.stride(), shape,
-                        tuple(p), x.stride(), torch.float32)
-    assert plan.consts["MAGIC"] == magic
+    g, x, p = _problem(op, shape, [1] * (2 * _dims(op)))
+    assert _plan(op, g, x, p).consts["MAGIC"] == magic
 
 
 def test_bad_inputs_raise_named_errors_and_write_nothing():

@@ -25,15 +25,15 @@ for all but the border planes). Along H and W, the indices with extra sources fo
 * if the tile holds part of a strip, after a barrier, its strip elements are rewritten in three disjoint parts:
   strip rows x other columns with all their H sources ([SH, BW] chunks), other rows x strip columns with all
   their W sources ([BH, SW]), and the corners with all sources ([SH, SW]; replicate's a source a lane, each
-  element's lanes summed). The loads of a part are unrolled (replicate's extra rows and columns up to _UNROLL per
-  side, wider pads loop), so they are in flight together.
+  element's lanes summed). The loads of a part are unrolled (replicate's extra rows and columns up to
+  `PadConfig.unroll` per side, wider pads loop), so they are in flight together.
   The pad rows they read (which no bulk load touched) were asked of L2 before the bulk (a prefetch, on a GPU).
   Where a tile is its whole plane (so it holds every strip), the strip parts' values are gathered before the bulk
   store and only stored after the barrier (but reflect's with GEOM below). Where a tile holds every column and the
   column strips are one column a side (replicate; reflect with pads of 1; with GEOM below, up to four columns),
-  those are selected into the bulk tile before its store instead (f32, and 16-bit 3d: `_EDGES`). Where a tile is
-  exactly its plane (16-bit 3d), the bulk loads and stores without masks, and the plane's sizes, pads and strips are
-  compile-time constants (GEOM).
+  those are selected into the bulk tile before its store instead (f32, and 16-bit 3d: `PadConfig.edges`). Where a
+  tile is exactly its plane (16-bit 3d: `PadConfig.geom`), the bulk loads and stores without masks, and the plane's
+  sizes, pads and strips are compile-time constants (GEOM).
 
 Border work is thus proportional to the border data, and never widens the bulk's per-element work (the kernel is
 instruction-bound where every element carries border masks: measured on an H200). The grid is 1-D (planes x row
@@ -56,7 +56,7 @@ import triton.language as tl
 from .. import _runtime
 from .._cases import randn
 from .._runtime import I32_MAX, cdiv, values_key
-from ..config import PlanCache, plan_builder
+from ..config import PlanCache, Tunable, plan_builder
 from ..errors import InvalidProblem, Unsupported
 from ..launch.alloc import empty, empty_contiguous_like
 from ..launch.checks import check_like, check_out_overlap, check_tensor
@@ -64,12 +64,22 @@ from ..launch.launcher import launch, launch_consts
 from ..launch.tl_helpers import cast_out
 from ..registry import Case, register_op
 
-_MAX_PROGRAMS = 2**30
+_MAX_PROGRAMS = 2**30  # the 1-D grid's limit: past it, a program does several planes in turn (PLANES_LOOP)
+
+
 # ----------------------------------------------------------------------------------------------- kernel
+# The helpers pass these tuples (unpacked where they are read):
+#   a padded dim, DD / HD / WD = (input size, output size, grad_output stride, pad before)
+#   a dim's strips (`_strips`), HS / WS = (a0, a1, b0, b1): the input ranges [a0, a1) and [b0, b1)
+#   a tile's part of them (`_tile_strips`), RL (rows) / CL (columns) = (n_a, n_b, a, b): n_a indices from a, n_b from b
+#   a plane's source planes (`_source_planes`), PL = (o0, o1, o2, v0, v01, count)
+#   the tile, T = (h, rm, w, cm): its rows ([BH, 1]) and columns ([1, BW]) with their masks
+#   (constexpr, from the plan) the unrolled loads, UNROLL = (ND, NXH, NXW, SIDES_H, SIDES_W)
 @triton.jit
-def _source_planes(d, D_in, D_out, pd_lo, REFLECT: tl.constexpr):
-    """The source planes of input plane d: reflect the valid ones of (direct o0, left mirror o1, right mirror o2)
-    in that order (k < v0: o0, k < v01: o1, else o2), replicate the range [o0, o0 + count)."""
+def _source_planes(d, DD, REFLECT: tl.constexpr):
+    """The source planes of input plane d, as PL: reflect the valid ones of (direct o0, left mirror o1, right mirror
+    o2) in that order (k < v0: o0, k < v01: o1, else o2), replicate the range [o0, o0 + count)."""
+    D_in, D_out, _gsD, pd_lo = DD
     o0 = d + pd_lo
     o1 = pd_lo - d
     o2 = pd_lo + 2 * (D_in - 1) - d
@@ -94,7 +104,9 @@ def _replicate_range(x, n_in, n_out, lo):
 
 
 @triton.jit
-def _plane_k(k, o0, o1, o2, v0, v01, REFLECT: tl.constexpr):
+def _plane_k(k, PL, REFLECT: tl.constexpr):
+    """The k-th of the source planes PL."""
+    o0, o1, o2, v0, v01, _count = PL
     if REFLECT:
         return tl.where(k < v0, o0, tl.where(k < v01, o1, o2))
     else:
@@ -117,12 +129,12 @@ def _extra(first, last, z, j, lo_n, hi_0, n_out, S: tl.constexpr, SIDES: tl.cons
 
 
 @triton.jit
-def _w_sources(rowp, rm, w, cm, W_in, W_out, sW, pw_lo, pw_hi, W_ALL: tl.constexpr, NX: tl.constexpr,
-               SIDES_W: tl.constexpr, LOOPS: tl.constexpr, REFLECT: tl.constexpr, CROP: tl.constexpr,
-               ACC: tl.constexpr):
+def _w_sources(rowp, rm, w, cm, WD, W_ALL: tl.constexpr, NX: tl.constexpr, SIDES_W: tl.constexpr,
+               LOOPS: tl.constexpr, REFLECT: tl.constexpr, CROP: tl.constexpr, ACC: tl.constexpr):
     """For source rows `rowp` ([R, 1] pointers at output column 0, `rm`) and input columns `w` ([1, C], `cm`):
     each column's direct W source, plus (W_ALL) all its others. Replicate's extra columns are unrolled NX at a
     time (every load in flight at once), the rest of a wide pad in a loop."""
+    W_in, W_out, sW, pw_lo = WD
     ow = w + pw_lo
     m = rm & cm
     if CROP:
@@ -154,26 +166,28 @@ def _w_sources(rowp, rm, w, cm, W_in, W_out, sW, pw_lo, pw_hi, W_ALL: tl.constex
 
 
 @triton.jit
-def _hw_sources(plane, h, rm, w, cm, H_in, H_out, W_in, W_out, sH, sW, ph_lo, ph_hi, pw_lo, pw_hi,
-                H_ALL: tl.constexpr, W_ALL: tl.constexpr, NXH: tl.constexpr, NXW: tl.constexpr,
-                SIDES_H: tl.constexpr, SIDES_W: tl.constexpr, LOOPS: tl.constexpr, REFLECT: tl.constexpr,
-                CROP: tl.constexpr, ACC: tl.constexpr):
+def _hw_sources(plane, h, rm, w, cm, HD, WD, H_ALL: tl.constexpr, W_ALL: tl.constexpr, UNROLL: tl.constexpr,
+                LOOPS: tl.constexpr, REFLECT: tl.constexpr, CROP: tl.constexpr, ACC: tl.constexpr):
     """For input rows `h` ([R, 1], `rm`) and columns `w`: each element's sum over its sources in the source plane
     at `plane`, direct row first: along H the direct one, or (H_ALL) all; along W likewise (W_ALL)."""
+    NXH: tl.constexpr = UNROLL[1]
+    NXW: tl.constexpr = UNROLL[2]
+    SIDES_H: tl.constexpr = UNROLL[3]
+    SIDES_W: tl.constexpr = UNROLL[4]
+    H_in, H_out, sH, ph_lo = HD
     oh = h + ph_lo
     m = rm
     if CROP:
         m = m & (oh >= 0) & (oh < H_out)
-    acc = _w_sources(plane + oh * sH, m, w, cm, W_in, W_out, sW, pw_lo, pw_hi, W_ALL, NXW, SIDES_W, LOOPS, REFLECT,
-                     CROP, ACC)
+    acc = _w_sources(plane + oh * sH, m, w, cm, WD, W_ALL, NXW, SIDES_W, LOOPS, REFLECT, CROP, ACC)
     if H_ALL:
         if REFLECT:
             oh = ph_lo - h
-            acc += _w_sources(plane + oh * sH, rm & (h >= 1) & (oh >= 0) & (oh < H_out), w, cm, W_in, W_out, sW,
-                              pw_lo, pw_hi, W_ALL, NXW, SIDES_W, LOOPS, REFLECT, CROP, ACC)
+            acc += _w_sources(plane + oh * sH, rm & (h >= 1) & (oh >= 0) & (oh < H_out), w, cm, WD, W_ALL, NXW,
+                              SIDES_W, LOOPS, REFLECT, CROP, ACC)
             oh = ph_lo + 2 * (H_in - 1) - h
-            acc += _w_sources(plane + oh * sH, rm & (h <= H_in - 2) & (oh >= 0) & (oh < H_out), w, cm, W_in, W_out,
-                              sW, pw_lo, pw_hi, W_ALL, NXW, SIDES_W, LOOPS, REFLECT, CROP, ACC)
+            acc += _w_sources(plane + oh * sH, rm & (h <= H_in - 2) & (oh >= 0) & (oh < H_out), w, cm, WD, W_ALL,
+                              NXW, SIDES_W, LOOPS, REFLECT, CROP, ACC)
         else:
             lo_n = tl.minimum(ph_lo, H_out)
             hi_0 = tl.maximum(H_in + ph_lo, 0)
@@ -183,47 +197,39 @@ def _hw_sources(plane, h, rm, w, cm, H_in, H_out, W_in, W_out, sH, sW, ph_lo, ph
             for j in tl.static_range(NXH):
                 for side in tl.static_range(SIDES_H):
                     oh, mk = _extra(top, bottom, z, j, lo_n, hi_0, H_out, side, SIDES_H)
-                    acc += _w_sources(plane + oh * sH, mk, w, cm, W_in, W_out, sW, pw_lo, pw_hi, W_ALL, NXW, SIDES_W,
-                                      LOOPS, REFLECT, CROP, ACC)
+                    acc += _w_sources(plane + oh * sH, mk, w, cm, WD, W_ALL, NXW, SIDES_W, LOOPS, REFLECT, CROP, ACC)
             if LOOPS:
                 for j in range(NXH, tl.maximum(lo_n, H_out - hi_0)):  # (own names: only acc is carried)
                     for side in tl.static_range(SIDES_H):
                         ohj, mkj = _extra(top, bottom, z, j, lo_n, hi_0, H_out, side, SIDES_H)
-                        acc += _w_sources(plane + ohj * sH, mkj, w, cm, W_in, W_out, sW, pw_lo, pw_hi, W_ALL, NXW,
-                                          SIDES_W, LOOPS, REFLECT, CROP, ACC)
+                        acc += _w_sources(plane + ohj * sH, mkj, w, cm, WD, W_ALL, NXW, SIDES_W, LOOPS, REFLECT, CROP,
+                                          ACC)
     return acc
 
 
 @triton.jit
-def _sources(src, gsD, o0, o1, o2, v0, v01, count, h, rm, w, cm, H_in, H_out, W_in, W_out, sH, sW,
-             ph_lo, ph_hi, pw_lo, pw_hi, H_ALL: tl.constexpr, W_ALL: tl.constexpr, ND: tl.constexpr,
-             NXH: tl.constexpr, NXW: tl.constexpr, SIDES_H: tl.constexpr, SIDES_W: tl.constexpr, LOOPS: tl.constexpr,
-             REFLECT: tl.constexpr, CROP: tl.constexpr, ACC: tl.constexpr):
-    """The sum over the source planes (a fixed order) of `_hw_sources`: one plane for all but the border planes;
+def _sources(src, gsD, PL, h, rm, w, cm, HD, WD, H_ALL: tl.constexpr, W_ALL: tl.constexpr, UNROLL: tl.constexpr,
+             LOOPS: tl.constexpr, REFLECT: tl.constexpr, CROP: tl.constexpr, ACC: tl.constexpr):
+    """The sum over the source planes PL (a fixed order) of `_hw_sources`: one plane for all but the border planes;
     those unroll ND planes at a time."""
+    ND: tl.constexpr = UNROLL[0]
+    count = PL[5]
     if count == 1:
-        od = _plane_k(0, o0, o1, o2, v0, v01, REFLECT).to(tl.int64)
-        acc = _hw_sources(src + od * gsD, h, rm, w, cm, H_in, H_out, W_in, W_out, sH, sW, ph_lo, ph_hi, pw_lo,
-                          pw_hi, H_ALL, W_ALL, NXH, NXW, SIDES_H, SIDES_W, LOOPS, REFLECT, CROP, ACC)
+        od = _plane_k(0, PL, REFLECT).to(tl.int64)
+        acc = _hw_sources(src + od * gsD, h, rm, w, cm, HD, WD, H_ALL, W_ALL, UNROLL, LOOPS, REFLECT, CROP, ACC)
     else:
         acc = (h * 0 + w * 0).to(ACC)  # zeros of the region's [R, C] shape
         for k in tl.static_range(ND):
-            od = _plane_k(k, o0, o1, o2, v0, v01, REFLECT).to(tl.int64)
+            od = _plane_k(k, PL, REFLECT).to(tl.int64)
             valid = rm & (h * 0 + k < count)  # (a bool tensor: the interpreter rejects masks & scalar bools)
-            acc += _hw_sources(src + od * gsD, h, valid, w, cm, H_in, H_out, W_in, W_out, sH, sW, ph_lo, ph_hi,
-                               pw_lo, pw_hi, H_ALL, W_ALL, NXH, NXW, SIDES_H, SIDES_W, LOOPS, REFLECT, CROP, ACC)
+            acc += _hw_sources(src + od * gsD, h, valid, w, cm, HD, WD, H_ALL, W_ALL, UNROLL, LOOPS, REFLECT, CROP,
+                               ACC)
         if LOOPS:
             for k in range(ND, count):
-                od = _plane_k(k, o0, o1, o2, v0, v01, REFLECT).to(tl.int64)
-                acc += _hw_sources(src + od * gsD, h, rm, w, cm, H_in, H_out, W_in, W_out, sH, sW, ph_lo, ph_hi, pw_lo,
-                                   pw_hi, H_ALL, W_ALL, NXH, NXW, SIDES_H, SIDES_W, LOOPS, REFLECT, CROP, ACC)
+                od = _plane_k(k, PL, REFLECT).to(tl.int64)
+                acc += _hw_sources(src + od * gsD, h, rm, w, cm, HD, WD, H_ALL, W_ALL, UNROLL, LOOPS, REFLECT, CROP,
+                                   ACC)
     return acc
-
-
-@triton.jit
-def _strip_index(t, n_a, a_lo, b_lo):
-    """Positions t of a list of two ranges: [a_lo, a_lo + n_a) then [b_lo, ...)."""
-    return tl.where(t < n_a, a_lo + t, b_lo + (t - n_a))
 
 
 @triton.jit
@@ -234,56 +240,71 @@ def _overlap(lo, hi, a, b):
 
 
 @triton.jit
-def _outside(i, s0, s1, s2, s3):
-    return ((i < s0) | (i >= s1)) & ((i < s2) | (i >= s3))
+def _tile_strips(lo, hi, S):
+    """The parts inside [lo, hi) (a tile's rows or columns) of a dim's strips S, as the list RL / CL."""
+    a, n_a = _overlap(lo, hi, S[0], S[1])
+    b, n_b = _overlap(lo, hi, S[2], S[3])
+    return n_a, n_b, a, b
 
 
 @triton.jit
-def _strip_chunk(src, dst, gsD, o0, o1, o2, v0, v01, count, t0, c0, n_ra, n_rb, ra, rb, n_ca, n_cb, ca, cb, h, rm, w,
-                 cm, hs0, hs1, hs2, hs3, ws0, ws1, ws2, ws3, H_in, H_out, W_in, W_out, sH, sW, isH, isW, ph_lo, ph_hi,
-                 pw_lo, pw_hi, ROWS: tl.constexpr, COLS: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr,
-                 ND: tl.constexpr, NXH: tl.constexpr, NXW: tl.constexpr, SIDES_H: tl.constexpr, SIDES_W: tl.constexpr,
-                 LOOPS: tl.constexpr, REFLECT: tl.constexpr, CROP: tl.constexpr, ACC: tl.constexpr):
+def _strip_index(t, L):
+    """Positions t of the list L of two ranges: [a, a + n_a) then [b, ...)."""
+    n_a, _n_b, a, b = L
+    return tl.where(t < n_a, a + t, b + (t - n_a))
+
+
+@triton.jit
+def _outside(i, S):
+    """Whether indices i are outside both strips S."""
+    return ((i < S[0]) | (i >= S[1])) & ((i < S[2]) | (i >= S[3]))
+
+
+@triton.jit
+def _strip_chunk(src, dst, gsD, PL, t0, c0, T, RL, CL, HS, WS, HD, WD, isH, isW, ROWS: tl.constexpr,
+                 COLS: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr, UNROLL: tl.constexpr, LOOPS: tl.constexpr,
+                 REFLECT: tl.constexpr, CROP: tl.constexpr, ACC: tl.constexpr):
     """One chunk of a strip part: the tile's strip rows [t0, t0 + SH) of its list (ROWS; else its rows outside the
     strips) x its strip columns [c0, c0 + SW) (COLS; else its columns outside the strips), each element with all
     its sources along the strip dims and its direct one along the others, as (values, grad_input pointers, mask)."""
+    h, rm, w, cm = T
     if ROWS:
         ts = t0 + tl.arange(0, SH)[:, None]
-        hh = _strip_index(ts, n_ra, ra, rb)
-        rmk = ts < n_ra + n_rb
+        hh = _strip_index(ts, RL)
+        rmk = ts < RL[0] + RL[1]
     else:
         hh = h
-        rmk = rm & _outside(h, hs0, hs1, hs2, hs3)
+        rmk = rm & _outside(h, HS)
     if COLS:
         tc = c0 + tl.arange(0, SW)[None, :]
-        ww = _strip_index(tc, n_ca, ca, cb)
-        cmk = tc < n_ca + n_cb
+        ww = _strip_index(tc, CL)
+        cmk = tc < CL[0] + CL[1]
     else:
         ww = w
-        cmk = cm & _outside(w, ws0, ws1, ws2, ws3)
-    val = _sources(src, gsD, o0, o1, o2, v0, v01, count, hh, rmk, ww, cmk, H_in, H_out, W_in, W_out, sH, sW, ph_lo,
-                   ph_hi, pw_lo, pw_hi, ROWS, COLS, ND, NXH, NXW, SIDES_H, SIDES_W, LOOPS, REFLECT, CROP, ACC)
+        cmk = cm & _outside(w, WS)
+    val = _sources(src, gsD, PL, hh, rmk, ww, cmk, HD, WD, ROWS, COLS, UNROLL, LOOPS, REFLECT, CROP, ACC)
     return cast_out(val, dst.dtype.element_ty), dst + hh * isH + ww * isW, rmk & cmk
 
 
 @triton.jit
-def _corner_lanes(src, dst, gsD, o0, count, t0, c0, n_ra, n_rb, ra, rb, n_ca, n_cb, ca, cb, H_in, H_out, W_in, W_out,
-                  sH, sW, isH, isW, ph_lo, pw_lo, SH: tl.constexpr, SW: tl.constexpr, NXH: tl.constexpr,
-                  NXW: tl.constexpr, SIDES_H: tl.constexpr, SIDES_W: tl.constexpr, CS: tl.constexpr,
-                  ACC: tl.constexpr):
+def _corner_lanes(src, dst, gsD, PL, t0, c0, RL, CL, HD, WD, isH, isW, SH: tl.constexpr, SW: tl.constexpr,
+                  UNROLL: tl.constexpr, CS: tl.constexpr, ACC: tl.constexpr):
     """Replicate's corner chunk (strip rows [t0, t0 + SH) x strip columns [c0, c0 + SW)) with all their sources, a
     source a lane: element e owns lanes [e*CS, (e+1)*CS), lane s loads its source (plane k, row j, column i), and
     each element's lanes are summed (a reduction in one fixed order). As (values, grad_input pointers, mask), like
     `_strip_chunk`, whose per-element form spends its instructions on each source's index and mask in turn."""
-    NH: tl.constexpr = 1 + SIDES_H * NXH  # (the most sources a row has; NW: a column)
-    NW: tl.constexpr = 1 + SIDES_W * NXW
+    NH: tl.constexpr = 1 + UNROLL[3] * UNROLL[1]  # (the most sources a row has, 1 + SIDES_H * NXH; NW: a column)
+    NW: tl.constexpr = 1 + UNROLL[4] * UNROLL[2]
+    H_in, H_out, sH, ph_lo = HD
+    W_in, W_out, sW, pw_lo = WD
+    o0, _o1, _o2, _v0, _v01, count = PL
     e = tl.arange(0, SH * SW)[:, None]
     s = tl.arange(0, CS)[None, :]
     ts = t0 + e // SW
     tc = c0 + e % SW
-    hh = _strip_index(ts, n_ra, ra, rb)
-    ww = _strip_index(tc, n_ca, ca, cb)
-    em = (ts < n_ra + n_rb) & (tc < n_ca + n_cb)
+    hh = _strip_index(ts, RL)
+    ww = _strip_index(tc, CL)
+    em = (ts < RL[0] + RL[1]) & (tc < CL[0] + CL[1])
     k = s // (NH * NW)
     j = (s // NW) % NH  # (its row and column among the element's sources)
     i = s % NW
@@ -296,29 +317,25 @@ def _corner_lanes(src, dst, gsD, o0, count, t0, c0, n_ra, n_rb, ra, rb, n_ca, n_
 
 
 @triton.jit
-def _corner_chunk(src, dst, gsD, o0, o1, o2, v0, v01, count, t0, c0, n_ra, n_rb, ra, rb, n_ca, n_cb, ca, cb, h, rm, w,
-                  cm, hs0, hs1, hs2, hs3, ws0, ws1, ws2, ws3, H_in, H_out, W_in, W_out, sH, sW, isH, isW, ph_lo,
-                  ph_hi, pw_lo, pw_hi, SH: tl.constexpr, SW: tl.constexpr, ND: tl.constexpr, NXH: tl.constexpr,
-                  NXW: tl.constexpr, SIDES_H: tl.constexpr, SIDES_W: tl.constexpr, LOOPS: tl.constexpr,
-                  CS: tl.constexpr, REFLECT: tl.constexpr, CROP: tl.constexpr, ACC: tl.constexpr):
+def _corner_chunk(src, dst, gsD, PL, t0, c0, T, RL, CL, HS, WS, HD, WD, isH, isW, SH: tl.constexpr,
+                  SW: tl.constexpr, UNROLL: tl.constexpr, LOOPS: tl.constexpr, CS: tl.constexpr,
+                  REFLECT: tl.constexpr, CROP: tl.constexpr, ACC: tl.constexpr):
     """The corner chunk: a source a lane where the plan gives lanes (CS > 0: replicate with every source unrolled),
     else `_strip_chunk`'s per-element form."""
     if CS > 0:
-        return _corner_lanes(src, dst, gsD, o0, count, t0, c0, n_ra, n_rb, ra, rb, n_ca, n_cb, ca, cb, H_in, H_out,
-                             W_in, W_out, sH, sW, isH, isW, ph_lo, pw_lo, SH, SW, NXH, NXW, SIDES_H, SIDES_W, CS, ACC)
+        return _corner_lanes(src, dst, gsD, PL, t0, c0, RL, CL, HD, WD, isH, isW, SH, SW, UNROLL, CS, ACC)
     else:
-        return _strip_chunk(src, dst, gsD, o0, o1, o2, v0, v01, count, t0, c0, n_ra, n_rb, ra, rb, n_ca, n_cb, ca, cb,
-                            h, rm, w, cm, hs0, hs1, hs2, hs3, ws0, ws1, ws2, ws3, H_in, H_out, W_in, W_out, sH, sW,
-                            isH, isW, ph_lo, ph_hi, pw_lo, pw_hi, True, True, SH, SW, ND, NXH, NXW, SIDES_H, SIDES_W,
+        return _strip_chunk(src, dst, gsD, PL, t0, c0, T, RL, CL, HS, WS, HD, WD, isH, isW, True, True, SH, SW, UNROLL,
                             LOOPS, REFLECT, CROP, ACC)
 
 
 @triton.jit
-def _prefetch_pad_rows(plane, ok, gsH, h0, h1, w0, H_in, H_out, W_out, ph_lo, BW: tl.constexpr):
+def _prefetch_pad_rows(plane, ok, h0, h1, w0, HD, W_out, BW: tl.constexpr):
     """Ask L2 for the pad rows of a source plane that only the strip part reads (the outputs above input row 0 and
     below row H_in - 1, at most 4 a side), over the tile's columns and pads, one prefetch every 8 elements: they
     arrive while the bulk's own loads are in flight (where the strip part would wait for them after the barrier).
     A hint only: PTX prefetch, compiled for the GPU, never run by the interpreter."""
+    H_in, H_out, gsH, ph_lo = HD
     j = tl.arange(0, 8)[:, None]
     row = tl.where(j < 4, j, H_in + ph_lo + (j - 4)).to(tl.int64)  # (row * gsH may pass 2^31 in a huge plane)
     want = tl.where(j < 4, (h0 == 0) & (j < ph_lo), h1 == H_in) & (row >= 0) & (row < H_out)
@@ -329,29 +346,29 @@ def _prefetch_pad_rows(plane, ok, gsH, h0, h1, w0, H_in, H_out, W_out, ph_lo, BW
 
 
 @triton.jit
-def _with_edges(out, vc, w, n_ca, n_cb, ca, cb, SW: tl.constexpr):
+def _with_edges(out, vc, w, CL, SW: tl.constexpr):
     """The bulk tile `out` with the values of the tile's column strips (their SW columns in `vc`, [rows, SW], SW 2 or
     4) selected into it (EDGES), so that they need no store of their own after the barrier (a 2- or 4-byte store a
     row, each an L2 request). Where the columns are constants (GEOM: a tile that is exactly its plane), the compiler
     keeps the selects only for the registers that can hold them."""
     if SW == 2:
         v0, v1 = tl.split(vc)
-        out = _with_column(out, v0, w, 0, n_ca, n_cb, ca, cb)
-        return _with_column(out, v1, w, 1, n_ca, n_cb, ca, cb)
+        out = _with_column(out, v0, w, 0, CL)
+        return _with_column(out, v1, w, 1, CL)
     else:
         a, b = tl.split(tl.reshape(vc, [vc.shape[0], 2, 2]))  # (positions 0 and 2, 1 and 3)
         v0, v2 = tl.split(a)
         v1, v3 = tl.split(b)
-        out = _with_column(out, v0, w, 0, n_ca, n_cb, ca, cb)
-        out = _with_column(out, v1, w, 1, n_ca, n_cb, ca, cb)
-        out = _with_column(out, v2, w, 2, n_ca, n_cb, ca, cb)
-        return _with_column(out, v3, w, 3, n_ca, n_cb, ca, cb)
+        out = _with_column(out, v0, w, 0, CL)
+        out = _with_column(out, v1, w, 1, CL)
+        out = _with_column(out, v2, w, 2, CL)
+        return _with_column(out, v3, w, 3, CL)
 
 
 @triton.jit
-def _with_column(out, v, w, t, n_ca, n_cb, ca, cb):
-    """`out` with the column at position t of the strip list (none past its end) replaced by v ([rows])."""
-    col = tl.where(t < n_ca + n_cb, _strip_index(t, n_ca, ca, cb), -1)
+def _with_column(out, v, w, t, CL):
+    """`out` with the column at position t of the strip list CL (none past its end) replaced by v ([rows])."""
+    col = tl.where(t < CL[0] + CL[1], _strip_index(t, CL), -1)
     return tl.where(w == col, v[:, None], out)
 
 
@@ -368,43 +385,45 @@ def _divmod(x, n, m, s, MAGIC: tl.constexpr):
 
 
 @triton.jit
-def _plane_tile(gi, g, p, h, rm, w, cm, h0, h1, w0, n_ra, n_rb, ra, rb, n_ca, n_cb, ca, cb, Q1, D_m, D_s, Q_m, Q_s,
-                D_in, H_in, W_in, D_out, H_out, W_out, gs0, gs1, gsD, gsH, gsW, is0, is1, isD, isH, isW, pd_lo, ph_lo,
-                ph_hi, pw_lo, pw_hi, hs0, hs1, hs2, hs3, ws0, ws1, ws2, ws3, REFLECT: tl.constexpr, CROP: tl.constexpr,
-                SH: tl.constexpr, SW: tl.constexpr, ND: tl.constexpr, NXH: tl.constexpr, NXW: tl.constexpr,
-                SIDES_H: tl.constexpr, SIDES_W: tl.constexpr, LOOPS: tl.constexpr, ACC: tl.constexpr, BW: tl.constexpr,
-                PREFETCH: tl.constexpr, EARLY: tl.constexpr, EDGES: tl.constexpr, CS: tl.constexpr,
-                MAGIC: tl.constexpr):
-    """The tile (rows h, columns w) of plane p of grad_input: the bulk, then the strip parts."""
+def _plane_at(gi, g, p, DIV, gs0, gs1, ISTR, MAGIC: tl.constexpr):
+    """Plane p of grad_input, p = (q0 * Q1 + q1) * D_in + d (DIV = (D_in, D_m, D_s, Q1, Q_m, Q_s): the divisors and
+    their magic numbers), as (grad_output at (q0, q1), grad_input at (q0, q1, d), d)."""
+    D_in, D_m, D_s, Q1, Q_m, Q_s = DIV
+    is0, is1, isD, _isH, _isW = ISTR
     q, d = _divmod(p, D_in, D_m, D_s, MAGIC[0])
     q0, q1 = _divmod(q, Q1, Q_m, Q_s, MAGIC[1])
     q0 = q0.to(tl.int64)  # (p, and so its indices, is 32-bit but in the planes loop)
     q1 = q1.to(tl.int64)
-    src = g + q0 * gs0 + q1 * gs1
-    dst = gi + q0 * is0 + q1 * is1 + d.to(tl.int64) * isD
-    o0, o1, o2, v0, v01, count = _source_planes(d, D_in, D_out, pd_lo, REFLECT)
+    return g + q0 * gs0 + q1 * gs1, gi + q0 * is0 + q1 * is1 + d.to(tl.int64) * isD, d
+
+
+@triton.jit
+def _tile(src, dst, d, T, h0, h1, w0, RL, CL, DD, HD, WD, HS, WS, isH, isW, REFLECT: tl.constexpr,
+          CROP: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr, UNROLL: tl.constexpr, LOOPS: tl.constexpr,
+          ACC: tl.constexpr, BW: tl.constexpr, PREFETCH: tl.constexpr, EARLY: tl.constexpr, EDGES: tl.constexpr,
+          CS: tl.constexpr):
+    """The tile T (rows [h0, h1), columns from w0) of plane d of grad_input (at `dst`; its grad_output planes at
+    `src`): the bulk, then the strip parts."""
+    h, rm, w, cm = T
+    gsD = DD[2]
+    PL = _source_planes(d, DD, REFLECT)
     if PREFETCH:  # (the first source plane's; 3d pad 2 1.00-1.05x)
-        od = _plane_k(0, o0, o1, o2, v0, v01, REFLECT).to(tl.int64)
-        _prefetch_pad_rows(src + od * gsD, (count > 0) & (od >= 0) & (od < D_out), gsH, h0, h1, w0, H_in, H_out,
-                           W_out, ph_lo, BW)
+        od = _plane_k(0, PL, REFLECT).to(tl.int64)
+        _prefetch_pad_rows(src + od * gsD, (PL[5] > 0) & (od >= 0) & (od < DD[1]), h0, h1, w0, HD, WD[1], BW)
     # the bulk: every element with its direct H, W sources only (one load a source plane, a vector store)
-    acc = _sources(src, gsD, o0, o1, o2, v0, v01, count, h, rm, w, cm, H_in, H_out, W_in, W_out, gsH, gsW,
-                   ph_lo, ph_hi, pw_lo, pw_hi, False, False, ND, NXH, NXW, SIDES_H, SIDES_W, LOOPS, REFLECT, CROP, ACC)
+    acc = _sources(src, gsD, PL, h, rm, w, cm, HD, WD, False, False, UNROLL, LOOPS, REFLECT, CROP, ACC)
     if EARLY:
         # the tile is its whole plane: it holds every strip, each part in one chunk, whose values come first, so
         # that their loads are in flight with the bulk's (after the barrier, each part waited for its own)
-        vr, pr, mr = _strip_chunk(src, dst, gsD, o0, o1, o2, v0, v01, count, 0, 0, n_ra, n_rb, ra, rb, n_ca, n_cb, ca,
-            cb, h, rm, w, cm, hs0, hs1, hs2, hs3, ws0, ws1, ws2, ws3, H_in, H_out, W_in, W_out, gsH, gsW, isH, isW,
-            ph_lo, ph_hi, pw_lo, pw_hi, True, False, SH, SW, ND, NXH, NXW, SIDES_H, SIDES_W, LOOPS, REFLECT, CROP, ACC)
-        vx, px, mx = _corner_chunk(src, dst, gsD, o0, o1, o2, v0, v01, count, 0, 0, n_ra, n_rb, ra, rb, n_ca, n_cb,
-            ca, cb, h, rm, w, cm, hs0, hs1, hs2, hs3, ws0, ws1, ws2, ws3, H_in, H_out, W_in, W_out, gsH, gsW, isH, isW,
-            ph_lo, ph_hi, pw_lo, pw_hi, SH, SW, ND, NXH, NXW, SIDES_H, SIDES_W, LOOPS, CS, REFLECT, CROP, ACC)
-        vc, pc, mc = _strip_chunk(src, dst, gsD, o0, o1, o2, v0, v01, count, 0, 0, n_ra, n_rb, ra, rb, n_ca, n_cb, ca,
-            cb, h, rm, w, cm, hs0, hs1, hs2, hs3, ws0, ws1, ws2, ws3, H_in, H_out, W_in, W_out, gsH, gsW, isH, isW,
-            ph_lo, ph_hi, pw_lo, pw_hi, False, True, SH, SW, ND, NXH, NXW, SIDES_H, SIDES_W, LOOPS, REFLECT, CROP, ACC)
+        vr, pr, mr = _strip_chunk(src, dst, gsD, PL, 0, 0, T, RL, CL, HS, WS, HD, WD, isH, isW, True, False, SH, SW,
+                                  UNROLL, LOOPS, REFLECT, CROP, ACC)
+        vx, px, mx = _corner_chunk(src, dst, gsD, PL, 0, 0, T, RL, CL, HS, WS, HD, WD, isH, isW, SH, SW, UNROLL,
+                                   LOOPS, CS, REFLECT, CROP, ACC)
+        vc, pc, mc = _strip_chunk(src, dst, gsD, PL, 0, 0, T, RL, CL, HS, WS, HD, WD, isH, isW, False, True, SH, SW,
+                                  UNROLL, LOOPS, REFLECT, CROP, ACC)
         out = cast_out(acc, dst.dtype.element_ty)
         if EDGES:
-            out = _with_edges(out, vc, w, n_ca, n_cb, ca, cb, SW)
+            out = _with_edges(out, vc, w, CL, SW)
         tl.store(dst + h * isH + w * isW, out, mask=rm & cm)
         tl.debug_barrier()  # every thread's bulk store is done: the strips below overwrite some of them
         tl.store(pr, vr, mask=mr)
@@ -414,50 +433,47 @@ def _plane_tile(gi, g, p, h, rm, w, cm, h0, h1, w0, n_ra, n_rb, ra, rb, n_ca, n_
     else:
         out = cast_out(acc, dst.dtype.element_ty)
         if EDGES:
-            vc, _pc, _mc = _strip_chunk(src, dst, gsD, o0, o1, o2, v0, v01, count, 0, 0, n_ra, n_rb, ra, rb, n_ca,
-                n_cb, ca, cb, h, rm, w, cm, hs0, hs1, hs2, hs3, ws0, ws1, ws2, ws3, H_in, H_out, W_in, W_out, gsH, gsW,
-                isH, isW, ph_lo, ph_hi, pw_lo, pw_hi, False, True, SH, SW, ND, NXH, NXW, SIDES_H, SIDES_W, LOOPS,
-                REFLECT, CROP, ACC)
-            out = _with_edges(out, vc, w, n_ca, n_cb, ca, cb, SW)
+            vc, _pc, _mc = _strip_chunk(src, dst, gsD, PL, 0, 0, T, RL, CL, HS, WS, HD, WD, isH, isW, False, True, SH,
+                                        SW, UNROLL, LOOPS, REFLECT, CROP, ACC)
+            out = _with_edges(out, vc, w, CL, SW)
         tl.store(dst + h * isH + w * isW, out, mask=rm & cm)
-        if (n_ra + n_rb + (0 if EDGES else n_ca + n_cb)) > 0:
+        n_rows = RL[0] + RL[1]
+        n_cols = CL[0] + CL[1]
+        if (n_rows + (0 if EDGES else n_cols)) > 0:
             tl.debug_barrier()  # as above
             # three disjoint parts: strip rows x other columns (all H sources), other rows x strip columns (all W
             # sources; unless EDGES), strip rows x strip columns (all sources). (Two parts, the strip rows over every
             # column with all their sources, were 0.87-0.93x)
-            for t0 in range(0, n_ra + n_rb, SH):
-                vs, ps, ms = _strip_chunk(src, dst, gsD, o0, o1, o2, v0, v01, count, t0, 0, n_ra, n_rb, ra, rb, n_ca,
-                    n_cb, ca, cb, h, rm, w, cm, hs0, hs1, hs2, hs3, ws0, ws1, ws2, ws3, H_in, H_out, W_in, W_out, gsH,
-                    gsW, isH, isW, ph_lo, ph_hi, pw_lo, pw_hi, True, False, SH, SW, ND, NXH, NXW, SIDES_H, SIDES_W,
-                    LOOPS, REFLECT, CROP, ACC)
+            for t0 in range(0, n_rows, SH):
+                vs, ps, ms = _strip_chunk(src, dst, gsD, PL, t0, 0, T, RL, CL, HS, WS, HD, WD, isH, isW, True, False,
+                                          SH, SW, UNROLL, LOOPS, REFLECT, CROP, ACC)
                 tl.store(ps, vs, mask=ms)
-                for c0 in range(0, n_ca + n_cb, SW):
-                    vx, px, mx = _corner_chunk(src, dst, gsD, o0, o1, o2, v0, v01, count, t0, c0, n_ra, n_rb, ra,
-                        rb, n_ca, n_cb, ca, cb, h, rm, w, cm, hs0, hs1, hs2, hs3, ws0, ws1, ws2, ws3, H_in, H_out, W_in,
-                        W_out, gsH, gsW, isH, isW, ph_lo, ph_hi, pw_lo, pw_hi, SH, SW, ND, NXH, NXW, SIDES_H, SIDES_W,
-                        LOOPS, CS, REFLECT, CROP, ACC)
+                for c0 in range(0, n_cols, SW):
+                    vx, px, mx = _corner_chunk(src, dst, gsD, PL, t0, c0, T, RL, CL, HS, WS, HD, WD, isH, isW, SH, SW,
+                                               UNROLL, LOOPS, CS, REFLECT, CROP, ACC)
                     tl.store(px, vx, mask=mx)
             if not EDGES:
-                for c0 in range(0, n_ca + n_cb, SW):
-                    vs, ps, ms = _strip_chunk(src, dst, gsD, o0, o1, o2, v0, v01, count, 0, c0, n_ra, n_rb, ra, rb,
-                        n_ca, n_cb, ca, cb, h, rm, w, cm, hs0, hs1, hs2, hs3, ws0, ws1, ws2, ws3, H_in, H_out, W_in,
-                        W_out, gsH, gsW, isH, isW, ph_lo, ph_hi, pw_lo, pw_hi, False, True, SH, SW, ND, NXH, NXW,
-                        SIDES_H, SIDES_W, LOOPS, REFLECT, CROP, ACC)
+                for c0 in range(0, n_cols, SW):
+                    vs, ps, ms = _strip_chunk(src, dst, gsD, PL, 0, c0, T, RL, CL, HS, WS, HD, WD, isH, isW, False,
+                                              True, SH, SW, UNROLL, LOOPS, REFLECT, CROP, ACC)
                     tl.store(ps, vs, mask=ms)
 
 
 @triton.jit
-def _pad_backward_kernel(
-    gi, g, planes, per_program, n_hb, n_wb, Q1, D_m, D_s, Q_m, Q_s,
-    D_in, H_in, W_in, D_out, H_out, W_out,
-    gs0, gs1, gsD, gsH, gsW, is0, is1, isD, isH, isW,
-    pd_lo, ph_lo, ph_hi, pw_lo, pw_hi, hs0, hs1, hs2, hs3, ws0, ws1, ws2, ws3,
-    REFLECT: tl.constexpr, CROP: tl.constexpr, BH: tl.constexpr, BW: tl.constexpr, SH: tl.constexpr,
-    SW: tl.constexpr, ND: tl.constexpr, NXH: tl.constexpr, NXW: tl.constexpr, SIDES_H: tl.constexpr,
-    SIDES_W: tl.constexpr, LOOPS: tl.constexpr, PLANES_LOOP: tl.constexpr, ACC: tl.constexpr, I64: tl.constexpr,
-    VEC: tl.constexpr, PREFETCH: tl.constexpr, EARLY: tl.constexpr, EDGES: tl.constexpr, CS: tl.constexpr,
-    EVEN: tl.constexpr, GEOM: tl.constexpr, MAGIC: tl.constexpr,
-):
+def _pad_backward_kernel(gi, g, GRID, PLANE, SIZES, GSTR, ISTR, PADS, HS, WS, REFLECT: tl.constexpr,
+                         CROP: tl.constexpr, BH: tl.constexpr, BW: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr,
+                         UNROLL: tl.constexpr, LOOPS: tl.constexpr, PLANES_LOOP: tl.constexpr, ACC: tl.constexpr,
+                         I64: tl.constexpr, VEC: tl.constexpr, PREFETCH: tl.constexpr, EARLY: tl.constexpr,
+                         EDGES: tl.constexpr, CS: tl.constexpr, GEOM: tl.constexpr, MAGIC: tl.constexpr):
+    """GRID = (planes, planes a program, row tiles, column tiles), PLANE = (Q1 and the magic numbers of D_in and Q1,
+    `_magic`), SIZES = (D, H, W of grad_input, then of grad_output), GSTR / ISTR = grad_output's / grad_input's
+    (Q0, Q1, D, H, W) strides, PADS = (D's front, H's top and bottom, W's left and right pads), HS / WS = the H / W
+    strips (`_strips`); the constexprs as `_plan` sets them."""
+    planes, per_program, n_hb, n_wb = GRID
+    Q1, D_m, D_s, Q_m, Q_s = PLANE
+    D_in, H_in, W_in, D_out, H_out, W_out = SIZES
+    gs0, gs1, gsD, gsH, gsW = GSTR
+    pd_lo, ph_lo, _ph_hi, pw_lo, _pw_hi = PADS
     # grad_output's plane and row strides and the left W pad come divided by VEC, a power of two that divides them
     # all: multiplied back here, the compiler knows every direct source row starts VEC-aligned and loads VEC
     # elements at once (pad 2: 2; with odd pads or strides, VEC is 1)
@@ -468,9 +484,9 @@ def _pad_backward_kernel(
     pw_lo = pw_lo * VEC
     if GEOM is not None:  # the tile is exactly its plane: the plane's sizes, pads and strips as constants
         H_in, W_in, H_out, W_out = GEOM[0], GEOM[1], GEOM[2], GEOM[3]
-        ph_lo, ph_hi, pw_lo, pw_hi = GEOM[4], GEOM[5], GEOM[6], GEOM[7]
-        hs0, hs1, hs2, hs3 = GEOM[8], GEOM[9], GEOM[10], GEOM[11]
-        ws0, ws1, ws2, ws3 = GEOM[12], GEOM[13], GEOM[14], GEOM[15]
+        ph_lo, pw_lo = GEOM[4], GEOM[6]
+        HS = (GEOM[8], GEOM[9], GEOM[10], GEOM[11])
+        WS = (GEOM[12], GEOM[13], GEOM[14], GEOM[15])
     pid = tl.program_id(0)
     wb = pid % n_wb
     t = pid // n_wb
@@ -485,30 +501,30 @@ def _pad_backward_kernel(
     w1 = tl.minimum(w0 + BW, W_in)
     h = h0 + tl.arange(0, BH)[:, None]
     w = w0 + tl.arange(0, BW)[None, :]
-    if EVEN:  # the tile is exactly its plane: masks that are constant true, which the compiler drops (`_UNMASKED`)
+    if GEOM is not None:  # and masks that are constant true, which the compiler drops (`PadConfig.unmasked`)
         rm = tl.full([BH, 1], 1, tl.int1)
         cm = tl.full([1, BW], 1, tl.int1)
     else:
         rm = h < H_in
         cm = w < W_in
+    T = (h, rm, w, cm)
     # the tile's parts of the border strips (input rows / columns with more than their direct source)
-    ra, n_ra = _overlap(h0, h1, hs0, hs1)
-    rb, n_rb = _overlap(h0, h1, hs2, hs3)
-    ca, n_ca = _overlap(w0, w1, ws0, ws1)
-    cb, n_cb = _overlap(w0, w1, ws2, ws3)
+    RL = _tile_strips(h0, h1, HS)
+    CL = _tile_strips(w0, w1, WS)
+    DIV = (D_in, D_m, D_s, Q1, Q_m, Q_s)
+    DD = (D_in, D_out, gsD, pd_lo)
+    HD = (H_in, H_out, gsH, ph_lo)
+    WD = (W_in, W_out, gsW, pw_lo)
     if PLANES_LOOP:  # past 2^30 tiles, several planes a program (a loop: its invariants then hold registers)
         first = pg.to(tl.int64) * per_program
         for i in range(tl.minimum(planes - first, per_program)):
-            _plane_tile(gi, g, first + i, h, rm, w, cm, h0, h1, w0, n_ra, n_rb, ra, rb, n_ca, n_cb, ca, cb, Q1, D_m,
-                        D_s, Q_m, Q_s, D_in, H_in, W_in, D_out, H_out, W_out, gs0, gs1, gsD, gsH, gsW, is0, is1, isD,
-                        isH, isW, pd_lo, ph_lo, ph_hi, pw_lo, pw_hi, hs0, hs1, hs2, hs3, ws0, ws1, ws2, ws3, REFLECT,
-                        CROP, SH, SW, ND, NXH, NXW, SIDES_H, SIDES_W, LOOPS, ACC, BW, PREFETCH, EARLY, EDGES, CS,
-                        MAGIC)
+            src, dst, d = _plane_at(gi, g, first + i, DIV, gs0, gs1, ISTR, MAGIC)
+            _tile(src, dst, d, T, h0, h1, w0, RL, CL, DD, HD, WD, HS, WS, ISTR[3], ISTR[4], REFLECT, CROP, SH, SW,
+                  UNROLL, LOOPS, ACC, BW, PREFETCH, EARLY, EDGES, CS)
     else:
-        _plane_tile(gi, g, pg, h, rm, w, cm, h0, h1, w0, n_ra, n_rb, ra, rb, n_ca, n_cb, ca, cb, Q1, D_m, D_s, Q_m,
-                    Q_s, D_in, H_in, W_in, D_out, H_out, W_out, gs0, gs1, gsD, gsH, gsW, is0, is1, isD, isH, isW,
-                    pd_lo, ph_lo, ph_hi, pw_lo, pw_hi, hs0, hs1, hs2, hs3, ws0, ws1, ws2, ws3, REFLECT, CROP, SH, SW,
-                    ND, NXH, NXW, SIDES_H, SIDES_W, LOOPS, ACC, BW, PREFETCH, EARLY, EDGES, CS, MAGIC)
+        src, dst, d = _plane_at(gi, g, pg, DIV, gs0, gs1, ISTR, MAGIC)
+        _tile(src, dst, d, T, h0, h1, w0, RL, CL, DD, HD, WD, HS, WS, ISTR[3], ISTR[4], REFLECT, CROP, SH, SW, UNROLL,
+              LOOPS, ACC, BW, PREFETCH, EARLY, EDGES, CS)
 
 
 # ----------------------------------------------------------------------------------------------- host
@@ -524,44 +540,46 @@ class _Spec:
 @dataclass(frozen=True, eq=False)  # compared and hashed by identity: plans are cached, one per layout
 class _Plan:
     grid: int
-    args: tuple  # the kernel's integer arguments after the two pointers
+    args: tuple  # the kernel's arguments after the two pointers: GRID, PLANE, SIZES, GSTR, ISTR, PADS, HS, WS
     consts: dict  # constexprs and num_warps, for `launcher.launch`
 
 
-# grad_input elements a program tile by padded dims (fewer where the plane is smaller), widest column tile, warps:
-# 3d 4096 is 1.2-1.4x 2048 in replicate (H200, torch 2.11, triton 3.6; all figures: docs/tuning/pad.md)
-_TILE = {1: 2048, 2: 2048, 3: 4096}
-_MAX_BW = 1024
-_WARPS = 4
-_UNROLL = 4  # replicate pads up to this many unrolled, wider ones in loops
-# a cap on registers a thread (ptxas --maxrregcount) by (padded dims, element size, reflect), none where absent: only
-# 16-bit 3d gains (reflect 96: 1.02-1.04x against none; replicate 80, see _EARLY_STRIPS), elsewhere caps lose
-_MAXNREG = {(3, 2, False): 80, (3, 2, True): 96}  # (padded dims, element size, reflect): registers
-_PREFETCH = True  # where H is padded, a program first asks L2 for its pad rows (`_prefetch_pad_rows`), on a GPU
-# where a tile is its whole plane, its strip parts gather their values before the bulk store (their loads in flight
-# with the bulk's) and store them after the barrier; that takes registers, hence 16-bit 3d replicate's cap of 80.
-# bf16 3d replicate pad 2: 49.3 -> 47.7 us (H200)
-_EARLY_STRIPS = True
-# where a tile holds every column and the column strips are one column a side (replicate; reflect with pads of 1),
-# their values are selected into the bulk tile before its store (f32 3d replicate pad 1: 0.5777 -> 0.5577 ms)
-_EDGES = {(1, 4), (2, 4), (3, 4), (3, 2)}  # (padded dims, element size)
-# replicate's corner chunk is summed a source a lane (`_corner_lanes`) where its lanes (elements x sources, a power of
-# two each) are at most this many: 16-bit 3d pad 2 48.6 -> 46.1 us; reflect's larger chunks lose with lanes
-_CORNER_LANES = 1024
-# where a tile is exactly its plane (H and W powers of two, the plane within _TILE), the bulk's masks are constant
-# true tensors the compiler drops (EVEN): bf16 3d replicate pad 2 46.9 -> 46.3 us; f32 and split tiles lose
-_UNMASKED = {(3, 2)}  # (padded dims, element size)
-# and there the plane's sizes, pads and strips are constants (GEOM, a constexpr tuple: a compile per plane shape and
-# pads), folded into every strip index and mask: 578 -> 461 SASS instructions a thread, bf16 pad 2 45.4 -> 42.1 us
-_FIXED = True
-# with GEOM, EDGES also selects reflect's column strips of up to four columns (pads of 2) into the bulk tile (their
-# selects cost little with constant columns): reflect bf16 pad 2 48.1 -> 47.0 us
-_EDGES_4 = True
-# the register cap of a plan with GEOM, both modes: reflect bf16 pad 2 46.2-46.6 us against 47.0-48.1 at 96
-_MAXNREG_FIXED = 80
-# with GEOM, reflect gathers its strips' values after the barrier (EARLY off), replicate before: reflect bf16 pad 2
-# 45.5 -> 43.6 us (56 registers, not 80); replicate is faster with EARLY
-_EARLY_FIXED_REFLECT = False
+@dataclass(frozen=True)
+class PadConfig:
+    """pad's launch heuristics, read once per plan. A (dims, size) pair is (padded dims, element size in bytes).
+    Figures: H200, torch 2.11, Triton 3.6; their measurements and the variants tried: docs/tuning/pad.md."""
+
+    #: grad_input elements a program tile, for 1, 2 and 3 padded dims (fewer where the plane is smaller): 3d 4096 is
+    #: 1.2-1.4x 2048 in replicate
+    tile: tuple[int, int, int] = (2048, 2048, 4096)
+    #: the widest column tile
+    max_bw: int = 1024
+    #: warps a program (8: 0.57-1.01x)
+    warps: int = 4
+    #: replicate pads up to this many a side unrolled (their loads in flight together), wider ones in loops
+    unroll: int = 4
+    #: registers a thread (ptxas --maxrregcount) by (dims, size, reflect), none where absent: only 16-bit 3d gains
+    #: (reflect 96: 1.02-1.04x against none; replicate 80, which early_strips needs), elsewhere caps lose
+    maxnreg: tuple[tuple[tuple[int, int, bool], int], ...] = (((3, 2, False), 80), ((3, 2, True), 96))
+    #: the cap where the plane's geometry is constant (GEOM), both modes: reflect bf16 pad 2 46.2-46.6 us against
+    #: 47.0-48.1 at 96
+    maxnreg_geom: int = 80
+    #: a tile that is its whole plane gathers its strip parts' values before the bulk store (their loads in flight
+    #: with the bulk's), but reflect's under GEOM: bf16 3d replicate pad 2 49.3 -> 47.7 us
+    early_strips: bool = True
+    #: (dims, size) where a tile holding every column selects its column strips into the bulk tile before its store
+    #: (one column a side; under GEOM up to four columns): f32 3d replicate pad 1 0.5777 -> 0.5577 ms
+    edges: frozenset[tuple[int, int]] = frozenset({(1, 4), (2, 4), (3, 4), (3, 2)})
+    #: replicate's corner chunk is summed a source a lane (`_corner_lanes`) where its lanes (elements x sources, a
+    #: power of two each) are at most this many: 16-bit 3d pad 2 48.6 -> 46.1 us; reflect's larger chunks lose
+    corner_lanes: int = 1024
+    #: (dims, size) where a tile that is exactly its plane (H and W powers of two, within `tile`) runs without masks
+    #: and with the plane's sizes, pads and strips as constants (GEOM: a compile per plane shape and pads): bf16 3d
+    #: replicate pad 2 46.9 -> 43.1 us; f32 and split tiles lose
+    geom: frozenset[tuple[int, int]] = frozenset({(3, 2)})
+
+
+CONFIG = Tunable("pad", PadConfig())
 _WAYS = ("left", "right", "top", "bottom", "front", "back")
 
 
@@ -667,7 +685,8 @@ def _magic(n: int) -> tuple[int, int]:
 
 @plan_builder
 def _plan(spec: _Spec, g_shape, g_strides, self_shape, pads, out_strides, dtype: torch.dtype) -> _Plan:
-    """The launch for one layout (shapes already checked)."""
+    """The launch for one layout (shapes already checked), under the config in force."""
+    cfg = CONFIG.current
     merge = spec.dims == 1 and _mergeable(g_shape, g_strides) and _mergeable(self_shape, out_strides)
     gsize, gstr = _canonical(spec, g_shape, g_strides, merge)
     isize, istr = _canonical(spec, self_shape, out_strides, merge)
@@ -675,8 +694,8 @@ def _plan(spec: _Spec, g_shape, g_strides, self_shape, pads, out_strides, dtype:
     pw_lo, pw_hi, ph_lo, ph_hi, pd_lo, pd_hi = pads + (0,) * (6 - len(pads))
     hs = _strips(h_in, ph_lo, ph_hi, spec.reflect)
     ws = _strips(w_in, pw_lo, pw_hi, spec.reflect)
-    bw = min(triton.next_power_of_2(w_in), _MAX_BW)
-    bh = min(triton.next_power_of_2(h_in), max(1, _TILE[spec.dims] // bw))
+    bw = min(triton.next_power_of_2(w_in), cfg.max_bw)
+    bh = min(triton.next_power_of_2(h_in), max(1, cfg.tile[spec.dims - 1] // bw))
     # the strips are rewritten in [sh, bw] / [bh, sw] chunks
     sh = min(triton.next_power_of_2(max(hs[1] - hs[0] + hs[3] - hs[2], 1)), bh)
     sw = min(triton.next_power_of_2(max(ws[1] - ws[0] + ws[3] - ws[2], 1)), bw)
@@ -693,38 +712,37 @@ def _plan(spec: _Spec, g_shape, g_strides, self_shape, pads, out_strides, dtype:
     # loads unrolled (in flight together): source planes, and replicate's extra rows / columns per side
     if spec.reflect:  # at most three source planes; one mirror a side along H and W
         nd, nxh, nxw, loops = 3, 0, 0, False
-    else:  # replicate: the most source planes, extra rows and columns a side; past _UNROLL, the rest in loops
+    else:  # replicate: the most source planes, extra rows and columns a side; past cfg.unroll, the rest in loops
         planes_max = 1 + (max(pd_lo, 0) + max(pd_hi, 0) if d_in == 1 else max(pd_lo, pd_hi, 0))
-        nd = min(planes_max, 1 + _UNROLL)
-        nxh, nxw = min(max(ph_lo, ph_hi, 0), _UNROLL), min(max(pw_lo, pw_hi, 0), _UNROLL)
-        loops = planes_max > nd or max(pads) > _UNROLL  # (compiled only where needed: they double the code)
+        nd = min(planes_max, 1 + cfg.unroll)
+        nxh, nxw = min(max(ph_lo, ph_hi, 0), cfg.unroll), min(max(pw_lo, pw_hi, 0), cfg.unroll)
+        loops = planes_max > nd or max(pads) > cfg.unroll  # (compiled only where needed: they double the code)
     # replicate's extra sources of both ends along a dim share one load per source, but in a dim of size 1
     sides_h, sides_w = 2 if h_in == 1 else 1, 2 if w_in == 1 else 1
     vec = _vec(gstr, pw_lo, dtype.itemsize)
     # replicate's corner chunk a source a lane (`_corner_lanes`): lanes an element, where every source is unrolled and
     # the chunk's lanes stay few; else 0 (the per-element form)
     lanes = triton.next_power_of_2(nd * (1 + sides_h * nxh) * (1 + sides_w * nxw))
-    cs = 0 if spec.reflect or loops or sh * sw * lanes > _CORNER_LANES else lanes
+    cs = 0 if spec.reflect or loops or sh * sw * lanes > cfg.corner_lanes else lanes
+    # GEOM: the tile is exactly its plane, so it runs unmasked with its plane's geometry as constants
+    geom = (spec.dims, dtype.itemsize) in cfg.geom and h_in == bh and w_in == bw
+    early = (cfg.early_strips and n_hb == n_wb == 1 and hs[1] + hs[3] > 0 and ws[1] + ws[3] > 0
+             and not (geom and spec.reflect))
     # EDGES: a tile holds every column (so both strips) and they are one column a side (so sw == 2), or with GEOM
     # (where the selects cost little) at most four columns in all
-    even = (spec.dims, dtype.itemsize) in _UNMASKED and h_in == bh and w_in == bw
-    fixed = even and _FIXED
-    early = (_EARLY_STRIPS and n_hb == n_wb == 1 and hs[1] + hs[3] > 0 and ws[1] + ws[3] > 0
-             and not (fixed and spec.reflect and not _EARLY_FIXED_REFLECT))
-    edges = (spec.dims, dtype.itemsize) in _EDGES and n_wb == 1 and (
-        ws[1] - ws[0] == 1 and ws[3] - ws[2] == 1 or fixed and _EDGES_4 and sw == 4)
-    values = (spec.reflect, crop, bh, bw, sh, sw, nd, nxh, nxw, sides_h, sides_w, loops, per_program > 1, acc, i64,
-              vec, _PREFETCH and not _runtime.INTERPRET and (ph_lo > 0 or ph_hi > 0),
-              early, edges, cs, even,
-              (h_in, w_in, *gsize[3:], ph_lo, ph_hi, pw_lo, pw_hi, *hs, *ws) if fixed else None,
-              (per_program == 1 and d_in > 1, per_program == 1 and q1 > 1))
-    cap = _MAXNREG_FIXED if fixed else _MAXNREG.get((spec.dims, dtype.itemsize, spec.reflect))
-    consts = launch_consts(dict(zip(("REFLECT", "CROP", "BH", "BW", "SH", "SW", "ND", "NXH", "NXW", "SIDES_H",
-                                     "SIDES_W", "LOOPS", "PLANES_LOOP", "ACC", "I64", "VEC", "PREFETCH", "EARLY",
-                                     "EDGES", "CS", "EVEN", "GEOM", "MAGIC"),
-                                    values, strict=True)), _WARPS, **({"maxnreg": cap} if cap else {}))
-    args = (planes, per_program, n_hb, n_wb, q1, *_magic(d_in), *_magic(q1), d_in, h_in, w_in, *gsize[2:],
-            *(s // vec for s in gstr[:4]), gstr[4], *istr, pd_lo, ph_lo, ph_hi, pw_lo // vec, pw_hi, *hs, *ws)
+    edges = (spec.dims, dtype.itemsize) in cfg.edges and n_wb == 1 and (
+        ws[1] - ws[0] == 1 and ws[3] - ws[2] == 1 or geom and sw == 4)
+    cap = cfg.maxnreg_geom if geom else dict(cfg.maxnreg).get((spec.dims, dtype.itemsize, spec.reflect))
+    consts = launch_consts({
+        "REFLECT": spec.reflect, "CROP": crop, "BH": bh, "BW": bw, "SH": sh, "SW": sw,
+        "UNROLL": (nd, nxh, nxw, sides_h, sides_w), "LOOPS": loops, "PLANES_LOOP": per_program > 1, "ACC": acc,
+        "I64": i64, "VEC": vec, "PREFETCH": not _runtime.INTERPRET and (ph_lo > 0 or ph_hi > 0), "EARLY": early,
+        "EDGES": edges, "CS": cs,
+        "GEOM": (h_in, w_in, *gsize[3:], ph_lo, ph_hi, pw_lo, pw_hi, *hs, *ws) if geom else None,
+        "MAGIC": (per_program == 1 and d_in > 1, per_program == 1 and q1 > 1),
+    }, cfg.warps, **({"maxnreg": cap} if cap else {}))
+    args = ((planes, per_program, n_hb, n_wb), (q1, *_magic(d_in), *_magic(q1)), (d_in, h_in, w_in, *gsize[2:]),
+            (*(s // vec for s in gstr[:4]), gstr[4]), tuple(istr), (pd_lo, ph_lo, ph_hi, pw_lo // vec, pw_hi), hs, ws)
     return _Plan(grid, args, consts)
 
 
