@@ -43,38 +43,39 @@ def _sr(r2, r4, w2, w4):  # segment_reduce's small tiles: register caps and warp
 
 DEFAULTS = (None, {})  # the families' shipped configs
 
-def _caps(**by_size):  # pad's register caps {(dims, element size, reflect): cap}, both modes alike: d3e2=80 ...
-    return {(int(k[1]), int(k[3:]), mode): v for k, v in by_size.items() for mode in (False, True)}
+def _caps(**by_size):  # pad's register caps ((dims, element size, reflect), cap) pairs, both modes alike: d3e2=80
+    return tuple(((int(k[1]), int(k[3:]), mode), v) for k, v in by_size.items() for mode in (False, True))
 
 
 # pad 3d's register caps against the defaults (16-bit replicate 80, reflect 96): none, lower ones for 16-bit and f32
-_PAD3D_CAPS = [(pad, {"_MAXNREG": caps}) for caps in ({}, _caps(d3e2=72, d3e4=88), _caps(d3e2=64, d3e4=80))]
-_PAD_LATE = (pad, {"_EARLY_STRIPS": False, "_MAXNREG": _caps(d3e2=96)})  # strip values after the barrier
+_PAD3D_CAPS = [(pad.CONFIG, {"maxnreg": caps}) for caps in ((), _caps(d3e2=72, d3e4=88), _caps(d3e2=64, d3e4=80))]
+_PAD_LATE = (pad.CONFIG, {"early_strips": False, "maxnreg": _caps(d3e2=96)})  # strip values after the barrier
 _PAD3D_OPS = ["replication_pad3d_backward", "reflection_pad3d_backward"]
 _PAD_OPS = [f"{mode}_pad{d}d_backward" for mode in ("replication", "reflection") for d in (1, 2, 3)]
 _PAD_EDGE_OPS = _PAD3D_OPS + ["replication_pad2d_backward", "reflection_pad2d_backward"]  # (the EDGES merge's cases)
-_PAD_NO_EDGES = (pad, {"_EDGES": set()})  # column strips stored after the barrier in every dtype
-_PAD_EDGES_ALL = (pad, {"_EDGES": {(d, e) for d in (1, 2, 3) for e in (2, 4)}})  # ... selected in, every dtype
-_PAD_BEFORE_LANES = (pad, {"_EDGES": {(d, 4) for d in (1, 2, 3)}, "_CORNER_LANES": 0})  # f32 alone; corners per element
+_PAD_NO_EDGES = (pad.CONFIG, {"edges": frozenset()})  # column strips stored after the barrier in every dtype
+_PAD_EDGES_ALL = (pad.CONFIG, {"edges": frozenset((d, e) for d in (1, 2, 3) for e in (2, 4))})  # ... selected in
+# f32 alone; corners per element
+_PAD_BEFORE_LANES = (pad.CONFIG, {"edges": frozenset((d, 4) for d in (1, 2, 3)), "corner_lanes": 0})
 
 GROUPS = {  # name: (ops, dtypes, configs); each config overrides only what it names, config 0 is the defaults
     "pad3d": (_PAD3D_OPS, [F32, BF16, F16],
-              [DEFAULTS, (pad, {"_TILE": dict.fromkeys((1, 2, 3), 2048)}), (pad, {"_WARPS": 8}),
-               (pad, {"_UNROLL": 0}), *_PAD3D_CAPS]),
+              [DEFAULTS, (pad.CONFIG, {"tile": (2048,) * 3}), (pad.CONFIG, {"warps": 8}),
+               (pad.CONFIG, {"unroll": 0}), *_PAD3D_CAPS]),
     "pad3d_caps": (_PAD3D_OPS, [F32, BF16], [DEFAULTS, *_PAD3D_CAPS]),  # the caps alone, faster to run
     "pad12": (["replication_pad1d_backward", "replication_pad2d_backward", "reflection_pad1d_backward",
                "reflection_pad2d_backward"], [F32, BF16],
-              [DEFAULTS, (pad, {"_TILE": dict.fromkeys((1, 2, 3), 4096)}),
-               (pad, {"_MAXNREG": _caps(d1e2=96, d2e2=96)}), (pad, {"_MAXNREG": _caps(d1e2=80, d2e2=80)})]),
+              [DEFAULTS, (pad.CONFIG, {"tile": (4096,) * 3}),
+               (pad.CONFIG, {"maxnreg": _caps(d1e2=96, d2e2=96)}), (pad.CONFIG, {"maxnreg": _caps(d1e2=80, d2e2=80)})]),
     "pad_early": (_PAD3D_OPS + ["replication_pad2d_backward", "reflection_pad1d_backward"], [F32, BF16, F16],
-                  [DEFAULTS, _PAD_LATE, (pad, {"_MAXNREG": _caps(d3e2=96)}), DEFAULTS, _PAD_LATE]),
+                  [DEFAULTS, _PAD_LATE, (pad.CONFIG, {"maxnreg": _caps(d3e2=96)}), DEFAULTS, _PAD_LATE]),
     "pad_edges": (_PAD_EDGE_OPS, [F32, BF16],
                   [DEFAULTS, _PAD_NO_EDGES, _PAD_EDGES_ALL, DEFAULTS, _PAD_NO_EDGES]),
     "pad_edges32": (_PAD_EDGE_OPS, [F32], [DEFAULTS, _PAD_NO_EDGES, DEFAULTS, _PAD_NO_EDGES]),  # (f32 alone, faster)
     "pad_lanes": (_PAD_OPS, [F32, BF16, F16],  # replicate's corners a source a lane, 16-bit 3d's column strips
                   [DEFAULTS, _PAD_BEFORE_LANES, DEFAULTS, _PAD_BEFORE_LANES]),  # selected in: against neither
     "pad_even": (_PAD_OPS, [F32, BF16, F16],  # whole-plane tiles unmasked with GEOM (16-bit 3d), then neither
-                 [DEFAULTS, (pad, {"_UNMASKED": set()})] * 2),
+                 [DEFAULTS, (pad.CONFIG, {"geom": frozenset()})] * 2),
     "segment": (["_segment_reduce_backward", "segment_max_forward", "segment_max_backward"], [F32, F16],
                 [DEFAULTS, DEFAULTS]),  # the defaults twice: the spread
     "segred": (["_segment_reduce_backward"], [F32, F16],
