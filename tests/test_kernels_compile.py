@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from conftest import DEVICE, DTYPES, small_pad_tiles
-from gradkern import _runtime
+from gradkern import _runtime, config
 from gradkern.kernels.pad import padded_shape
 from gradkern.registry import REGISTRY
 
@@ -145,14 +145,16 @@ def _record_segment_reduce_cumsum() -> None:
     in the kernel instead (few segments)."""
     from gradkern.kernels import segment_max
 
-    saved = segment_max._LENS_MAX_S, segment_max._plans
-    segment_max._LENS_MAX_S, segment_max._plans = 0, {}  # (a plan holds the choice: none made before may serve)
+    saved = segment_max._LENS_MAX_S
+    segment_max._LENS_MAX_S = 0
+    config.clear_plans()  # (a plan holds the choice: none made before may serve)
     try:
         info = REGISTRY["_segment_reduce_backward"]
         for case in info.cases(DEVICE, torch.float32, "tiny"):
             info.fn(*case.args, **case.kwargs)
     finally:
-        segment_max._LENS_MAX_S, segment_max._plans = saved
+        segment_max._LENS_MAX_S = saved
+        config.clear_plans()
 
 
 def _record_pad_loops() -> None:

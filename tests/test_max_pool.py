@@ -222,11 +222,16 @@ def _garbage(idx, last, volume) -> torch.Tensor:
     return torch.stack(picks).gather(0, which.unsqueeze(0)).squeeze(0)
 
 
-@pytest.mark.parametrize("tiling", ["lines", "channels"])
+@pytest.mark.parametrize("tiling", ["lines", "channels", "outputs"])
 def test_indices_outside_their_window_or_plane_add_nothing(tiling, monkeypatch):
     """Indices no forward produced: the op follows an index only inside its output's window (and so the plane);
-    the rest add nothing anywhere (stock's kernels write wherever they point, out of bounds included)."""
-    monkeypatch.setattr(mp, "_FORCE_TILING", tiling)
+    the rest add nothing anywhere (stock's kernels write wherever they point, out of bounds included). The gather's
+    two tilings, and the outputs' side, where an index is an address only once it is found in its window."""
+    if tiling == "outputs":
+        monkeypatch.setattr(mp, "_OUTPUTS_SIDE_RATIO", 0)
+    else:
+        monkeypatch.setattr(mp, "_OUTPUTS_SIDE_RATIO", _NEVER)
+        monkeypatch.setattr(mp, "_FORCE_TILING", tiling)
     config.clear_plans()
     try:
         for dims, ceil_mode in (WINDOWS[1], WINDOWS[3]):
@@ -374,8 +379,9 @@ def test_output_layout_is_atens(monkeypatch):
             assert ours.stride() == stock.stride(), (op, label, ours.stride(), stock.stride())
             meta = getattr(torch.ops.aten, op)(*[a.to("meta") if isinstance(a, torch.Tensor) else a for a in args])
             assert ours.stride() == meta.stride(), (op, label)
-            # (a non-contiguous grad_input is batched channels_last)
-            assert launches[0][2]["CHANNELS"] is (not ours.is_contiguous() and ours.shape[1] > 1), (op, label)
+            # (a non-contiguous grad_input is batched channels_last; the outputs' side has no tiling)
+            if "CHANNELS" in launches[0][2]:
+                assert launches[0][2]["CHANNELS"] is (not ours.is_contiguous() and ours.shape[1] > 1), (op, label)
 
 
 @pytest.mark.parametrize("op", OPS)
@@ -421,14 +427,24 @@ def _same_bits_with_small_knobs(run, first, block_knob, label, monkeypatch) -> l
 
 
 def _tiled(op, args, tiling, monkeypatch):
-    """The op's result with `tiling` forced (fresh plans)."""
-    monkeypatch.setattr(mp, "_FORCE_TILING", tiling)
+    """The op's result through the gather with `tiling` forced, or (tiling "outputs") from the outputs' side,
+    with fresh plans."""
+    if tiling == "outputs":
+        monkeypatch.setattr(mp, "_OUTPUTS_SIDE_RATIO", 0)
+    else:
+        monkeypatch.setattr(mp, "_OUTPUTS_SIDE_RATIO", _NEVER)
+        monkeypatch.setattr(mp, "_FORCE_TILING", tiling)
     config.clear_plans()
     try:
         return getattr(ops, op)(*args)
     finally:
         monkeypatch.setattr(mp, "_FORCE_TILING", None)
+        monkeypatch.setattr(mp, "_OUTPUTS_SIDE_RATIO", _DEFAULT_RATIO)
         config.clear_plans()
+
+
+_NEVER = 2**62  # an _OUTPUTS_SIDE_RATIO no problem meets: the gather always
+_DEFAULT_RATIO = mp._OUTPUTS_SIDE_RATIO
 
 
 # per op, a problem with overlapping windows (max_pool3d's and adaptive 2d's channels_last: the channels tiling when
@@ -444,7 +460,7 @@ BITS = {
 def test_tilings_repeats_and_index_widths_give_the_same_bits(op, monkeypatch):
     """Each element sums its terms in one order whatever the tiling: the lines and the channels tilings (each reads
     and writes through strides), runs repeated, tiles of a few elements, the grid-stride loop and int64 index math
-    all give the same bits."""
+    all give the same bits, and so does the outputs' side (32- and 64-bit)."""
     args = BITS[op]()
     first = _tiled(op, args, "lines", monkeypatch)
     check_case(op, args, what=op)
@@ -454,6 +470,48 @@ def test_tilings_repeats_and_index_widths_give_the_same_bits(op, monkeypatch):
         seen = _same_bits_with_small_knobs(lambda t=tiling: _tiled(op, args, t, monkeypatch), first, knob,
                                            f"{op} {tiling}", monkeypatch)
         assert all(c["CHANNELS"] is (tiling == "channels") for c in seen)
+    assert_bitwise_equal(_tiled(op, args, "outputs", monkeypatch), first, f"{op} outputs' side")
+    monkeypatch.setattr(mp, "I32_MAX", 16)
+    launches = _launches(monkeypatch)
+    assert_bitwise_equal(_tiled(op, args, "outputs", monkeypatch), first, f"{op} outputs' side, int64 index math")
+    assert launches[-1][2]["I64"] and "BLOCK" in launches[-1][2]
+
+
+def _outputs_side_problems():
+    """Problems whose inputs have several candidates: overlapping, dilated and ceil_mode windows, adaptive sizes
+    that do not divide, ties (an input summing several outputs), channels_last, strided grad_output and indices."""
+    for case, (dims, ceil_mode) in enumerate(WINDOWS):
+        yield MAX3D, f"window {case}", _window_args(dims, ceil_mode, "ties")
+    yield MAX3D, "k3 s2 p1 channels_last_3d", _max3d((2, 3, 5, 6, 7), 3, 2, 1, values="ties", fmt=CL3D)
+    g, x, *w, c, idx = _max3d((2, 3, 6, 7, 8), 3, (1, 2, 2), 1, values="ties")
+    yield MAX3D, "strided grad and indices", (g.transpose(0, 1).contiguous().transpose(0, 1), x, *w, c,
+                                              idx[:, :, :, :, :].transpose(3, 4).contiguous().transpose(3, 4))
+    for shape, osize, fmt in (((2, 3, 13, 11), (4, 3), None), ((2, 4, 9, 10), (4, 4), torch.channels_last),
+                              ((3, 17, 19), (5, 6), None), ((2, 2, 7, 9, 10), (3, 4, 3), None),
+                              ((1, 3, 5, 6, 7), (2, 4, 3), CL3D)):
+        yield OPS[len(osize) - 1], f"{shape} -> {osize}", _adaptive(shape, osize, values="ties", fmt=fmt)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_outputs_side_gives_the_gathers_bits(dtype, monkeypatch):
+    """The outputs' side (few outputs, several candidates an input) sums the gather's terms in the gather's order
+    and accumulator: the same bits, every problem; where the plan picks it by default it is the one launched."""
+    launches = _launches(monkeypatch)
+    for op, label, args in _outputs_side_problems():
+        args = tuple(a.to(dtype) if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args)
+        gather = _tiled(op, args, "lines", monkeypatch)
+        launches.clear()
+        outputs = _tiled(op, args, "outputs", monkeypatch)
+        assert "BLOCK" in launches[-1][2], (op, label)  # (the outputs' side's launch)
+        assert_bitwise_equal(outputs, gather, f"{op} {label}")
+        check_case(op, args, what=f"{op} {label} (default plan)")
+    # the default: the outputs' side where inputs are at least _OUTPUTS_SIDE_RATIO times the outputs
+    launches.clear()
+    ops.adaptive_max_pool2d_backward(*_adaptive((2, 3, 13, 11), (4, 3), dtype=dtype))
+    assert "BLOCK" in launches[-1][2]
+    launches.clear()
+    ops.max_pool3d_with_indices_backward(*_max3d((1, 2, 4, 6, 6), 2, 2, 0, dtype=dtype))  # (k <= s: one candidate)
+    assert "CHANNELS" in launches[-1][2]
 
 
 # ----------------------------------------------------------------------------------------------- compile-time
@@ -514,7 +572,7 @@ def test_load_orders_and_layout_factors_give_the_same_bits(case, monkeypatch):
     for knobs in ({"_EAGER_SLOTS": 0}, {"_EAGER_SLOTS": 64}, {"_MIN_BLOCK": 128}, {"_FORCE_TILING": "lines"},
                   {"_FORCE_TILING": "lines", "_COLS0": not mp._COLS0},
                   {"_FORCE_TILING": "channels", "_EAGER_SLOTS": 0}):
-        for knob, value in knobs.items():
+        for knob, value in {**knobs, "_OUTPUTS_SIDE_RATIO": _NEVER}.items():  # (the gather's knobs)
             monkeypatch.setattr(mp, knob, value)
         config.clear_plans()
         launches = _launches(monkeypatch)

@@ -89,6 +89,11 @@ _MAX_BC = 128  # channels a "channels" tile spans at most (more channels: severa
 _MIN_BLOCK = 32  # the narrowest column block `_block` picks to spare lanes past a row's end (narrower: a warp's
 # access spans more rows, so more cache lines a load and store instruction)
 _EAGER_SLOTS = 2  # up to this many candidate slots an input, g is loaded with its index (see _gather's EAGER)
+# the outputs' side (`_outputs_side_kernel`, grad_input zeroed first) where inputs have several candidates and are at
+# least this many times the outputs: its work is a candidate walk an output, not an input (H200, f32 / bf16:
+# AdaptiveMaxPool2d 64 -> 7 0.39x / 0.31x ATen -> 0.94x / 1.00x, MaxPool3d(3, 2, 1) 0.45x / 0.66x -> 0.73x / 1.57x)
+_OUTPUTS_SIDE_RATIO = 2
+_OUTPUTS_BLOCK = 128  # outputs a program (128 to 1024 by 4 to 8 warps tried: 128 by 4 the fastest or level)
 # the lines tiling's tile as [columns, rows] under Triton 3.6 and older: their coalescing pass orders a load whose
 # addresses are contiguous along no axis (the candidates' gathers) first axis fastest, Triton 3.7 on last axis
 # fastest; so the tile's first axis is the columns there, and the loads and the store share one layout (4
@@ -270,6 +275,71 @@ def _max_pool_backward_kernel(gi, go, xi, n_tiles, n_b, n_rows, SIZES, GS, XS, I
         tl.store(gi + dst, cast_out(acc, gi.dtype.element_ty), mask=rm & cm)
 
 
+@triton.jit
+def _outputs_side_kernel(gi, go, xi, n_out, SIZES, GS, XS, IS, MAG, WD: tl.constexpr, WH: tl.constexpr,
+                         WW: tl.constexpr, TD: tl.constexpr, TH: tl.constexpr, TW: tl.constexpr,
+                         MAGIC: tl.constexpr, ADAPTIVE: tl.constexpr, ACC: tl.constexpr, BLOCK: tl.constexpr,
+                         I64: tl.constexpr):
+    """`_gather`'s sums from the outputs' side, for problems with few outputs and several candidates an input
+    (overlapping windows): grad_input is zeroed before; output o takes input i = indices[o] where o's window holds
+    it, sums g over i's candidates whose index is i (the gather's order and accumulator: the same bits) and writes
+    the sum if o is the first of them. One writer an input (no atomics); an input no output took keeps its zero.
+    SIZES (C, D, H, W, Do, Ho, Wo); GS, XS, IS the (N, C, D, H, W) strides of grad_output, indices, grad_input."""
+    C, D, H, W = SIZES[0], SIZES[1], SIZES[2], SIZES[3]
+    DO, HO, WO = SIZES[4], SIZES[5], SIZES[6]
+    if I64:
+        f = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    else:
+        f = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = f < n_out
+    f = tl.minimum(f, n_out - 1)
+    ow = f % WO
+    q = f // WO
+    oh = q % HO
+    q = q // HO
+    od = q % DO
+    q = q // DO
+    c = q % C
+    n = q // C
+    base_g = n * GS[0] + c * GS[1]
+    base_x = n * XS[0] + c * XS[1]
+    idx = tl.load(xi + base_x + od * XS[2] + oh * XS[3] + ow * XS[4], mask=m, other=-1)
+    valid = m & (idx >= 0) & (idx < D * H * W)
+    if I64:
+        i = tl.where(valid, idx, 0)
+    else:
+        i = tl.where(valid, idx, 0).to(tl.int32)
+    w = i % W
+    q = i // W
+    h = q % H
+    d = q // H
+    od0, od_hi = _range(d, D, DO, MAG[6], MAG[7], MAGIC[3], WD, ADAPTIVE)
+    oh0, oh_hi = _range(h, H, HO, MAG[8], MAG[9], MAGIC[4], WH, ADAPTIVE)
+    ow0, ow_hi = _range(w, W, WO, MAG[10], MAG[11], MAGIC[5], WW, ADAPTIVE)
+    # o itself must be one of i's candidates (an index outside its window is never followed)
+    valid = valid & (od >= od0) & (od < od_hi) & ((od - od0) % WD[6] == 0)
+    valid = valid & (oh >= oh0) & (oh < oh_hi) & ((oh - oh0) % WH[6] == 0)
+    valid = valid & (ow >= ow0) & (ow < ow_hi) & ((ow - ow0) % WW[6] == 0)
+    acc = tl.zeros([BLOCK], dtype=ACC)
+    found = tl.zeros([BLOCK], dtype=tl.int1)
+    first = tl.zeros([BLOCK], dtype=tl.int1)  # (o is the first candidate whose index is i)
+    for jd in tl.static_range(TD):
+        cd = od0 + jd * WD[6]
+        md = valid & (cd < od_hi)
+        for jh in tl.static_range(TH):
+            ch = oh0 + jh * WH[6]
+            mdh = md & (ch < oh_hi)
+            for jw in tl.static_range(TW):
+                cw = ow0 + jw * WW[6]
+                mo = mdh & (cw < ow_hi)
+                hit = mo & (tl.load(xi + base_x + cd * XS[2] + ch * XS[3] + cw * XS[4], mask=mo) == idx)
+                acc += tl.load(go + base_g + cd * GS[2] + ch * GS[3] + cw * GS[4], mask=hit, other=0.0).to(ACC)
+                first = tl.where(hit & ~found, (cd == od) & (ch == oh) & (cw == ow), first)
+                found = found | hit
+    dst = n * IS[0] + c * IS[1] + d * IS[2] + h * IS[3] + w * IS[4]
+    tl.store(gi + dst, cast_out(acc, gi.dtype.element_ty), mask=valid & first)
+
+
 # ----------------------------------------------------------------------------------------------- host
 @dataclass(frozen=True)
 class _Spec:
@@ -285,6 +355,7 @@ class _Plan:
     grid: int
     args: tuple
     consts: dict
+    kernel: object = None  # None: `_max_pool_backward_kernel`; else `_outputs_side_kernel` (on a zeroed grad_input)
 
 
 def _channels_last(spec: _Spec, self: torch.Tensor) -> bool:
@@ -508,7 +579,17 @@ def _plan(spec: _Spec, g_shape: tuple, g_stride: tuple, x_stride: tuple, shape: 
                            _WARPS if tile >= 32 * _WARPS else max(1, tile // 32))
     args = (n_tiles, n_b, n_rows, (c, *ins, *outs), gstr_k, xstr_k, istr_k, mag)
     contiguous = out_stride == torch.empty(shape, device="meta").stride()
-    return _Plan(shape, None if contiguous else out_stride, min(n_tiles, _MAX_PROGRAMS), args, consts)
+    stride = None if contiguous else out_stride
+    n_out = n * c * math.prod(outs)
+    if math.prod(ks) > 1 and n_out * _OUTPUTS_SIDE_RATIO <= n_rows * (c if channels else w_in) \
+            and n_out < _MAX_PROGRAMS:
+        # few outputs, several candidates an input: the same sums from the outputs' side (`_outputs_side_kernel`)
+        consts = launch_consts({"WD": wins[0], "WH": wins[1], "WW": wins[2], "TD": ks[0], "TH": ks[1], "TW": ks[2],
+                                "MAGIC": magic, "ADAPTIVE": window is None, "ACC": acc,
+                                "BLOCK": _OUTPUTS_BLOCK, "I64": i64}, _WARPS)
+        args = (n_out, (c, *ins, *outs), gstr, xstr, istr, mag)
+        return _Plan(shape, stride, cdiv(n_out, _OUTPUTS_BLOCK), args, consts, _outputs_side_kernel)
+    return _Plan(shape, stride, min(n_tiles, _MAX_PROGRAMS), args, consts)
 
 
 # a problem's (tensor layouts, window) -> its plan, checked once
@@ -548,9 +629,11 @@ def _backward(spec: _Spec, grad_output, self, indices, params: tuple = ()) -> to
         plan = _VALIDATED.remember(key, _plan(spec, tuple(grad_output.shape), grad_output.stride(),
                                                indices.stride(), tuple(self.shape), cl, self.dtype, window))
     out = empty(plan.shape, self.dtype, self.device, plan.stride)
+    if plan.kernel is not None:
+        out.zero_()
     device = self.get_device()
-    launch(_max_pool_backward_kernel, (plan.grid,), (out, grad_output, indices), plan.args, plan.consts, device,
-           (plan, device))
+    launch(plan.kernel or _max_pool_backward_kernel, (plan.grid,), (out, grad_output, indices), plan.args,
+           plan.consts, device, (plan, device))
     return out
 
 
