@@ -22,6 +22,12 @@ its own (fp32 accumulation for f16/bf16/f32, fp64 for f64) and is written once:
   [floor(i O / I), ceil((i + 1) O / I)), at most `adaptive_pool.max_outputs` a dim (exactly one where I divides
   by O: ResNet's 56 -> 7).
 
+Where an input has several candidates and the outputs are few (overlapping windows: MaxPool3d(3, 2, 1), adaptive
+sizes that do not divide), the same sums come from the outputs' side (`_outputs_side_kernel`): grad_input is zeroed,
+and output o, whose index names input i, walks i's candidates as above (same order, same accumulator, so the same
+bits) and writes the sum if it is the first candidate whose index is i: one writer an input, no atomics, and a
+candidate walk an output instead of an input.
+
 The forward's indices lie in their output's window, so a candidate's index test is all that selects. Indices that
 do not are never followed: an index outside its window, or outside the plane, adds nothing anywhere, and no address
 is formed from an index (ATen's kernels add g[o] wherever indices[o] points, out of bounds included). The forward
