@@ -8,8 +8,13 @@ from conftest import DEVICE, DTYPES, SIZE, dtype_id
 from gradkern.registry import REGISTRY, Guarantee
 from gradkern.routing.dispatch import routed_overloads
 from gradkern.testing import assert_bitwise_equal, check_case
+from test_upsample import _check_positions
 
 OPS = sorted(REGISTRY)
+# ops whose float32 results ATen computes from float32 source positions and weights, as gradkern does: on the GPU's
+# larger problems those alone move a result from the float64 reference by more than the base tolerance (stock's
+# too), so the comparison allows what they account for (test_upsample derives the bound and checks it on stock)
+_FP32_POSITIONS = {op for op in OPS if op.startswith(("upsample_", "_upsample_"))}
 
 
 def test_every_op_is_listed_with_guarantees():
@@ -40,7 +45,11 @@ def test_cases_match_stock_and_are_deterministic(name, dtype):
     if dtype not in info.dtypes:
         pytest.skip("dtype not supported by this op")
     for case in info.cases(DEVICE, dtype, SIZE):
-        first = check_case(name, case.args, dict(case.kwargs), what=f"{name} {case.label}")
+        if name in _FP32_POSITIONS and dtype == torch.float32:
+            _check_positions(name, case.args, f"{name} {case.label}")
+            first = info.fn(*case.args, **case.kwargs)
+        else:
+            first = check_case(name, case.args, dict(case.kwargs), what=f"{name} {case.label}")
         again = info.fn(*case.args, **case.kwargs)
         assert_bitwise_equal(again, first, f"{name} {case.label} run twice")
 
