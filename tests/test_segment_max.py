@@ -1,6 +1,7 @@
 """segment_max (first-argmax forward/backward, autograd-aware) and torch.segment_reduce(..., "max")'s backward
 through enable() (PyTorch's tie rule, bit for bit)."""
 
+import itertools
 import math
 
 import pytest
@@ -8,7 +9,7 @@ import torch
 
 import gradkern
 from conftest import DEVICE, DTYPES, dtype_id, gpu_only
-from gradkern import InvalidProblem, Unsupported, ops
+from gradkern import InvalidProblem, Unsupported, config, ops
 from gradkern.kernels import segment_max as sm
 from gradkern.testing import assert_bitwise_equal, count_calls
 
@@ -119,7 +120,8 @@ def test_special_values_across_tiles(dtype):
     expected = torch.tensor([[-0.0, 3.0, inf, math.nan]], dtype=torch.float64).to(dtype)
     expected.view(_INTS[data.element_size()])[0, 3] = _NEG_NAN[dtype]
     assert_bitwise_equal(vals, expected.to(DEVICE), "values")
-    assert data.shape[0] > 2 * sm._blocks(4, n, 1, "forward", data.element_size())[0]  # more than two row tiles
+    cfg = sm.CONFIG.current
+    assert data.shape[0] > 2 * sm._blocks(cfg, 4, n, 1, cfg.fwd_warps)[0]  # more than two row tiles
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
@@ -312,6 +314,9 @@ def _both(data, g, **kw):
     return out
 
 
+_TILE_CLASSES = frozenset(itertools.product((True, False), (2, 4, 8)))  # (small tile?, element size): all of them
+
+
 @pytest.mark.parametrize("paths", [(True, True), (False, False)], ids=["two-pass", "one-pass"])
 @pytest.mark.parametrize("lengths_read", [True, False], ids=["lengths-read", "lengths-cumsum"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
@@ -320,32 +325,33 @@ def test_segment_reduce_backward_equals_stock(dtype, lengths_read, paths, monkey
     cumsum; and both ways it takes a segment longer than a tile (40 rows here; ties, NaN): counting in one pass and
     writing in a second, or writing g while counting and rewriting the columns whose ties divide g, each with and
     without the branch over empty segments."""
-    monkeypatch.setattr(sm, "_plans", {})  # (a plan holds the choice: none made before may serve)
-    if not lengths_read:
-        monkeypatch.setattr(sm, "_LENS_MAX_S", 0)
     two_pass, skip_empty = paths
-    monkeypatch.setattr(sm, "_segred_options", lambda tile, esize: ({"TWO_PASS": two_pass, "SKIP_EMPTY": skip_empty},
-                                                                    {}))
+    forced = {"segred_one_pass": frozenset() if two_pass else _TILE_CLASSES,
+              "segred_no_skip": frozenset() if skip_empty else _TILE_CLASSES}
+    if not lengths_read:
+        forced["lens_max_s"] = 0
     calls = _spy(monkeypatch)
-    lengths = [3, 0, 6, 1, 40, 2]
-    n = sum(lengths)
-    data = _data((n, 5), dtype, ties=True)
-    data[4, 0] = math.nan
-    data[5, 1] = math.nan
-    data[6, 1] = math.nan
-    data[10:15, 2] = 7.0  # five-way tie
-    L = torch.tensor(lengths, device=DEVICE)
-    for g in (_data((len(lengths), 5), dtype, seed=3), -_data((len(lengths), 5), dtype, seed=3).abs(),
-              torch.full((len(lengths), 5), 3.0, dtype=dtype, device=DEVICE)):
-        for kw in ({"lengths": L}, {"offsets": _offsets(lengths)}, {"lengths": L.int()},
-                   {"lengths": L, "initial": 0.25}):
-            (y, gx), (ys, gxs) = _both(data, g, **kw)
-            assert_bitwise_equal(y, ys, f"forward {kw.keys()}")
-            assert_bitwise_equal(gx, gxs, f"backward {list(kw)}")
-    assert calls, "gradkern's kernel did not run"
-    assert {p.consts["LENS"] > 0 for p in sm._plans.values() if p.consts.get("ENDS")} == {lengths_read}
-    assert {(p.consts["TWO_PASS"], p.consts["SKIP_EMPTY"]) for p in sm._plans.values() if "ENDS" in p.consts} == {paths}
-    assert max(p.consts["BLOCK_L"] for p in sm._plans.values() if "ENDS" in p.consts) < 40, "a segment spans tiles"
+    with config.override(sm.CONFIG, **forced):  # (every plan is rebuilt: none made before may serve)
+        lengths = [3, 0, 6, 1, 40, 2]
+        n = sum(lengths)
+        data = _data((n, 5), dtype, ties=True)
+        data[4, 0] = math.nan
+        data[5, 1] = math.nan
+        data[6, 1] = math.nan
+        data[10:15, 2] = 7.0  # five-way tie
+        L = torch.tensor(lengths, device=DEVICE)
+        for g in (_data((len(lengths), 5), dtype, seed=3), -_data((len(lengths), 5), dtype, seed=3).abs(),
+                  torch.full((len(lengths), 5), 3.0, dtype=dtype, device=DEVICE)):
+            for kw in ({"lengths": L}, {"offsets": _offsets(lengths)}, {"lengths": L.int()},
+                       {"lengths": L, "initial": 0.25}):
+                (y, gx), (ys, gxs) = _both(data, g, **kw)
+                assert_bitwise_equal(y, ys, f"forward {kw.keys()}")
+                assert_bitwise_equal(gx, gxs, f"backward {list(kw)}")
+        assert calls, "gradkern's kernel did not run"
+        made = [p.consts for p in sm._plans.values() if "ENDS" in p.consts]  # (cleared when the override ends)
+    assert {c["LENS"] > 0 for c in made if c["ENDS"]} == {lengths_read}
+    assert {(c["TWO_PASS"], c["SKIP_EMPTY"]) for c in made} == {paths}
+    assert max(c["BLOCK_L"] for c in made) < 40, "a segment spans tiles"
 
 
 def test_segment_reduce_tie_count_rounding_in_bf16_and_f16():
@@ -440,14 +446,15 @@ def test_relaunches_at_other_offsets_and_sizes_stay_exact(dtype):
 
 
 def test_segment_reduce_reads_lengths_only_where_cheap():
-    """The kernel sums starts from the lengths itself only for at most _LENS_MAX_S segments and while all programs
-    together re-read at most _LENS_MAX_READS lengths; otherwise it reads their cumsum."""
+    """The kernel sums starts from the lengths itself only for at most lens_max_s segments and while all programs
+    together re-read at most lens_max_reads lengths; otherwise it reads their cumsum."""
+    cfg = sm.CONFIG.current
     meta = torch.empty((4096, 64), device="meta")
-    assert sm._reads_lengths(meta, 0, 1) and sm._reads_lengths(meta, 0, sm._LENS_MAX_S)
-    assert not sm._reads_lengths(meta, 0, sm._LENS_MAX_S + 1) and not sm._reads_lengths(meta, 0, 0)
+    assert sm._reads_lengths(cfg, meta, 0, 1) and sm._reads_lengths(cfg, meta, 0, cfg.lens_max_s)
+    assert not sm._reads_lengths(cfg, meta, 0, cfg.lens_max_s + 1) and not sm._reads_lengths(cfg, meta, 0, 0)
     wide = torch.empty((4096, 64 * 64), device="meta")  # 64 column blocks: 64x the programs, each re-reading
-    assert sm._reads_lengths(wide, 0, 128) and not sm._reads_lengths(wide, 0, 256)
-    assert not sm._reads_lengths(torch.empty((8, 4096, 64), device="meta"), 1, 1024)  # 8 outer slices
+    assert sm._reads_lengths(cfg, wide, 0, 128) and not sm._reads_lengths(cfg, wide, 0, 256)
+    assert not sm._reads_lengths(cfg, torch.empty((8, 4096, 64), device="meta"), 1, 1024)  # 8 outer slices
 
 
 def test_segment_reduce_plans_follow_the_layout():
@@ -483,11 +490,11 @@ def _layout_of(kind, lead, rows, dtype, seed):
 
 @pytest.mark.parametrize("kind", ["inner", "expanded", "outer", "three"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
-def test_layouts_of_two_runs_read_in_place(kind, dtype, monkeypatch):
+def test_layouts_of_two_runs_read_in_place(kind, dtype):
     """Dims on one side of the axis that merge into two strided runs (a transposed or expanded trailing pair, a
     transposed leading pair) are walked in place by all three kernels, their index split in two parts; three runs
     are copied first. Results equal the loop reference, the composite backward and stock segment_reduce."""
-    monkeypatch.setattr(sm, "_plans", {})
+    config.clear_plans()  # (the plans below are this test's)
     lengths = [3, 0, 5, 9]
     n, s = sum(lengths), len(lengths)
     offs = _offsets(lengths)

@@ -165,7 +165,7 @@ def test_ties_at_the_threshold(dtype):
     assert_bitwise_equal(y.cpu(), expected.to(dtype), "ties")
 
 
-def test_split_rows_match_whole_rows(monkeypatch):
+def test_split_rows_match_whole_rows():
     """Rows longer than one program holds are split into chunks (forced here with a tiny block): the same values
     as whole rows, special rows included, along a contiguous and a strided dim, deterministically."""
     specials = torch.tensor([r + [-1.0] * 36 for r, _ in SPECIAL_ROWS[:8]], dtype=torch.float64)
@@ -173,30 +173,28 @@ def test_split_rows_match_whole_rows(monkeypatch):
     whole = ops.sparsemax_forward(x, -1)
     g = torch.randn(x.shape, dtype=torch.float64, device=DEVICE)
     whole_dx = ops.sparsemax_backward(g, whole, -1)
-    monkeypatch.setattr(sm, "_BLOCK_MAX", 32)  # 16 in float64: three chunks a row
-    assert sm._plan("sparsemax_forward", tuple(x.shape), (x.stride(), x.stride()), x.dtype, 1, 32).K == 3
-    for dim, xv in ((-1, x), (0, x.t())):
-        split = ops.sparsemax_forward(xv, dim)
-        split = split if dim == -1 else split.t()
-        assert_close(split, whole, torch.float64, f"split forward dim={dim}")
-        assert_close(split, run_reference(sm.sparsemax_reference, (x, -1)), torch.float64, "split vs reference")
-        dx = ops.sparsemax_backward(g if dim == -1 else g.t(), whole if dim == -1 else whole.t(), dim)
-        assert_close(dx if dim == -1 else dx.t(), whole_dx, torch.float64, f"split backward dim={dim}")
-    check_case("sparsemax_forward", (x.to(torch.bfloat16), -1), what="split bf16")
+    assert sm._check_forward(x, -1)[0].K == 1
+    with config.override(sm.CONFIG, block_max=32):  # 16 in float64: three chunks a row
+        assert sm._check_forward(x, -1)[0].K == 3
+        for dim, xv in ((-1, x), (0, x.t())):
+            split = ops.sparsemax_forward(xv, dim)
+            split = split if dim == -1 else split.t()
+            assert_close(split, whole, torch.float64, f"split forward dim={dim}")
+            assert_close(split, run_reference(sm.sparsemax_reference, (x, -1)), torch.float64, "split vs reference")
+            dx = ops.sparsemax_backward(g if dim == -1 else g.t(), whole if dim == -1 else whole.t(), dim)
+            assert_close(dx if dim == -1 else dx.t(), whole_dx, torch.float64, f"split backward dim={dim}")
+        check_case("sparsemax_forward", (x.to(torch.bfloat16), -1), what="split bf16")
+    assert sm._check_forward(x, -1)[0].K == 1, "the shipped config is back"
 
 
-def test_int64_offsets_path(monkeypatch):
+def test_int64_offsets_path():
     """The int64 indexing the kernels switch to for tensors past 2^31 elements (forced with a tiny limit)."""
-    monkeypatch.setattr(sm, "I32_MAX", 64)
-    config.clear_plans()
-    try:
+    with config.override(sm.CONFIG, i32_max=64):
         for shape, dim in (((6, 37), -1), ((37, 6), 0), ((4, 9, 5), 1)):
             x = _x(shape, torch.float32)
             assert sm._check_forward(x, dim)[0].i64
             y = check_case("sparsemax_forward", (x, dim), what=f"int64 forward {shape}")
             check_case("sparsemax_backward", (_x(shape, torch.float32, seed=4), y, dim), what="int64 backward")
-    finally:
-        config.clear_plans()
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)

@@ -33,7 +33,7 @@ import triton.language as tl
 
 from .. import _runtime
 from .._runtime import DEVICE_TYPE, FLOAT_DTYPES, cdiv, meta_key, next_pow2
-from ..config import PlanCache
+from ..config import PlanCache, Tunable
 from ..errors import InvalidProblem, Unsupported
 from ..launch.checks import check_tensor
 from ..launch.launcher import launch, launch_consts, pdl_ok
@@ -81,18 +81,18 @@ def _ids(n_dblk, S, PDL: tl.constexpr):
 
 
 @triton.jit
-def _offsets(outer, d, s_o, s_i, s_oh, s_ih, O_LO, I_LO, SPLIT_O: tl.constexpr, SPLIT_I: tl.constexpr):
-    """Element offsets of outer index `outer` and inner indices `d` in a tensor whose outer (inner) dims form one
-    strided run, stride s_o (s_i), or with SPLIT_O (SPLIT_I) two: index = hi * O_LO + lo, at hi * s_oh + lo * s_o
-    (hi * s_ih + lo * s_i)."""
+def _offsets(outer, d, ST, O_LO, I_LO, SPLIT_O: tl.constexpr, SPLIT_I: tl.constexpr):
+    """Element offsets of outer index `outer` and inner indices `d` in a tensor of strides ST = (outer, axis, inner,
+    outer high part, inner high part) whose outer (inner) dims form one strided run, stride ST[0] (ST[2]), or with
+    SPLIT_O (SPLIT_I) two: index = hi * O_LO + lo, at hi * ST[3] + lo * ST[0] (hi * ST[4] + lo * ST[2])."""
     if SPLIT_O:
-        o_off = (outer // O_LO) * s_oh + (outer % O_LO) * s_o
+        o_off = (outer // O_LO) * ST[3] + (outer % O_LO) * ST[0]
     else:
-        o_off = outer * s_o
+        o_off = outer * ST[0]
     if SPLIT_I:
-        i_off = (d // I_LO) * s_ih + (d % I_LO) * s_i
+        i_off = (d // I_LO) * ST[4] + (d % I_LO) * ST[2]
     else:
-        i_off = d * s_i
+        i_off = d * ST[2]
     return o_off, i_off
 
 
@@ -117,8 +117,7 @@ def _order_key(bits, W: tl.constexpr, INF: tl.constexpr, KEY: tl.constexpr):
 
 
 @triton.jit
-def _segment_max_fwd_kernel(x, offs, vals, idxs, S, N, INNER, n_dblk,
-                            sx_o, sx_n, sx_i, sx_oh, sx_ih, O_LO, I_LO, soff_o,
+def _segment_max_fwd_kernel(x, offs, vals, idxs, S, N, INNER, n_dblk, SX, O_LO, I_LO, soff_o,
                             BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, BITS: tl.constexpr, W: tl.constexpr,
                             INF: tl.constexpr, SPLIT_O: tl.constexpr, SPLIT_I: tl.constexpr, PDL: tl.constexpr):
     # Per tile, the largest order key (_order_key: NaN on top) and the first row holding it: for 16-bit types one
@@ -129,7 +128,7 @@ def _segment_max_fwd_kernel(x, offs, vals, idxs, S, N, INNER, n_dblk,
     start, end = _segment(offs, soff_o, outer, seg, N, False)
     d = dblk * BLOCK_D + tl.arange(0, BLOCK_D)
     dmask = d < INNER
-    xo, xi = _offsets(outer, d, sx_o, sx_i, sx_oh, sx_ih, O_LO, I_LO, SPLIT_O, SPLIT_I)
+    xo, xi = _offsets(outer, d, SX, O_LO, I_LO, SPLIT_O, SPLIT_I)
     xb = x + xo + xi
     lr = tl.arange(0, BLOCK_L)
     lowest = -(1 << (W - 1))  # below every key: rows past the segment's end
@@ -138,7 +137,7 @@ def _segment_max_fwd_kernel(x, offs, vals, idxs, S, N, INNER, n_dblk,
     best_bits = tl.zeros([BLOCK_D], BITS)  # the stored bits of the element at best_idx
     for r0 in range(start, end, BLOCK_L):
         m = (lr < end - r0)[:, None] & dmask[None, :]
-        bits = tl.load(xb[None, :] + (r0 + lr)[:, None] * sx_n, mask=m, other=0.0).to(BITS, bitcast=True)
+        bits = tl.load(xb[None, :] + (r0 + lr)[:, None] * SX[1], mask=m, other=0.0).to(BITS, bitcast=True)
         key = tl.where(m, _order_key(bits, W, INF, BITS), lowest)
         if W == 16:
             pmax = tl.max((key.to(tl.int32) << 16) | (BLOCK_L - 1 - lr)[:, None], axis=0)
@@ -168,16 +167,15 @@ def _segment_max_fwd_kernel(x, offs, vals, idxs, S, N, INNER, n_dblk,
 
 
 @triton.jit
-def _segment_max_bwd_kernel(g, idxs, offs, gx, S, N, INNER, n_dblk,
-                            sg_o, sg_s, sg_i, sg_oh, sg_ih, O_LO, I_LO, soff_o,
+def _segment_max_bwd_kernel(g, idxs, offs, gx, S, N, INNER, n_dblk, SG, O_LO, I_LO, soff_o,
                             BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, SPLIT_O: tl.constexpr,
                             SPLIT_I: tl.constexpr, PDL: tl.constexpr):
     dblk, seg, outer = _ids(n_dblk, S, PDL)
     start, end = _segment(offs, soff_o, outer, seg, N, False)
     d = dblk * BLOCK_D + tl.arange(0, BLOCK_D)
     dmask = d < INNER
-    go, gi = _offsets(outer, d, sg_o, sg_i, sg_oh, sg_ih, O_LO, I_LO, SPLIT_O, SPLIT_I)
-    gv = tl.load(g + go + seg * sg_s + gi, mask=dmask)
+    go, gi = _offsets(outer, d, SG, O_LO, I_LO, SPLIT_O, SPLIT_I)
+    gv = tl.load(g + go + seg * SG[1] + gi, mask=dmask)
     iv = tl.load(idxs + (outer * S + seg) * INNER + d, mask=dmask, other=-1)
     zero = tl.zeros([BLOCK_L, BLOCK_D], gv.dtype)
     ob = gx + outer * N * INNER
@@ -203,9 +201,7 @@ def _selected(xb, ov, r0, end, dmask, sx_n, BLOCK_L: tl.constexpr, MATH: tl.cons
 
 
 @triton.jit
-def _segment_reduce_max_bwd_kernel(g, o, x, offs, gx, S, N, INNER, n_dblk,
-                                   sg_o, sg_s, sg_i, sg_oh, sg_ih, so_o, so_s, so_i, so_oh, so_ih,
-                                   sx_o, sx_n, sx_i, sx_oh, sx_ih, O_LO, I_LO, soff_o,
+def _segment_reduce_max_bwd_kernel(g, o, x, offs, gx, S, N, INNER, n_dblk, SG, SO, SX, O_LO, I_LO, soff_o,
                                    BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, MATH: tl.constexpr,
                                    ENDS: tl.constexpr, LENS: tl.constexpr, TWO_PASS: tl.constexpr,
                                    SKIP_EMPTY: tl.constexpr, SPLIT_O: tl.constexpr, SPLIT_I: tl.constexpr,
@@ -219,34 +215,34 @@ def _segment_reduce_max_bwd_kernel(g, o, x, offs, gx, S, N, INNER, n_dblk,
     d = dblk * BLOCK_D + tl.arange(0, BLOCK_D)
     dmask = d < INNER
     ob = gx + outer * N * INNER
-    xo, xi = _offsets(outer, d, sx_o, sx_i, sx_oh, sx_ih, O_LO, I_LO, SPLIT_O, SPLIT_I)
+    xo, xi = _offsets(outer, d, SX, O_LO, I_LO, SPLIT_O, SPLIT_I)
     xb = x + xo + xi
     if (end > start) or (not SKIP_EMPTY):
-        oo, oi = _offsets(outer, d, so_o, so_i, so_oh, so_ih, O_LO, I_LO, SPLIT_O, SPLIT_I)
-        ov = tl.load(o + oo + seg * so_s + oi, mask=dmask).to(MATH)
-        go, gi = _offsets(outer, d, sg_o, sg_i, sg_oh, sg_ih, O_LO, I_LO, SPLIT_O, SPLIT_I)
-        gv = tl.load(g + go + seg * sg_s + gi, mask=dmask).to(MATH)
+        oo, oi = _offsets(outer, d, SO, O_LO, I_LO, SPLIT_O, SPLIT_I)
+        ov = tl.load(o + oo + seg * SO[1] + oi, mask=dmask).to(MATH)
+        go, gi = _offsets(outer, d, SG, O_LO, I_LO, SPLIT_O, SPLIT_I)
+        gv = tl.load(g + go + seg * SG[1] + gi, mask=dmask).to(MATH)
         zero = tl.zeros([BLOCK_L, BLOCK_D], gx.dtype.element_ty)
         if end - start <= BLOCK_L:  # one tile: load it once
-            rows, m, sel = _selected(xb, ov, start, end, dmask, sx_n, BLOCK_L, MATH)
+            rows, m, sel = _selected(xb, ov, start, end, dmask, SX[1], BLOCK_L, MATH)
             cnt = tl.sum(sel.to(tl.int32), axis=0)
             q = _tie_grad(gv, cnt, gx.dtype.element_ty, MATH)
             tl.store(ob + rows[:, None] * INNER + d[None, :], tl.where(sel, q[None, :], zero), mask=m)
         elif TWO_PASS:
             cnt = tl.zeros([BLOCK_D], tl.int32)
             for r0 in range(start, end, BLOCK_L):
-                _rows, _m, sel = _selected(xb, ov, r0, end, dmask, sx_n, BLOCK_L, MATH)
+                _rows, _m, sel = _selected(xb, ov, r0, end, dmask, SX[1], BLOCK_L, MATH)
                 cnt += tl.sum(sel.to(tl.int32), axis=0)
             q = _tie_grad(gv, cnt, gx.dtype.element_ty, MATH)
             for r0 in range(start, end, BLOCK_L):
-                rows, m, sel = _selected(xb, ov, r0, end, dmask, sx_n, BLOCK_L, MATH)
+                rows, m, sel = _selected(xb, ov, r0, end, dmask, SX[1], BLOCK_L, MATH)
                 tl.store(ob + rows[:, None] * INNER + d[None, :], tl.where(sel, q[None, :], zero), mask=m)
         else:  # write g where selected while counting the ties; where a column has ties that divide g (k >= 2
             # and g > 0, rare in real data), rewrite its selected elements with g / k (a second read, from L2)
             g1 = cast_out(gv, gx.dtype.element_ty)
             cnt = tl.zeros([BLOCK_D], tl.int32)
             for r0 in range(start, end, BLOCK_L):
-                rows, m, sel = _selected(xb, ov, r0, end, dmask, sx_n, BLOCK_L, MATH)
+                rows, m, sel = _selected(xb, ov, r0, end, dmask, SX[1], BLOCK_L, MATH)
                 cnt += tl.sum(sel.to(tl.int32), axis=0)
                 tl.store(ob + rows[:, None] * INNER + d[None, :], tl.where(sel, g1[None, :], zero), mask=m)
             fix = (cnt >= 2) & (gv > 0)
@@ -254,7 +250,7 @@ def _segment_reduce_max_bwd_kernel(g, o, x, offs, gx, S, N, INNER, n_dblk,
                 q = _tie_grad(gv, cnt, gx.dtype.element_ty, MATH)
                 tl.debug_barrier()  # every first-pass store of this program is done before its rewrite
                 for r0 in range(start, end, BLOCK_L):
-                    rows, _m, sel = _selected(xb, ov, r0, end, dmask & fix, sx_n, BLOCK_L, MATH)
+                    rows, _m, sel = _selected(xb, ov, r0, end, dmask & fix, SX[1], BLOCK_L, MATH)
                     tl.store(ob + rows[:, None] * INNER + d[None, :], q[None, :] + zero, mask=sel)
     if seg == 0:
         _zero_rows(ob, 0, start, d, dmask, INNER, gx.dtype.element_ty, BLOCK_L, BLOCK_D)
@@ -310,40 +306,49 @@ def _strides(runs: list[tuple[int, int]], lo: int) -> tuple[int, int]:
     return stride, stride * max(lo, 1)
 
 
-# tiles: [BLOCK_L rows of a segment, BLOCK_D of the inner dims]; small tiles run with few warps, per kernel and
-# element size (the forward 1.2-3.4x faster with one warp than with four; H200, docs/tuning/segment_max.md)
-_BD_MAX = 64
-_TILE = 4096
-_SMALL_TILE = 2048  # tiles up to this many elements get _WARPS_SMALL[kernel][element size] warps, larger ones 4
-_WARPS_SMALL = {"forward": {2: 1, 4: 1, 8: 1}, "backward": {2: 2, 4: 2, 8: 2}, "segment_reduce": {2: 1, 4: 2, 8: 2}}
-_WARPS_LARGE = 4
-# the segment_reduce backward's register caps, by (small tile, element size): more programs an SM (f16 segments of
-# 16: 3.29x -> 3.91x stock with 56); large f32 tiles stay uncapped, they spill (docs/tuning/segment_max.md)
-_SEGRED_MAXNREG = {(True, 2): 56, (True, 4): 40, (False, 2): 64}
-# _segment_reduce_backward with lengths: up to this many segments (and lengths re-read by all programs together),
-# each program sums its start from the lengths instead of a cumsum kernel reading them first
-_LENS_MAX_S = 1024
-_LENS_MAX_READS = 1 << 20
+@dataclass(frozen=True)
+class SegmentConfig:
+    """The segment kernels' tiles [BLOCK_L rows of a segment, BLOCK_D of the inner dims], warps and register caps,
+    and where the segment_reduce backward reads lengths itself (docs/tuning/segment_max.md; H200, N = 2^20, D = 64,
+    segments of 16 and of 1-256 rows). Results never depend on them: max, argmax and tie counts are exact."""
+
+    # a tile's columns at most, its elements at most, its rows at most (at most 2^16: the forward packs a row in 16
+    # bits); BLOCK_L follows the mean segment length up to these (no recorded sweep)
+    bd_max: int = 64
+    tile: int = 4096
+    bl_max: int = 256
+    # tiles of at most this many elements run the kernel's few warps below, larger ones large_warps
+    small_tile: int = 2048
+    large_warps: int = 4
+    # a small tile's warps: the forward 1.2-3.4x faster with one than with four
+    fwd_warps: int = 1
+    bwd_warps: int = 2
+    # the segment_reduce backward's, by element size: f32 1.08x faster with two than one, f16 1.8x slower
+    segred_warps: tuple[tuple[int, int], ...] = ((2, 1), (4, 2), (8, 2))
+    # the segment_reduce backward by tile class (small tile?, element size). Register caps, for more programs an SM:
+    # f16 segments of 16 3.29x -> 3.91x stock with 56; large f32 tiles stay uncapped (they spill)
+    segred_maxnreg: tuple[tuple[tuple[bool, int], int], ...] = (((True, 2), 56), ((True, 4), 40), ((False, 2), 64))
+    # the classes that write g while counting a segment longer than a tile, where the others count in one pass and
+    # write in a second (fewer registers): large f32 tiles, 143.9 us against 197.6 with two passes
+    segred_one_pass: frozenset[tuple[bool, int]] = frozenset({(False, 4), (False, 8)})
+    # the classes that do not branch over empty segments (their masks do): bf16 segments of 16, 94.2 against 99.4 us
+    segred_no_skip: frozenset[tuple[bool, int]] = frozenset({(True, 2)})
+    # with lengths, up to lens_max_s segments and while all programs together re-read at most lens_max_reads
+    # lengths, each program sums its start from them (no cumsum kernel first): N = 4096, S = 64, 6.8 against 9.4 us
+    lens_max_s: int = 1024
+    lens_max_reads: int = 1 << 20
 
 
-def _segred_options(tile: int, esize: int) -> tuple[dict, dict]:
-    """The segment_reduce backward's (TWO_PASS and SKIP_EMPTY constexprs, compile options) for a tile of `tile`
-    elements of `esize` bytes: two passes over segments longer than a tile (fewer registers, so more programs an
-    SM) but for f32 and f64 large tiles, which keep the one-pass write; small 16-bit tiles do not branch over empty
-    segments (their masks do). Measured on an H200: docs/tuning/segment_max.md."""
-    small = tile <= _SMALL_TILE
-    consts = {"TWO_PASS": small or esize <= 2, "SKIP_EMPTY": not (small and esize <= 2)}
-    cap = _SEGRED_MAXNREG.get((small, esize))
-    return consts, ({"maxnreg": cap} if cap else {})
+CONFIG = Tunable("segment_max", SegmentConfig())
 
 
-def _blocks(inner: int, n: int, s: int, kernel: str, esize: int) -> tuple[int, int, int]:
-    """(BLOCK_L, BLOCK_D, num_warps) from the inner size and the mean segment length (results never depend on
-    them: max, argmax and tie counts are exact)."""
-    bd = min(next_pow2(max(inner, 1)), _BD_MAX)
+def _blocks(cfg: SegmentConfig, inner: int, n: int, s: int, small_warps: int) -> tuple[int, int, int]:
+    """(BLOCK_L, BLOCK_D, num_warps) from the inner size and the mean segment length; `small_warps` for a small
+    tile."""
+    bd = min(next_pow2(max(inner, 1)), cfg.bd_max)
     mean = max(1, n // max(s, 1))
-    bl = max(1, min(next_pow2(mean), max(1, _TILE // bd), 256))
-    return bl, bd, _WARPS_SMALL[kernel][esize] if bl * bd <= _SMALL_TILE else _WARPS_LARGE
+    bl = max(1, min(next_pow2(mean), max(1, cfg.tile // bd), cfg.bl_max))
+    return bl, bd, small_warps if bl * bd <= cfg.small_tile else cfg.large_warps
 
 
 def _norm_axis(op: str, axis, ndim: int) -> int:
@@ -377,7 +382,7 @@ class _Plan:
     specialisation, and the pointers' dtypes), the device and (launch adds it) the pointers' 16-byte alignment."""
 
     grid: int
-    ints: tuple  # the kernel's int arguments
+    ints: tuple  # the kernel's int arguments (each tensor's strides as one tuple)
     copies: tuple[bool, ...]  # the strided operands made contiguous first (layouts the kernel cannot walk)
     consts: dict
     uid: int
@@ -397,11 +402,11 @@ def _new_plan(grid: int, ints: tuple, copies: tuple, consts: dict, warps: int, p
     return _Plan(grid, ints, copies, launch_consts(consts, warps, pdl=pdl, **options), next(_plan_uids))
 
 
-def _layouts(tensors, axis: int) -> tuple[tuple[int, ...], tuple[bool, ...], dict]:
-    """How the kernels walk `tensors` (of one shape on each side of `axis`) in place: each one's strides (outer,
-    axis, inner, outer high part, inner high part), then the low parts' sizes O_LO and I_LO; which of them must be
-    made contiguous first (a side whose dims merge into more than two strided runs, or into two split elsewhere
-    than another tensor's: rare); and the SPLIT_O / SPLIT_I constexprs (a side indexed in two parts)."""
+def _layouts(tensors, axis: int) -> tuple[tuple, tuple[bool, ...], dict]:
+    """How the kernels walk `tensors` (of one shape on each side of `axis`) in place: each one's strides as a
+    tuple (outer, axis, inner, outer high part, inner high part), then the low parts' sizes O_LO and I_LO; which of
+    them must be made contiguous first (a side whose dims merge into more than two strided runs, or into two split
+    elsewhere than another tensor's: rare); and the SPLIT_O / SPLIT_I constexprs (a side indexed in two parts)."""
     def runs(t):
         return _runs(t.shape[:axis], t.stride()[:axis]), _runs(t.shape[axis + 1:], t.stride()[axis + 1:])
 
@@ -411,14 +416,14 @@ def _layouts(tensors, axis: int) -> tuple[tuple[int, ...], tuple[bool, ...], dic
     o_lo, o_copy = _split([o for o, _ in sides])
     i_lo, i_copy = _split([i for _, i in sides])
     copies = tuple(a or b for a, b in zip(o_copy, i_copy, strict=True))
-    ints: list[int] = []
+    ints: list[tuple[int, ...]] = []
     for t, copy, (o_runs, i_runs) in zip(walked, copies, sides, strict=True):
         if copy:  # walked as the contiguous copy `_walk` makes
             t = torch.empty(t.shape, device="meta")
             o_runs, i_runs = runs(t)
         s_o, s_oh = _strides(o_runs, o_lo)
         s_i, s_ih = _strides(i_runs, i_lo)
-        ints += [s_o, t.stride(axis) if t.dim() else 0, s_i, s_oh, s_ih]
+        ints.append((s_o, t.stride(axis) if t.dim() else 0, s_i, s_oh, s_ih))
     return (*ints, o_lo or 1, i_lo or 1), copies, {"SPLIT_O": o_lo > 0, "SPLIT_I": i_lo > 0}
 
 
@@ -443,9 +448,10 @@ def _fwd(data: torch.Tensor, offsets: torch.Tensor, axis: int, op: str):
     pdl = pdl_ok(device)
 
     def make():
+        cfg = CONFIG.current
         strides, copies, split = _layouts((data,), axis)
         outer, inner = math.prod(data.shape[:axis]), math.prod(data.shape[axis + 1:])
-        bl, bd, warps = _blocks(inner, n, s, "forward", data.element_size())
+        bl, bd, warps = _blocks(cfg, inner, n, s, cfg.fwd_warps)
         n_dblk = cdiv(inner, bd)
         return _new_plan(outer * s * n_dblk, (s, n, inner, n_dblk, *strides, _offsets_stride(offsets)), copies,
                          {"BLOCK_L": bl, "BLOCK_D": bd, "BITS": _BITS[data.element_size()],
@@ -470,8 +476,9 @@ def _bwd(grad: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor, num_r
     pdl = pdl_ok(device)
 
     def make():
+        cfg = CONFIG.current
         strides, copies, split = _layouts((grad,), axis)
-        bl, bd, warps = _blocks(inner, num_rows, s, "backward", grad.element_size())
+        bl, bd, warps = _blocks(cfg, inner, num_rows, s, cfg.bwd_warps)
         n_dblk = cdiv(inner, bd)
         return _new_plan(outer * s * n_dblk, (s, num_rows, inner, n_dblk, *strides, _offsets_stride(offsets)),
                          copies, {"BLOCK_L": bl, "BLOCK_D": bd, **split}, warps, pdl)
@@ -583,28 +590,32 @@ def _check_segment_reduce(grad, output, data, reduce, lengths, offsets, axis) ->
 
 def _segment_reduce_plan(data, seg, s: int, ends: bool, grad, output, pdl: bool) -> _Plan:
     """The segment_reduce backward's launch for a validated problem of `s` segments (`seg`: lengths or offsets)."""
+    cfg = CONFIG.current
     axis = seg.dim() - 1
     n = data.shape[axis]
     outer, inner = math.prod(data.shape[:axis]), math.prod(data.shape[axis + 1:])
     strides, copies, split = _layouts((grad, output, data), axis)
-    bl, bd, warps = _blocks(inner, n, s, "segment_reduce", data.element_size())
+    esize = data.element_size()
+    bl, bd, warps = _blocks(cfg, inner, n, s, dict(cfg.segred_warps)[esize])
     n_dblk = cdiv(inner, bd)
-    lens = ends and _reads_lengths(data, axis, s)
-    paths, options = _segred_options(bl * bd, data.element_size())
+    lens = ends and _reads_lengths(cfg, data, axis, s)
+    tiles = (bl * bd <= cfg.small_tile, esize)  # the tile class
     consts = {"BLOCK_L": bl, "BLOCK_D": bd, "MATH": TL_MATH[_runtime.math_dtype(data.dtype)], "ENDS": ends,
-              "LENS": next_pow2(s) if lens else 0, **paths, **split}
+              "LENS": next_pow2(s) if lens else 0, "TWO_PASS": tiles not in cfg.segred_one_pass,
+              "SKIP_EMPTY": tiles not in cfg.segred_no_skip, **split}
+    cap = dict(cfg.segred_maxnreg).get(tiles)
     return _new_plan(outer * s * n_dblk, (s, n, inner, n_dblk, *strides, _offsets_stride(seg)), copies, consts,
-                     warps, pdl, **options)
+                     warps, pdl, **({"maxnreg": cap} if cap else {}))
 
 
-def _reads_lengths(data: torch.Tensor, axis: int, s: int) -> bool:
+def _reads_lengths(cfg: SegmentConfig, data: torch.Tensor, axis: int, s: int) -> bool:
     """Whether the kernel sums each segment's start from the lengths itself (no cumsum: one launch and its host
     time less) rather than reading the lengths' cumsum: where S is small and all programs together re-read at
-    most _LENS_MAX_READS lengths."""
-    if not 0 < s <= _LENS_MAX_S:
+    most cfg.lens_max_reads lengths."""
+    if not 0 < s <= cfg.lens_max_s:
         return False
-    programs = math.prod(data.shape[:axis]) * s * cdiv(math.prod(data.shape[axis + 1:]), _BD_MAX)
-    return programs * next_pow2(s) <= _LENS_MAX_READS
+    programs = math.prod(data.shape[:axis]) * s * cdiv(math.prod(data.shape[axis + 1:]), cfg.bd_max)
+    return programs * next_pow2(s) <= cfg.lens_max_reads
 
 
 # ----------------------------------------------------------------------------------------------- user API

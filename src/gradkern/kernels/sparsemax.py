@@ -12,11 +12,12 @@ threshold, S = {d > tau} and tau = (sum_S d - 1)/|S| exactly as evaluated, which
 k = |S|. (If rounding makes the Newton point not exceed `lo`, the row also stops there: an element lies within
 rounding of the threshold.) A fixed iteration cap bounds pathological rows; typical rows take 2-5 iterations.
 
-Rows of up to `_BLOCK_MAX` elements are held in registers by one program, several rows per program when short,
-and iterate in place (one read of x, one write of p). Longer rows are split into chunks across programs, with
-one launch per iteration (a fixed count: the iteration cap + 2, so no host synchronisation): each chunk program
-combines the previous launch's per-chunk counts and sums in a fixed order (no atomics, so results are
-bit-stable) and evaluates the next thresholds on its chunk; rows already finished read only their small state.
+Rows of up to `block_max` elements (SparsemaxConfig) are held in registers by one program, several rows per
+program when short, and iterate in place (one read of x, one write of p). Longer rows are split into chunks
+across programs, with one launch per iteration (a fixed count: the iteration cap + 2, so no host
+synchronisation): each chunk program combines the previous launch's per-chunk counts and sums in a fixed order
+(no atomics, so results are bit-stable) and evaluates the next thresholds on its chunk; rows already finished
+read only their small state.
 
 Backward, one pass: dx = 1_S * (g - sum_S g / |S|) with S = {y > 0}, counted from y itself. Where the rows are
 contiguous (and held whole by a program), g is read only in the 16-byte vectors holding some y > 0: sparsemax's
@@ -48,7 +49,7 @@ import triton.language as tl
 from .. import _runtime
 from .._cases import randn
 from .._runtime import I32_MAX, cdiv, next_pow2
-from ..config import plan_builder
+from ..config import Tunable, plan_builder
 from ..engines.elementwise import _collapse
 from ..errors import InvalidProblem, Unsupported
 from ..launch.checks import _dense_strides, check_tensor
@@ -63,19 +64,38 @@ _G = 4  # thresholds evaluated per iteration
 # bracket of the exact threshold: at most 4**-(cap - 1) wide (about 1e-14 in fp32, 3e-24 in fp64).
 _MAXIT = {torch.float64: 40}
 _MAXIT_DEFAULT = 24
-_BLOCK_MAX = 16384  # the longest row one program keeps in registers (8192 in fp64); longer rows are split
-# a program takes several short contiguous rows, up to _ROW_TILE elements, with one warp per _WARP_ELEMS of them (1 to
-# 16 warps), per direction (forward, backward): the forward 1.3x faster (f32) with 2048 than 4096, the backward best
-# as one 1024-element row in 4 warps (H200, 32768 x 1024; docs/tuning/sparsemax.md)
-_ROW_TILE = {"forward": 2048, "backward": 1024}
-# The backward's vector kernel waits for y before it reads g, so it needs every warp the SM can hold: 32 registers
-# (64 warps of 128 threads) where a thread holds at most 8 elements (of 4 bytes or less) of each tile. Uncapped,
-# Triton 3.6 gives the bf16 one 35 (48 warps): 3,740 against 4,218-4,299 GB/s (H200, 32768 x 1024).
-_VEC_MAXNREG = 32
-_VEC_CAP_ELEMS = 8
-_COL_ROWS = 16  # rows a program takes when the reduced dim is strided (rows adjacent in memory)
-_KB = 64  # chunk partials combined per step, in a fixed order
-_WARP_ELEMS = {"forward": 256, "backward": 256}
+
+
+@dataclass(frozen=True)
+class SparsemaxConfig:
+    """How sparsemax's rows map onto programs, warps and registers (docs/tuning/sparsemax.md; H200, 32768 x 1024)."""
+
+    # the longest row one program keeps in registers (half of it in fp64); longer rows are split over programs,
+    # one launch an iteration (no recorded sweep)
+    block_max: int = 16384
+    # short contiguous rows a program takes together, up to this many elements: the forward 1.3x faster (f32) with
+    # 2048 than with 4096
+    fwd_row_tile: int = 2048
+    # the backward's: one 1024-element row a program, bf16 3,826-3,848 GB/s against 3,756-3,795 with 4096
+    bwd_row_tile: int = 1024
+    # one warp per this many elements of a tile (1 to 16 warps), forward and backward: the backward's row in 4
+    # warps, bf16 3,826-3,848 GB/s against 3,262-3,282 in 1
+    fwd_warp_elems: int = 256
+    bwd_warp_elems: int = 256
+    # rows a program takes when the reduced dim is strided, so that loads of adjacent rows coalesce (no sweep)
+    col_rows: int = 16
+    # chunk partials of a split row combined per step, in a fixed order (no recorded sweep)
+    combine_block: int = 64
+    # the backward's vector kernel waits for y before it reads g, so it needs every warp the SM holds: a cap of 32
+    # registers (0: none) where a thread holds at most vec_cap_elems elements (of 4 bytes or less) of each tile;
+    # uncapped, bf16 gets 35 registers: 3,740 against 4,218-4,299 GB/s
+    vec_maxnreg: int = 32
+    vec_cap_elems: int = 8
+    # offsets past this take the int64 index path (the int32 limit; tests lower it to reach that path)
+    i32_max: int = I32_MAX
+
+
+CONFIG = Tunable("sparsemax", SparsemaxConfig())
 
 
 # --------------------------------------------------------------------------------------------- shared Triton
@@ -119,8 +139,9 @@ def _span(block, SIZE: tl.constexpr, I64: tl.constexpr):
 
 
 @triton.jit
-def _tile_offsets(rows, cols, s_inner, s_dim):
-    return rows[:, None] * s_inner + cols[None, :] * s_dim
+def _tile_offsets(rows, cols, S):
+    """Offsets of the tile [rows, cols] in an operand whose inner dim and reduced dim have strides S."""
+    return rows[:, None] * S[0] + cols[None, :] * S[1]
 
 
 @triton.jit
@@ -225,17 +246,16 @@ def _combine(part_c, part_s, base, step, K, rmask, R: tl.constexpr, KB: tl.const
 
 
 # --------------------------------------------------------------------------------------------- forward kernels
-# Shapes and strides come as scalars (outer dims padded to _MAX_OUTER), so compiled kernels can be relaunched
-# directly with plain ints (launcher.launch).
+# Shapes and strides come as tuples of ints (each specialised as a plain int argument is), so compiled kernels can
+# be relaunched directly (launcher.launch): OSHAPE the outer dims' sizes (padded to _MAX_OUTER with 1s), XO (YO, GO,
+# DO) an operand's strides along them (padded with 0s), XS (YS, ...) its strides along the inner and reduced dims.
 @triton.jit
-def _fwd_rows_kernel(x, y, N, INNER, N_IB, o0, o1, o2, o3, o4, o5,
-                     xo0, xo1, xo2, xo3, xo4, xo5, yo0, yo1, yo2, yo3, yo4, yo5, xs_i, xs_n, ys_i, ys_n,
+def _fwd_rows_kernel(x, y, N, INNER, N_IB, OSHAPE, XO, YO, XS, YS,
                      ORANK: tl.constexpr, R: tl.constexpr, B: tl.constexpr, G: tl.constexpr,
                      MAXIT: tl.constexpr, MATH: tl.constexpr, I64: tl.constexpr):
     _k, o, rows, rmask, _rid, cols, mask = _tile(1, N_IB, INNER, N, ORANK, R, B, I64)
-    oshape = (o0, o1, o2, o3, o4, o5)
-    xp = x + _outer_offset(o, oshape, (xo0, xo1, xo2, xo3, xo4, xo5), ORANK)
-    z = tl.load(xp + _tile_offsets(rows, cols, xs_i, xs_n), mask=mask, other=float("-inf")).to(MATH)
+    xp = x + _outer_offset(o, OSHAPE, XO, ORANK)
+    z = tl.load(xp + _tile_offsets(rows, cols, XS), mask=mask, other=float("-inf")).to(MATH)
     isnan = z != z
     nan_row = tl.sum(isnan.to(tl.int32), 1) > 0
     z = tl.where(isnan, float("-inf"), z)
@@ -260,23 +280,20 @@ def _fwd_rows_kernel(x, y, N, INNER, N_IB, o0, o1, o2, o3, o4, o5,
         go = (tl.sum((~done).to(tl.int32), 0) > 0) & (it < MAXIT)
 
     p = _finish(d, tau, done, lo, cnt_lo, s_lo, nan_row)
-    yp = y + _outer_offset(o, oshape, (yo0, yo1, yo2, yo3, yo4, yo5), ORANK)
-    tl.store(yp + _tile_offsets(rows, cols, ys_i, ys_n), cast_out(p, y.dtype.element_ty), mask=mask)
+    yp = y + _outer_offset(o, OSHAPE, YO, ORANK)
+    tl.store(yp + _tile_offsets(rows, cols, YS), cast_out(p, y.dtype.element_ty), mask=mask)
 
 
 @triton.jit(do_not_specialize=["STAGE"])
 def _fwd_split_kernel(x, y, pmax, pnan, part_c, part_s, st_f, st_i, STAGE, LAST, M, N, INNER, N_IB, K,
-                      o0, o1, o2, o3, o4, o5, xo0, xo1, xo2, xo3, xo4, xo5, yo0, yo1, yo2, yo3, yo4, yo5,
-                      xs_i, xs_n, ys_i, ys_n,
+                      OSHAPE, XO, YO, XS, YS,
                       ORANK: tl.constexpr, R: tl.constexpr, B: tl.constexpr, G: tl.constexpr, KB: tl.constexpr,
                       MATH: tl.constexpr, I64: tl.constexpr):
     """One launch of a split row's iteration. STAGE 0: per-chunk max and NaN count. STAGE s in 1..LAST-1:
     combine the row max, take iteration s-2's combined counts and sums into the bracket (s >= 2; chunk 0
     stores the state), evaluate iteration s-1's thresholds on this chunk. STAGE LAST: as s, then write p."""
     k, o, rows, rmask, rid, cols, mask = _tile(K, N_IB, INNER, N, ORANK, R, B, I64)
-    oshape = (o0, o1, o2, o3, o4, o5)
-    xp = x + _outer_offset(o, oshape, (xo0, xo1, xo2, xo3, xo4, xo5), ORANK)
-    xp += _tile_offsets(rows, cols, xs_i, xs_n)
+    xp = x + _outer_offset(o, OSHAPE, XO, ORANK) + _tile_offsets(rows, cols, XS)
 
     if STAGE == 0:
         z = tl.load(xp, mask=mask, other=float("-inf")).to(MATH)
@@ -346,8 +363,8 @@ def _fwd_split_kernel(x, y, pmax, pnan, part_c, part_s, st_f, st_i, STAGE, LAST,
             z = tl.load(xp, mask=mask, other=float("-inf")).to(MATH)
             d = _shifted(tl.where(z != z, float("-inf"), z), m, mask)
             p = _finish(d, tau, done, lo, cnt_lo, s_lo, nans > 0)
-            yp = y + _outer_offset(o, oshape, (yo0, yo1, yo2, yo3, yo4, yo5), ORANK)
-            tl.store(yp + _tile_offsets(rows, cols, ys_i, ys_n), cast_out(p, y.dtype.element_ty), mask=mask)
+            yp = y + _outer_offset(o, OSHAPE, YO, ORANK)
+            tl.store(yp + _tile_offsets(rows, cols, YS), cast_out(p, y.dtype.element_ty), mask=mask)
 
 
 # --------------------------------------------------------------------------------------------- backward kernels
@@ -359,74 +376,64 @@ def _bwd_dx(g, y, c, s):
 
 
 @triton.jit
-def _bwd_load(y, g, o, rows, cols, mask, oshape, yo, go, ys_i, ys_n, gs_i, gs_n,
-              ORANK: tl.constexpr, MATH: tl.constexpr):
-    yv = tl.load(y + _outer_offset(o, oshape, yo, ORANK) + _tile_offsets(rows, cols, ys_i, ys_n),
-                 mask=mask, other=0.0).to(MATH)
-    gv = tl.load(g + _outer_offset(o, oshape, go, ORANK) + _tile_offsets(rows, cols, gs_i, gs_n),
-                 mask=mask, other=0.0).to(MATH)
+def _bwd_load(y, g, o, rows, cols, mask, OSHAPE, YO, GO, YS, GS, ORANK: tl.constexpr, MATH: tl.constexpr):
+    yv = tl.load(y + _outer_offset(o, OSHAPE, YO, ORANK) + _tile_offsets(rows, cols, YS), mask=mask,
+                 other=0.0).to(MATH)
+    gv = tl.load(g + _outer_offset(o, OSHAPE, GO, ORANK) + _tile_offsets(rows, cols, GS), mask=mask,
+                 other=0.0).to(MATH)
     return yv, gv
 
 
 @triton.jit
-def _bwd_rows_kernel(y, g, dx, N, INNER, N_IB, o0, o1, o2, o3, o4, o5, yo0, yo1, yo2, yo3, yo4, yo5,
-                     go0, go1, go2, go3, go4, go5, do0, do1, do2, do3, do4, do5, ys_i, ys_n, gs_i, gs_n, ds_i, ds_n,
+def _bwd_rows_kernel(y, g, dx, N, INNER, N_IB, OSHAPE, YO, GO, DO, YS, GS, DS,
                      ORANK: tl.constexpr, R: tl.constexpr, B: tl.constexpr, MATH: tl.constexpr,
                      I64: tl.constexpr):
     _k, o, rows, _rmask, _rid, cols, mask = _tile(1, N_IB, INNER, N, ORANK, R, B, I64)
-    oshape = (o0, o1, o2, o3, o4, o5)
-    yv, gv = _bwd_load(y, g, o, rows, cols, mask, oshape, (yo0, yo1, yo2, yo3, yo4, yo5),
-                       (go0, go1, go2, go3, go4, go5), ys_i, ys_n, gs_i, gs_n, ORANK, MATH)
+    yv, gv = _bwd_load(y, g, o, rows, cols, mask, OSHAPE, YO, GO, YS, GS, ORANK, MATH)
     c, s = _support_sum(yv, gv)
-    dp = dx + _outer_offset(o, oshape, (do0, do1, do2, do3, do4, do5), ORANK)
-    tl.store(dp + _tile_offsets(rows, cols, ds_i, ds_n),
+    dp = dx + _outer_offset(o, OSHAPE, DO, ORANK)
+    tl.store(dp + _tile_offsets(rows, cols, DS),
              cast_out(_bwd_dx(gv, yv, c[:, None], s[:, None]), dx.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def _bwd_vec_kernel(y, g, dx, N, INNER, N_IB, o0, o1, o2, o3, o4, o5, yo0, yo1, yo2, yo3, yo4, yo5,
-                    go0, go1, go2, go3, go4, go5, do0, do1, do2, do3, do4, do5, ys_i, ys_n, gs_i, gs_n, ds_i, ds_n,
+def _bwd_vec_kernel(y, g, dx, N, INNER, N_IB, OSHAPE, YO, GO, DO, YS, GS, DS,
                     ORANK: tl.constexpr, R: tl.constexpr, B: tl.constexpr, V: tl.constexpr, MATH: tl.constexpr,
                     I64: tl.constexpr):
-    """_bwd_rows_kernel for rows contiguous in all three operands (ys_n = gs_n = ds_n = 1): the tile is taken as
+    """_bwd_rows_kernel for rows contiguous in all three operands (YS[1] = GS[1] = DS[1] = 1): the tile is taken as
     [R, B / V, V], vectors of V elements (16 bytes), and g is read only in the vectors that hold some y > 0:
     outside S, dx is 0 whatever g holds."""
     _k, o, rows, rmask, _rid, _cols, _mask = _tile(1, N_IB, INNER, N, ORANK, R, B, I64)
     cols = tl.arange(0, B // V)[:, None] * V + tl.arange(0, V)[None, :]  # within a row: int32 (B <= 16384)
     mask = rmask[:, None, None] & (cols < N)[None, :, :]
-    oshape = (o0, o1, o2, o3, o4, o5)
-    yv = tl.load(y + _outer_offset(o, oshape, (yo0, yo1, yo2, yo3, yo4, yo5), ORANK) + rows[:, None, None] * ys_i
-                 + cols[None, :, :], mask=mask, other=0.0).to(MATH)
+    yv = tl.load(y + _outer_offset(o, OSHAPE, YO, ORANK) + rows[:, None, None] * YS[0] + cols[None, :, :],
+                 mask=mask, other=0.0).to(MATH)
     sel = yv > 0.0
     live = tl.max(sel.to(tl.int32), 2) > 0
-    gv = tl.load(g + _outer_offset(o, oshape, (go0, go1, go2, go3, go4, go5), ORANK) + rows[:, None, None] * gs_i
-                 + cols[None, :, :], mask=mask & live[:, :, None], other=0.0).to(MATH)
+    gv = tl.load(g + _outer_offset(o, OSHAPE, GO, ORANK) + rows[:, None, None] * GS[0] + cols[None, :, :],
+                 mask=mask & live[:, :, None], other=0.0).to(MATH)
     c, s = tl.reduce((sel.to(tl.int32), tl.where(sel, gv, 0.0)), 2, _add_pair)
     c, s = tl.reduce((c, s), 1, _add_pair)  # one pass through shared memory for both, where two sums take three
-    dp = dx + _outer_offset(o, oshape, (do0, do1, do2, do3, do4, do5), ORANK) + rows[:, None, None] * ds_i
+    dp = dx + _outer_offset(o, OSHAPE, DO, ORANK) + rows[:, None, None] * DS[0]
     tl.store(dp + cols[None, :, :], cast_out(_bwd_dx(gv, yv, c[:, None, None], s[:, None, None]),
                                              dx.dtype.element_ty), mask=mask)
 
 
 @triton.jit(do_not_specialize=["STAGE"])
-def _bwd_split_kernel(y, g, dx, part_c, part_s, STAGE, N, INNER, N_IB, K, o0, o1, o2, o3, o4, o5,
-                      yo0, yo1, yo2, yo3, yo4, yo5, go0, go1, go2, go3, go4, go5, do0, do1, do2, do3, do4, do5,
-                      ys_i, ys_n, gs_i, gs_n, ds_i, ds_n,
+def _bwd_split_kernel(y, g, dx, part_c, part_s, STAGE, N, INNER, N_IB, K, OSHAPE, YO, GO, DO, YS, GS, DS,
                       ORANK: tl.constexpr, R: tl.constexpr, B: tl.constexpr, KB: tl.constexpr,
                       MATH: tl.constexpr, I64: tl.constexpr):
     """STAGE 0: per-chunk |S| and sum_S g. STAGE 1: combine them in a fixed order and write dx."""
     k, o, rows, rmask, rid, cols, mask = _tile(K, N_IB, INNER, N, ORANK, R, B, I64)
-    oshape = (o0, o1, o2, o3, o4, o5)
-    yv, gv = _bwd_load(y, g, o, rows, cols, mask, oshape, (yo0, yo1, yo2, yo3, yo4, yo5),
-                       (go0, go1, go2, go3, go4, go5), ys_i, ys_n, gs_i, gs_n, ORANK, MATH)
+    yv, gv = _bwd_load(y, g, o, rows, cols, mask, OSHAPE, YO, GO, YS, GS, ORANK, MATH)
     if STAGE == 0:
         c, s = _support_sum(yv, gv)
         tl.store(part_c + rid * K + k, c, mask=rmask)
         tl.store(part_s + rid * K + k, s, mask=rmask)
     else:
         c, s = _combine(part_c, part_s, rid * K, 1, K, rmask, R, KB, MATH)
-        dp = dx + _outer_offset(o, oshape, (do0, do1, do2, do3, do4, do5), ORANK)
-        tl.store(dp + _tile_offsets(rows, cols, ds_i, ds_n),
+        dp = dx + _outer_offset(o, OSHAPE, DO, ORANK)
+        tl.store(dp + _tile_offsets(rows, cols, DS),
                  cast_out(_bwd_dx(gv, yv, c[:, None], s[:, None]), dx.dtype.element_ty), mask=mask)
 
 
@@ -440,23 +447,23 @@ class _Plan:
     """How a problem maps onto programs: rows are the positions of every dim but `dim`, collapsed; the
     dim with the smallest stride (the inner dim) is a tile axis, the other (outer) dims are decomposed per
     program. Each program takes R rows of the inner dim and B entries of each row (all of it when K == 1,
-    else chunk k of K). `ints` are the kernel's shape and stride arguments, operands in kernel order."""
+    else chunk k of K). `ints` are the kernel's shape and stride arguments (OSHAPE, then each operand's outer
+    strides, then each one's inner and reduced strides; operands in kernel order)."""
 
     out_strides: tuple[int, ...]
     n: int
     inner: int
     n_outer: int
-    orank: int
     R: int
     B: int
     K: int
-    warps: int
     i64: bool
     math: torch.dtype
-    ints: tuple[int, ...]
+    ints: tuple[tuple[int, ...], ...]
     vec: int  # the backward's vector length V when every operand's rows are contiguous and K == 1, else 0
-    maxnreg: int  # a register cap for the kernel (0: none)
-    uid: int  # identifies the plan (and so its kernels' specialisation) in the relaunch cache
+    kernel: triton.JITFunction  # the kernel that runs the problem
+    consts: dict  # its constexprs and compile options (launch_consts)
+    uid: int  # identifies the plan (and so its kernel's specialisation) in the relaunch cache
 
     @property
     def n_ib(self) -> int:
@@ -495,10 +502,11 @@ def _out_strides(t: torch.Tensor) -> tuple[int, ...]:
 
 
 @plan_builder
-def _plan(op: str, shape: tuple[int, ...], strides: tuple[tuple[int, ...], ...], dtype: torch.dtype, dim: int,
-          block_max: int) -> _Plan:
+def _plan(op: str, shape: tuple[int, ...], strides: tuple[tuple[int, ...], ...], dtype: torch.dtype,
+          dim: int) -> _Plan:
     """`strides`: the operands' strides, the one that sets the tiling first, the output last."""
-    direction = "forward" if op.endswith("forward") else "backward"
+    cfg = CONFIG.current
+    forward = op.endswith("forward")
     if not shape:  # 0-d: one row of one entry
         shape, strides = (1,), tuple((1,) for _ in strides)
     n = shape[dim]
@@ -512,43 +520,48 @@ def _plan(op: str, shape: tuple[int, ...], strides: tuple[tuple[int, ...], ...],
     else:
         inner, s_inner, outer = 1, [0] * len(strides), []
     if len(outer) > _MAX_OUTER:
-        raise Unsupported(op, "x" if direction == "forward" else "y",
+        raise Unsupported(op, "x" if forward else "y",
                           f"at most {_MAX_OUTER + 2} dims after merging contiguous ones", len(shape))
     oshape = [cshape[i] for i in outer]
     pad = _MAX_OUTER - len(outer)
     s_dim = [st[dim] for st in strides]
 
-    if dtype == torch.float64:
-        block_max = max(block_max // 2, 1)
+    block_max = max(cfg.block_max // 2, 1) if dtype == torch.float64 else cfg.block_max
     bn = next_pow2(n)
     if s_dim[0] == 1 or n == 1:  # rows are contiguous: short ones grouped, long ones split
-        R = max(1, min(_ROW_TILE[direction] // bn, next_pow2(inner)))
+        R = max(1, min((cfg.fwd_row_tile if forward else cfg.bwd_row_tile) // bn, next_pow2(inner)))
         B = min(bn, block_max)
     else:  # rows are strided: take adjacent rows together so that loads coalesce
-        R = max(1, min(_COL_ROWS, next_pow2(inner)))
+        R = max(1, min(cfg.col_rows, next_pow2(inner)))
         B = min(bn, max(block_max // R, 1))
     K = cdiv(n, B)
-    warps = max(1, min(16, R * B // _WARP_ELEMS[direction]))
+    warps = max(1, min(16, R * B // (cfg.fwd_warp_elems if forward else cfg.bwd_warp_elems)))
     extent = max(sum((s - 1) * abs(st) for s, st in zip(shape, t, strict=False)) for t in strides)
-    i64 = extent + R * max(map(abs, s_inner)) + B * max(map(abs, s_dim)) > I32_MAX
-    ints = (*oshape, *[1] * pad)
-    for st in cstr:
-        ints += (*[st[i] for i in outer], *[0] * pad)
-    for si, sd in zip(s_inner, s_dim, strict=False):
-        ints += (si, sd)
-    vec = min(16 // dtype.itemsize, B) if direction == "backward" and K == 1 and set(s_dim) == {1} else 0
-    maxnreg = _VEC_MAXNREG if vec and dtype.itemsize <= 4 and R * B <= 32 * warps * _VEC_CAP_ELEMS else 0
-    return _Plan(strides[-1], n, inner, math.prod(oshape), len(outer), R, B, K, warps, i64,
-                 _runtime.math_dtype(dtype), ints, vec, maxnreg, next(_plan_ids))
+    i64 = extent + R * max(map(abs, s_inner)) + B * max(map(abs, s_dim)) > cfg.i32_max
+    ints = ((*oshape, *[1] * pad),
+            *[(*[st[i] for i in outer], *[0] * pad) for st in cstr],
+            *zip(s_inner, s_dim, strict=True))
+    vec = min(16 // dtype.itemsize, B) if not forward and K == 1 and set(s_dim) == {1} else 0
+    maxnreg = cfg.vec_maxnreg if vec and dtype.itemsize <= 4 and R * B <= 32 * warps * cfg.vec_cap_elems else 0
+    if forward:
+        kernel, extra = ((_fwd_rows_kernel, {"G": _G, "MAXIT": _MAXIT.get(dtype, _MAXIT_DEFAULT)}) if K == 1
+                         else (_fwd_split_kernel, {"G": _G, "KB": cfg.combine_block}))
+    elif K == 1:
+        kernel, extra = (_bwd_vec_kernel, {"V": vec}) if vec else (_bwd_rows_kernel, {})
+    else:
+        kernel, extra = _bwd_split_kernel, {"KB": cfg.combine_block}
+    math_dtype = _runtime.math_dtype(dtype)
+    consts = launch_consts({"ORANK": len(outer), "R": R, "B": B, **extra, "MATH": TL_MATH[math_dtype], "I64": i64},
+                           warps, **({"maxnreg": maxnreg} if maxnreg else {}))
+    return _Plan(strides[-1], n, inner, math.prod(oshape), R, B, K, i64, math_dtype, ints, vec, kernel, consts,
+                 next(_plan_ids))
 
 
-def _launch(kernel, plan: _Plan, grid: int, ptrs: tuple, ints: tuple, extra: dict, device: int) -> None:
-    """Launch through `launcher.launch`: after a specialisation's first launch its compiled kernel is
-    called directly (the plan fixes every int argument's specialisation; launch keys the pointers' alignment).
-    Every kernel's constexprs are ORANK, R, B, then `extra`'s, then MATH, I64."""
-    consts = launch_consts({"ORANK": plan.orank, "R": plan.R, "B": plan.B, **extra, "MATH": TL_MATH[plan.math],
-                            "I64": plan.i64}, plan.warps, **({"maxnreg": plan.maxnreg} if plan.maxnreg else {}))
-    launch(kernel, (grid,), ptrs, ints, consts, device, (kernel, plan.uid, device))
+def _launch(plan: _Plan, grid: int, ptrs: tuple, ints: tuple, device: int) -> None:
+    """Launch the plan's kernel through `launcher.launch`: after a specialisation's first launch its compiled
+    kernel is called directly (the plan fixes every int argument's specialisation; launch keys the pointers'
+    alignment)."""
+    launch(plan.kernel, (grid,), ptrs, ints, plan.consts, device, (plan.kernel, plan.uid, device))
 
 
 # --------------------------------------------------------------------------------------------- host: ops
@@ -557,7 +570,7 @@ def _check_forward(x: torch.Tensor, dim) -> tuple[_Plan, tuple[int, ...]]:
     check_tensor(op, "x", x)
     d = _norm_dim(op, x, dim)
     out_strides = _out_strides(x)
-    return _plan(op, tuple(x.shape), (tuple(x.stride()), out_strides), x.dtype, d, _BLOCK_MAX), out_strides
+    return _plan(op, tuple(x.shape), (tuple(x.stride()), out_strides), x.dtype, d), out_strides
 
 
 def _forward(x: torch.Tensor, dim: int) -> torch.Tensor:
@@ -567,8 +580,7 @@ def _forward(x: torch.Tensor, dim: int) -> torch.Tensor:
         return y
     dev = x.get_device()
     if plan.K == 1:
-        _launch(_fwd_rows_kernel, plan, plan.tiles, (x, y), (plan.n, plan.inner, plan.n_ib, *plan.ints),
-                {"G": _G, "MAXIT": _MAXIT.get(x.dtype, _MAXIT_DEFAULT)}, dev)
+        _launch(plan, plan.tiles, (x, y), (plan.n, plan.inner, plan.n_ib, *plan.ints), dev)
         return y
     rows = plan.n_outer * plan.inner
     f = dict(dtype=plan.math, device=x.device)
@@ -578,8 +590,8 @@ def _forward(x: torch.Tensor, dim: int) -> torch.Tensor:
                torch.empty(2 * rows * 4, **f), torch.empty(2 * rows * 2, **i))  # bracket state, double-buffered
     last = _MAXIT.get(x.dtype, _MAXIT_DEFAULT) + 1
     for stage in range(last + 1):
-        _launch(_fwd_split_kernel, plan, plan.tiles * plan.K, (x, y, *scratch),
-                (stage, last, rows, plan.n, plan.inner, plan.n_ib, plan.K, *plan.ints), {"G": _G, "KB": _KB}, dev)
+        _launch(plan, plan.tiles * plan.K, (x, y, *scratch),
+                (stage, last, rows, plan.n, plan.inner, plan.n_ib, plan.K, *plan.ints), dev)
     return y
 
 
@@ -595,8 +607,7 @@ def _check_backward(grad: torch.Tensor, y: torch.Tensor, dim) -> tuple[_Plan, tu
         raise Unsupported(op, "grad", f"a tensor on {y.device} (the device of y)", grad.device)
     d = _norm_dim(op, y, dim)
     out_strides = _out_strides(y)
-    plan = _plan(op, tuple(y.shape), (tuple(y.stride()), tuple(grad.stride()), out_strides), y.dtype, d,
-                 _BLOCK_MAX)
+    plan = _plan(op, tuple(y.shape), (tuple(y.stride()), tuple(grad.stride()), out_strides), y.dtype, d)
     return plan, out_strides
 
 
@@ -607,15 +618,14 @@ def _backward(grad: torch.Tensor, y: torch.Tensor, dim: int) -> torch.Tensor:
         return dx
     dev = y.get_device()
     if plan.K == 1:
-        kernel, extra = (_bwd_vec_kernel, {"V": plan.vec}) if plan.vec else (_bwd_rows_kernel, {})
-        _launch(kernel, plan, plan.tiles, (y, grad, dx), (plan.n, plan.inner, plan.n_ib, *plan.ints), extra, dev)
+        _launch(plan, plan.tiles, (y, grad, dx), (plan.n, plan.inner, plan.n_ib, *plan.ints), dev)
         return dx
     rows = plan.n_outer * plan.inner
     scratch = (torch.empty(rows * plan.K, dtype=torch.int32, device=y.device),
                torch.empty(rows * plan.K, dtype=plan.math, device=y.device))
     for stage in (0, 1):
-        _launch(_bwd_split_kernel, plan, plan.tiles * plan.K, (y, grad, dx, *scratch),
-                (stage, plan.n, plan.inner, plan.n_ib, plan.K, *plan.ints), {"KB": _KB}, dev)
+        _launch(plan, plan.tiles * plan.K, (y, grad, dx, *scratch),
+                (stage, plan.n, plan.inner, plan.n_ib, plan.K, *plan.ints), dev)
     return dx
 
 
