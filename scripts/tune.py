@@ -30,15 +30,14 @@ from gradkern.testing import check_case
 F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
 
 
-def _sm(row_tile, warp):
-    return (sparsemax, {"_ROW_TILE": {"forward": row_tile[0], "backward": row_tile[1]},
-                        "_WARP_ELEMS": {"forward": warp[0], "backward": warp[1]}})
+def _sm(row_tile, warp):  # sparsemax's (forward, backward) row tiles and elements a warp
+    return (sparsemax.CONFIG, {"fwd_row_tile": row_tile[0], "bwd_row_tile": row_tile[1],
+                               "fwd_warp_elems": warp[0], "bwd_warp_elems": warp[1]})
 
 
 def _sr(r2, r4, w2, w4):  # segment_reduce's small tiles: register caps and warps, 2- and 4-byte elements
-    warps = {"forward": {2: 1, 4: 1, 8: 1}, "backward": {2: 2, 4: 2, 8: 2}, "segment_reduce": {2: w2, 4: w4, 8: 2}}
-    caps = {**segment_max._SEGRED_MAXNREG, (True, 2): r2, (True, 4): r4}
-    return (segment_max, {"_SEGRED_MAXNREG": caps, "_WARPS_SMALL": warps})
+    return (segment_max.CONFIG, {"segred_maxnreg": (((True, 2), r2), ((True, 4), r4), ((False, 2), 64)),
+                                 "segred_warps": ((2, w2), (4, w4), (8, 2))})
 
 
 DEFAULTS = (None, {})  # the families' shipped configs
@@ -91,7 +90,7 @@ GROUPS = {  # name: (ops, dtypes, configs); each config overrides only what it n
                [DEFAULTS, _sm((2048, 4096), (256, 512)), _sm((2048, 1024), (256, 512)),
                 _sm((2048, 1024), (256, 1024))] * 2),
     "smbwd_cap": (["sparsemax_backward"], [BF16, F32],  # the vector path's register cap: 32, none, 40
-                  [DEFAULTS, (sparsemax, {"_VEC_MAXNREG": 0}), (sparsemax, {"_VEC_MAXNREG": 40}), DEFAULTS]),
+                  [DEFAULTS, *[(sparsemax.CONFIG, {"vec_maxnreg": cap}) for cap in (0, 40)], DEFAULTS]),
     "prelu": (["prelu_backward"], [F32, BF16],
               [DEFAULTS] + [(prelu, {"_ROWS_MAX_PARTIALS": {2: p, 4: p}}) for p in (1 << 30, 4096, 8192, 16384)]
               + [(prelu, {"_COLS_TILE": t, "_COLS_TARGET_PROGRAMS": p, "_COLS_MIN_ROWS": r})

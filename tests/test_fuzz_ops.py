@@ -19,7 +19,6 @@ import math
 import os
 from contextlib import ExitStack
 from itertools import accumulate
-from unittest import mock
 
 import pytest
 import torch
@@ -28,7 +27,7 @@ from hypothesis import strategies as st
 
 import gradkern
 from conftest import DEVICE, DTYPES, small_pad_tiles, small_prelu_splits
-from gradkern import ops
+from gradkern import config, ops
 from gradkern.engines.reduction import reduce_sum, sum_to_shape
 from gradkern.kernels import pad as pad_mod
 from gradkern.kernels import segment_max as segmax_mod
@@ -314,7 +313,7 @@ def test_sparsemax_forward_backward_fuzz(data, gen, dtype, block_max):
     x, dim = data.draw(sparsemax_inputs(gen, dtype))
     with ExitStack() as stack:
         if block_max is not None:  # rows longer than this are split across programs (the long-row kernels)
-            stack.enter_context(mock.patch.object(sparsemax_mod, "_BLOCK_MAX", block_max))
+            stack.enter_context(config.override(sparsemax_mod.CONFIG, block_max=block_max))
         y = check_case("sparsemax_forward", (x, dim), what=f"sparsemax_forward {_desc(x=x, dim=dim)}")
         assert y.shape == x.shape and y.dtype == dtype
         y = data.draw(placed(y.cpu(), ("contiguous", "sliced", "permuted")))

@@ -145,16 +145,10 @@ def _record_segment_reduce_cumsum() -> None:
     in the kernel instead (few segments)."""
     from gradkern.kernels import segment_max
 
-    saved = segment_max._LENS_MAX_S
-    segment_max._LENS_MAX_S = 0
-    config.clear_plans()  # (a plan holds the choice: none made before may serve)
-    try:
+    with config.override(segment_max.CONFIG, lens_max_s=0):  # (every plan is rebuilt: none made before may serve)
         info = REGISTRY["_segment_reduce_backward"]
         for case in info.cases(DEVICE, torch.float32, "tiny"):
             info.fn(*case.args, **case.kwargs)
-    finally:
-        segment_max._LENS_MAX_S = saved
-        config.clear_plans()
 
 
 def _record_pad_loops() -> None:
