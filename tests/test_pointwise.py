@@ -9,7 +9,9 @@ import torch.nn as nn
 
 import gradkern
 from conftest import DEVICE, DTYPES, dtype_id
-from gradkern import ops
+from gradkern import config, ops
+from gradkern.engines import elementwise
+from gradkern.kernels import pointwise as pointwise_mod
 from gradkern.testing import (
     assert_bitwise_equal,
     assert_close,
@@ -114,6 +116,21 @@ def test_rank_8_strided_and_rank_9():
     nonmerge = torch.randn([3] * 9, device=DEVICE)[(slice(None, None, 2),) * 9]
     with pytest.raises(gradkern.Unsupported, match="rank"):
         ops.hardsigmoid_backward(nonmerge, nonmerge)
+
+
+def test_int64_offsets_give_the_same_bits():
+    """The flat and the strided pass in int64 index math (used where offsets can pass 2^31), forced by lowering the
+    threshold: the same bits as in int32 (the plans show which width they took)."""
+    g0, x0 = torch.randn(30, 70, device=DEVICE), torch.randn(30, 70, device=DEVICE) * 4
+    for what, g, x in (("flat", g0, x0), ("strided", g0[:, ::2], x0[:, ::2])):
+        engine = pointwise_mod._HARDSIGMOID_BACKWARD
+        config.clear_plans()
+        want = ops.hardsigmoid_backward(g, x)
+        with config.override(elementwise.CONFIG, i32_max=64):
+            got = ops.hardsigmoid_backward(g, x)
+            (plan,) = engine._plans.values()
+        assert plan.i64 and plan.flat == (what == "flat"), what
+        assert_bitwise_equal(got, want, f"{what} int64")
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)

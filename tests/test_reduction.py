@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import DEVICE, DTYPES, dtype_id, gpu_only
-from gradkern import InvalidProblem, Unsupported
+from gradkern import InvalidProblem, Unsupported, config
 from gradkern.engines import reduction
 from gradkern.engines.reduction import reduce_sum, sum_to_shape
 from gradkern.launch import launcher
@@ -178,9 +178,9 @@ def test_step_summed_tiles_and_spread_passes(dtype):
     """Rows that span every thread's vector sum each step at once (STEP_SUM); a pass that is not split, with few
     output tiles, takes narrower tiles (down to 128-byte rows) for more programs. Both against float64."""
     esize = torch.empty((), dtype=dtype).element_size()
-    wide = _randn((3, 2**19 // esize), dtype)  # 2 KB rows over 2^19 / 2 KB >= _MIN_PROGRAMS tiles: not spread
+    wide = _randn((3, 2**19 // esize), dtype)  # 2 KB rows over 2^19 / 2 KB >= min_programs tiles: not spread
     p = _plan(wide, (0,)).passes[0]
-    assert p.step_sum and p.block_o * esize >= 2048 and p.n_oblk >= reduction._MIN_PROGRAMS
+    assert p.step_sum and p.block_o * esize >= 2048 and p.n_oblk >= reduction.CONFIG.current.min_programs
     assert_sum_close(reduce_sum(wide, (0,), op="test"), wide, (0,), "step-summed")
     few = _randn((300, 4096), dtype)  # 300 terms (not split), 4096 outputs: 1 KB rows would be 4 to 8 tiles
     p = _plan(few, (0,)).passes[0]
@@ -196,7 +196,7 @@ def test_step_summed_tiles_and_spread_passes(dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
 def test_few_outputs_get_programs_of_their_own(dtype):
     """Few outputs: contiguous rows take one output a program (one pass, no split: prelu's per-channel partials),
-    and a short column sum splits into single-step programs until _MIN_PROGRAMS run (before: 8 programs of 4
+    and a short column sum splits into single-step programs until min_programs run (before: 8 programs of 4
     steps and 12.9 us at 4096 x 64 on an H200, now 32 of one step). Both against float64."""
     rows = _randn((64, 1, 3000), dtype)
     (p,) = _plan(rows, (1, 2)).passes
@@ -217,26 +217,25 @@ def test_strided_split_regime():
     assert_sum_close(reduce_sum(b, (0,), op="test"), b, (0,), "broadcast tall")
 
 
-def test_int64_offsets_path(monkeypatch):
+def test_int64_offsets_path():
     """The int64 indexing variant (used when offsets can pass 2^31) gives the same sums: forced by lowering the
     threshold, since a 2^31-element tensor does not fit a CPU test."""
-    monkeypatch.setattr(reduction, "I32_MAX", 64)
-    monkeypatch.setattr(reduction, "_plans", {})
-    for shape, dims in [((37, 5, 11), (0, 2)), ((20000, 3), (0,)), ((3, 4096), (1,))]:
-        x = _ints(shape, torch.float32)
-        p = _plan(x, dims)
-        assert p.passes[0].i64
-        assert_bitwise_equal(reduce_sum(x, dims, op="test"), _reference(x, dims).float(), f"i64 {shape}")
+    with config.override(reduction.CONFIG, i32_max=64):
+        for shape, dims in [((37, 5, 11), (0, 2)), ((20000, 3), (0,)), ((3, 4096), (1,))]:
+            x = _ints(shape, torch.float32)
+            p = _plan(x, dims)
+            assert p.passes[0].i64
+            assert_bitwise_equal(reduce_sum(x, dims, op="test"), _reference(x, dims).float(), f"i64 {shape}")
 
 
 # ------------------------------------------------------------------------------------------------ determinism
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
-def test_bitwise_deterministic(dtype, monkeypatch):
+def test_bitwise_deterministic(dtype):
     for shape, dims in [((20000, 3), (0,)), ((37, 5, 11), (0, 2)), ((4, 30000), (1,))]:
         x = _randn(shape, dtype, 11) * 1000
         first = reduce_sum(x, dims, op="test")
         assert_bitwise_equal(reduce_sum(x, dims, op="test"), first, f"{shape} again")
-        monkeypatch.setattr(reduction, "_plans", {})  # re-planned from scratch: the same order, the same bits
+        config.clear_plans()  # re-planned from scratch: the same order, the same bits
         assert_bitwise_equal(reduce_sum(x, dims, op="test"), first, f"{shape} re-planned")
         assert_bitwise_equal(reduce_sum(x.clone(), dims, op="test"), first, f"{shape} other storage")
 

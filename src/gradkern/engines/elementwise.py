@@ -26,7 +26,7 @@ import triton.language as tl
 
 from .. import _runtime
 from .._runtime import I32_MAX, cdiv
-from ..config import PlanCache
+from ..config import PlanCache, Tunable
 from ..errors import InvalidProblem, RankUnsupported, Unsupported
 from ..launch.checks import _dense_strides, broadcast_shape, check_out_overlap, check_tensor, result_dtype
 from ..launch.launcher import (
@@ -44,9 +44,24 @@ from ..launch.launcher import (
 )
 from ..launch.tl_helpers import TL_MATH, cast_out, scalar
 
-__all__ = ["Pointwise", "MAX_RANK"]
+__all__ = ["Pointwise", "PointwiseConfig", "CONFIG", "MAX_RANK"]
 
 MAX_RANK = 8
+
+
+@dataclass(frozen=True)
+class PointwiseConfig:
+    """The elementwise launcher's launch constants."""
+
+    # the flat pass's elements a program, and warps: measured best on an H200 among 1024..8192 x 4..16 warps
+    flat_block: int = 1024
+    flat_warps: int = 4
+    strided_block: int = 1024  # the strided pass's elements a program, and warps
+    strided_warps: int = 4
+    i32_max: int = I32_MAX  # offsets past this take int64 index math (tests lower it to run that path)
+
+
+CONFIG = Tunable("pointwise", PointwiseConfig())
 
 
 # ----------------------------------------------------------------------------------------------- kernels
@@ -121,10 +136,11 @@ def strided_offsets(n, SHAPE, SO, S0, S1, S2, S3, USE: tl.constexpr, RANK: tl.co
     return offs < n, oo, f0, f1, f2, f3
 
 
-def strided_i64(n: int, shape_c: Sequence[int], strides_c: Sequence[Sequence[int]], block: int) -> bool:
-    """Whether strided_offsets needs 64-bit index math: a linear index or some operand's offset passes 2^31."""
+def strided_i64(n: int, shape_c: Sequence[int], strides_c: Sequence[Sequence[int]], block: int, i32_max: int) -> bool:
+    """Whether strided_offsets needs 64-bit index math: a linear index or some operand's offset passes i32_max
+    (I32_MAX but in tests)."""
     span = max(sum((d - 1) * abs(st) for d, st in zip(shape_c, sc, strict=True)) for sc in strides_c)
-    return n + block > I32_MAX or span > I32_MAX
+    return n + block > i32_max or span > i32_max
 
 
 @triton.jit(do_not_specialize=SCALAR_PARAMS)
@@ -133,12 +149,6 @@ def _strided_kernel(out, x0, x1, x2, s0, s1, s2, n, SHAPE, SO, S0, S1, S2,
                     RANK: tl.constexpr, BLOCK: tl.constexpr, I64: tl.constexpr):
     mask, oo, o0, o1, o2, _o3 = strided_offsets(n, SHAPE, SO, S0, S1, S2, S0, (1 << NIN) - 1, RANK, BLOCK, I64)
     _apply(out, x0, x1, x2, oo, o0, o1, o2, mask, s0, s1, s2, FN, NIN, FLAG, MATH)
-
-
-
-
-FLAT_BLOCK, FLAT_WARPS = 1024, 4  # measured best on an H200 among 1024..8192 x 4..16 warps
-STRIDED_BLOCK, STRIDED_WARPS = 1024, 4
 
 
 # ----------------------------------------------------------------------------------------------- plans
@@ -150,10 +160,12 @@ class _Plan:  # relaunch cache
     n: int
     flat: bool
     dense_like: int  # flat: index of an input whose layout the output copies (-1: contiguous)
+    block: int  # elements a program
+    warps: int
+    i64: bool  # index math in int64
     rank: int = 0
     shape_c: tuple = ()  # collapsed shape / strides (strided path)
     strides_c: tuple = ()  # per operand, output first
-    i64: bool = True  # strided: index math in int64
     consts: dict | None = None  # strided: the kernel's launch_consts
 
 
@@ -181,7 +193,6 @@ def _collapse(shape: tuple[int, ...], strides: list[tuple[int, ...]]) -> tuple[t
             for cs, st in zip(cstr, strides, strict=False):
                 cs.append(st[d])
     return tuple(cshape), [tuple(cs) for cs in cstr]
-
 
 
 class Pointwise:
@@ -221,20 +232,24 @@ class Pointwise:
                 raise RankUnsupported(self.op, self.inputs[0], f"rank <= {MAX_RANK}", len(shape))
         mdt = TL_MATH[_runtime.math_dtype(out_dtype)]
         n = math.prod(shape)
+        cfg = CONFIG.current
         same = all(tuple(t.shape) == shape for t in ts) and len({t.stride() for t in ts}) == 1
         if out is not None:
             same = same and out.stride() == ts[0].stride()
         if same and (ts[0].is_contiguous() or _dense_strides(ts[0])):
-            return _Plan(shape, out_dtype, mdt, n, True, -1 if ts[0].is_contiguous() else 0)
+            return _Plan(shape, out_dtype, mdt, n, True, -1 if ts[0].is_contiguous() else 0, cfg.flat_block,
+                         cfg.flat_warps, n + cfg.flat_block > cfg.i32_max)
         operands = [out.stride() if out is not None else torch.empty(shape, device="meta").stride()]
         operands += [_broadcast_strides(t, shape) for t in ts]
         cshape, cstr = _collapse(shape, operands)
         if not cshape:  # every dim has size 1
             cshape, cstr = (1,), [(0,)] * len(operands)
-        i64 = strided_i64(n, cshape, cstr, STRIDED_BLOCK)
+        block = cfg.strided_block
+        i64 = strided_i64(n, cshape, cstr, block, cfg.i32_max)
         consts = launch_consts({"FN": self.math_fn, "NIN": len(ts), "FLAG": flag, "MATH": mdt, "RANK": len(cshape),
-                                "BLOCK": STRIDED_BLOCK, "I64": i64}, STRIDED_WARPS)
-        return _Plan(shape, out_dtype, mdt, n, False, -1, len(cshape), cshape, tuple(cstr), i64, consts)
+                                "BLOCK": block, "I64": i64}, cfg.strided_warps)
+        return _Plan(shape, out_dtype, mdt, n, False, -1, block, cfg.strided_warps, i64, len(cshape), cshape,
+                     tuple(cstr), consts)
 
     # -- the call ----------------------------------------------------------------------------------------
     def __call__(self, *ts: torch.Tensor, scalars: tuple = (), flag: int = 0,
@@ -286,22 +301,21 @@ class Pointwise:
         nin = len(ts)
         device = ts[0].get_device()
         if plan.flat:
-            i64 = plan.n + FLAT_BLOCK > I32_MAX
-            grid = (cdiv(plan.n, FLAT_BLOCK),)
-            tail = (*bits, plan.n, self.math_fn, nin, flag, plan.math, FLAT_BLOCK, i64)
-            kw = {"num_warps": FLAT_WARPS}
+            grid = (cdiv(plan.n, plan.block),)
+            tail = (*bits, plan.n, self.math_fn, nin, flag, plan.math, plan.block, plan.i64)
+            kw = {"num_warps": plan.warps}
             if device >= 0 and torch.cuda.current_device() != device:
                 with torch.cuda.device(device):
                     _flat_kernel[grid](out, *x, *tail, **kw)
                 return out
             ck = _flat_kernel[grid](out, *x, *bits, plan.n, FN=self.math_fn, NIN=nin, FLAG=flag, MATH=plan.math,
-                                    BLOCK=FLAT_BLOCK, I64=i64, **kw)
+                                    BLOCK=plan.block, I64=plan.i64, **kw)
             aligned = not any(t.data_ptr() & 15 for t in (out, *ts))
             if fresh and aligned and relaunchable(ck) and fkey is not None:
                 self._fast.remember(fkey, (direct_launcher(ck), grid[0], device,
                                                      plan.out_dtype == ts[0].dtype, plan.out_dtype, tail))
             return out
-        grid = (cdiv(plan.n, STRIDED_BLOCK),)
+        grid = (cdiv(plan.n, plan.block),)
         st = list(plan.strides_c) + [plan.strides_c[1]] * (3 - nin)
         ints = (bits[0], bits[1], bits[2], plan.n, plan.shape_c, st[0], st[1], st[2], st[3])
         # relaunched directly after the first launch: the plan (this op's, for this flag and layout: its n,

@@ -28,15 +28,16 @@ any launch. Plans are cached per problem.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
 
 import torch
 import triton
 import triton.language as tl
 
 from .._runtime import I32_MAX, cdiv
-from ..config import PlanCache
+from ..config import PlanCache, Tunable
 from ..errors import InvalidProblem, RankUnsupported, Unsupported
 from ..launch.checks import _dense_strides, broadcast_shape
 from ..launch.launcher import SCALAR_PARAMS, bits_spec, launch, launch_consts, scalar_bits
@@ -44,18 +45,37 @@ from ..launch.tl_helpers import TL_MATH, cast_out, scalar
 from .elementwise import _broadcast_strides, _collapse, strided_i64, strided_offsets
 from .reduction import plan_view, run_plan, sum_to_dims
 
-__all__ = ["MultiPointwise", "check_output_mask", "MAX_INPUTS", "MAX_OUTPUTS", "MAX_RANK"]
+__all__ = ["MultiPointwise", "MultiPointwiseConfig", "CONFIG", "check_output_mask", "MAX_INPUTS", "MAX_OUTPUTS",
+           "MAX_RANK"]
 
 MAX_INPUTS, MAX_OUTPUTS, MAX_RANK = 4, 3, 8
-# the flat kernel's elements a program by the widest operand's element size (16 bytes a thread for 2- and 4-byte
-# ones), warps: f32 512 against 1024, lerp 0.1993 -> 0.1974 ms (H200, 8192x8192; docs/tuning/pointwise.md)
-FLAT_BLOCK, FLAT_WARPS = {2: 1024, 4: 512, 8: 1024}, 4
-STRIDED_BLOCK, STRIDED_WARPS = 1024, 4
-# the summing pass's tile, its widest column block, warps: summing over columns (ROWS_*: lerp 1.03-1.17x against
-# 4096 / 4096 / 8 warps) and over rows, split until about COLS_PROGRAMS programs run (COLS_*: where 1.27-1.53x against
-# the row pass's constants); H200, 8192x8192 (docs/tuning/pointwise.md)
-ROWS_TILE, ROWS_MAX_BC, ROWS_WARPS = 2048, 2048, 4
-COLS_TILE, COLS_MAX_BC, COLS_WARPS, COLS_PROGRAMS = 4096, 1024, 4, 512
+
+
+@dataclass(frozen=True)
+class MultiPointwiseConfig:
+    """The fused pointwise passes' launch heuristics (figures: H200, 8192x8192, docs/tuning/pointwise.md)."""
+
+    # the flat pass's elements a program by the widest operand's element size (16 bytes a thread for 2- and 4-byte
+    # ones), and warps: f32 512 against 1024, lerp 0.1993 -> 0.1974 ms
+    flat_block: Mapping[int, int] = field(default_factory=lambda: MappingProxyType({2: 1024, 4: 512, 8: 1024}))
+    flat_warps: int = 4
+    strided_block: int = 1024  # the strided pass's elements a program, and warps
+    strided_warps: int = 4
+    # the summing pass over columns (per-row results): tile elements, widest column block, warps (lerp 1.03-1.17x
+    # against 4096 / 4096 / 8 warps)
+    rows_tile: int = 2048
+    rows_max_bc: int = 2048
+    rows_warps: int = 4
+    # ... over rows (per-column results), the rows split until about cols_programs programs run (where 1.27-1.53x
+    # against the row pass's constants)
+    cols_tile: int = 4096
+    cols_max_bc: int = 1024
+    cols_warps: int = 4
+    cols_programs: int = 512
+    i32_max: int = I32_MAX  # offsets past this take int64 index math (tests lower it to run that path)
+
+
+CONFIG = Tunable("multi_pointwise", MultiPointwiseConfig())
 
 
 def check_output_mask(op: str, output_mask, n: int) -> tuple[bool, ...]:
@@ -113,22 +133,22 @@ def _strided_kernel(o0, o1, o2, x0, x1, x2, x3, s0, s1, n, SHAPE, SO, S0, S1, S2
 
 
 @triton.jit
-def _sum_step(o0, o1, o2, x0, x1, x2, x3, p0, p1, p2, s0, s1, r, rmask, c, cmask, M, n_cb, cb,
-              r0s, c0s, r1s, c1s, r2s, c2s, r3s, c3s, FN: tl.constexpr, INS: tl.constexpr, OUTS: tl.constexpr,
-              SUMS: tl.constexpr, FLAG: tl.constexpr, MATH: tl.constexpr, AXIS: tl.constexpr):
+def _sum_step(o0, o1, o2, x0, x1, x2, x3, p0, p1, p2, s0, s1, r, rmask, c, cmask, M, n_cb, cb, ST,
+              FN: tl.constexpr, INS: tl.constexpr, OUTS: tl.constexpr, SUMS: tl.constexpr, FLAG: tl.constexpr,
+              MATH: tl.constexpr, AXIS: tl.constexpr):
     """One [rows r x columns c] tile: results at B stored; results summed back over columns (AXIS 1) stored as
     per-row partials; the results to be summed over rows (AXIS 0) returned, zero outside the tile."""
     mask = rmask[:, None] & cmask[None, :]
-    a = tl.load(x0 + (r[:, None] * r0s + c[None, :] * c0s), mask=mask).to(MATH)
+    a = tl.load(x0 + (r[:, None] * ST[0] + c[None, :] * ST[1]), mask=mask).to(MATH)
     b = a
     cc = a
     d = a
     if INS & 2:
-        b = tl.load(x1 + (r[:, None] * r1s + c[None, :] * c1s), mask=mask).to(MATH)
+        b = tl.load(x1 + (r[:, None] * ST[2] + c[None, :] * ST[3]), mask=mask).to(MATH)
     if INS & 4:
-        cc = tl.load(x2 + (r[:, None] * r2s + c[None, :] * c2s), mask=mask).to(MATH)
+        cc = tl.load(x2 + (r[:, None] * ST[4] + c[None, :] * ST[5]), mask=mask).to(MATH)
     if INS & 8:
-        d = tl.load(x3 + (r[:, None] * r3s + c[None, :] * c3s), mask=mask).to(MATH)
+        d = tl.load(x3 + (r[:, None] * ST[6] + c[None, :] * ST[7]), mask=mask).to(MATH)
     v0, v1, v2 = FN(a, b, cc, d, scalar(s0, MATH), scalar(s1, MATH), FLAG)
     oo = r[:, None] * M + c[None, :]
     po = r * n_cb + cb
@@ -150,14 +170,13 @@ def _sum_store(v, o, p, oo, po, mask, rmask, J: tl.constexpr, OUTS: tl.constexpr
 
 
 @triton.jit(do_not_specialize=SCALAR_PARAMS[:2])
-def _sum_pass_kernel(o0, o1, o2, x0, x1, x2, x3, p0, p1, p2, s0, s1, R, M, n_cb, RPP, NP,
-                     r0s, c0s, r1s, c1s, r2s, c2s, r3s, c3s,
+def _sum_pass_kernel(o0, o1, o2, x0, x1, x2, x3, p0, p1, p2, s0, s1, R, M, n_cb, RPP, NP, ST,
                      FN: tl.constexpr, INS: tl.constexpr, OUTS: tl.constexpr, SUMS: tl.constexpr,
                      FLAG: tl.constexpr, MATH: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr, AXIS: tl.constexpr,
                      I64: tl.constexpr):
     # B as R rows x M columns; program (sp, cb) takes rows [sp*RPP, +RPP), BR at a time, x columns [cb*BC, +BC).
-    # Input i is at row * r{i}s + column * c{i}s; results at B are contiguous (R, M). Results summed back: AXIS 1
-    # (over columns: RPP == BR, one tile) into partials (R, n_cb); AXIS 0 (over rows) into partials (M, NP),
+    # Input i is at row * ST[2i] + column * ST[2i + 1]; results at B are contiguous (R, M). Results summed back:
+    # AXIS 1 (over columns: RPP == BR, one tile) into partials (R, n_cb); AXIS 0 (over rows) into partials (M, NP),
     # column-major (a column's partials contiguous).
     pid = tl.program_id(0)
     cb = pid % n_cb
@@ -169,8 +188,8 @@ def _sum_pass_kernel(o0, o1, o2, x0, x1, x2, x3, p0, p1, p2, s0, s1, R, M, n_cb,
     cmask = c < M
     if AXIS == 1:
         r = sp * BR + tl.arange(0, BR)
-        _sum_step(o0, o1, o2, x0, x1, x2, x3, p0, p1, p2, s0, s1, r, r < R, c, cmask, M, n_cb, cb,
-                  r0s, c0s, r1s, c1s, r2s, c2s, r3s, c3s, FN, INS, OUTS, SUMS, FLAG, MATH, AXIS)
+        _sum_step(o0, o1, o2, x0, x1, x2, x3, p0, p1, p2, s0, s1, r, r < R, c, cmask, M, n_cb, cb, ST,
+                  FN, INS, OUTS, SUMS, FLAG, MATH, AXIS)
     else:
         r_hi = tl.minimum(sp * RPP + RPP, R)
         acc0 = tl.zeros([BR, BC], MATH)
@@ -179,7 +198,7 @@ def _sum_pass_kernel(o0, o1, o2, x0, x1, x2, x3, p0, p1, p2, s0, s1, R, M, n_cb,
         for r0 in range(sp * RPP, r_hi, BR):
             r = r0 + tl.arange(0, BR)
             v0, v1, v2 = _sum_step(o0, o1, o2, x0, x1, x2, x3, p0, p1, p2, s0, s1, r, r < r_hi, c, cmask, M, n_cb,
-                                   cb, r0s, c0s, r1s, c1s, r2s, c2s, r3s, c3s, FN, INS, OUTS, SUMS, FLAG, MATH, AXIS)
+                                   cb, ST, FN, INS, OUTS, SUMS, FLAG, MATH, AXIS)
             if SUMS & 1:
                 acc0 += v0
             if SUMS & 2:
@@ -308,18 +327,19 @@ class MultiPointwise:
         contiguous = torch.empty(shape, device="meta").stride()
         base = {"FN": self.math_fn, "INS": ins_mask, "OUTS": outs_mask, "FLAG": flag, "MATH": mdt}
         device = ins[0].get_device()
-        summing = _summing_view(shape, ins, reduce_to)
+        cfg = CONFIG.current
+        summing = _summing_view(shape, ins, reduce_to, cfg)
         if summing is not None:
             return self._summing_plan(summing, base, shape, device, out_dtypes, reduce_to, final, math_torch,
-                                      contiguous)
+                                      contiguous, cfg)
         flat = same and (present[0].is_contiguous() or _dense_strides(present[0]))
         if flat:  # results in the inputs' layout (empty_like's strides)
             strides = [contiguous if present[0].is_contiguous() or odt is None else
                        torch.empty_like(present[0], dtype=odt, device="meta").stride() for odt in out_dtypes]
-            block = FLAT_BLOCK[max(t.element_size() for t in present)]
-            i64 = n + block > I32_MAX
+            block = cfg.flat_block[max(t.element_size() for t in present)]
+            i64 = n + block > cfg.i32_max
             kernel, grid, ints = _flat_kernel, (cdiv(n, block),), (n,)
-            consts = launch_consts({**base, "BLOCK": block, "I64": i64}, FLAT_WARPS)
+            consts = launch_consts({**base, "BLOCK": block, "I64": i64}, cfg.flat_warps)
         else:
             strides = [contiguous] * MAX_OUTPUTS
             operands = [contiguous] + [_broadcast_strides(t, shape) if t is not None else None for t in ins]
@@ -331,9 +351,10 @@ class MultiPointwise:
                 raise RankUnsupported(self.op, self.inputs[0], f"rank <= {MAX_RANK} (after merging dims)", len(shape))
             it = iter(cstr)
             cstrides = tuple(next(it) if s is not None else cstr[0] for s in operands)
-            i64 = strided_i64(n, cshape, cstr, STRIDED_BLOCK)
-            kernel, grid, ints = _strided_kernel, (cdiv(n, STRIDED_BLOCK),), (n, cshape, *cstrides)
-            consts = launch_consts({**base, "RANK": len(cshape), "BLOCK": STRIDED_BLOCK, "I64": i64}, STRIDED_WARPS)
+            block = cfg.strided_block
+            i64 = strided_i64(n, cshape, cstr, block, cfg.i32_max)
+            kernel, grid, ints = _strided_kernel, (cdiv(n, block),), (n, cshape, *cstrides)
+            consts = launch_consts({**base, "RANK": len(cshape), "BLOCK": block, "I64": i64}, cfg.strided_warps)
         allocs, sums, views = [], [], []
         for j, (odt, to, dt) in enumerate(zip(out_dtypes, reduce_to, final, strict=True)):
             if odt is None:
@@ -351,11 +372,12 @@ class MultiPointwise:
                      sums=tuple(sums), views=tuple(views), zeros=())
 
     def _summing_plan(self, summing: tuple, base: dict, shape: tuple, device: int, out_dtypes: list,
-                      reduce_to: list, final: list, acc: torch.dtype, contiguous: tuple) -> _Plan:
+                      reduce_to: list, final: list, acc: torch.dtype, contiguous: tuple,
+                      cfg: MultiPointwiseConfig) -> _Plan:
         """A plan of the summing pass: results at B written, results summed back as per-program partials that the
         shared reduction then adds up (zeros, and nothing launched, for an empty B)."""
         axis, R, M, BR, BC, n_cb, RPP, NP, istrides = summing
-        i64 = _summing_i64(summing)
+        i64 = _summing_i64(summing, cfg.i32_max)
         pshape = (R, n_cb) if axis == 1 else (M, NP)
         n = R * M
         allocs, parts, sums, zeros, sums_mask = [], [], [], [], 0
@@ -372,8 +394,8 @@ class MultiPointwise:
                 sums_mask |= 1 << j
         consts = launch_consts({"FN": base["FN"], "INS": base["INS"], "OUTS": base["OUTS"], "SUMS": sums_mask,
                                 "FLAG": base["FLAG"], "MATH": base["MATH"], "BR": BR, "BC": BC, "AXIS": axis,
-                                "I64": i64}, COLS_WARPS if axis == 0 else ROWS_WARPS)
-        ints = (R, M, n_cb, RPP, NP, *[v for st in istrides for v in st])
+                                "I64": i64}, cfg.cols_warps if axis == 0 else cfg.rows_warps)
+        ints = (R, M, n_cb, RPP, NP, tuple(v for st in istrides for v in st))  # ST: (row, column) pairs, flat
         return _Plan(shape=shape, n=n, flat=False, summing=summing, i64=i64, device=device, allocs=tuple(allocs),
                      parts=tuple(parts), kernel=_sum_pass_kernel if n else None, grid=(NP * n_cb,), ints=ints,
                      consts=consts, sums=tuple(sums), views=(), zeros=tuple(zeros))
@@ -385,7 +407,7 @@ def _scalar_args(scalars: Sequence[float]) -> tuple[list[int], tuple[bool, ...]]
     return bits, bits_spec(bits)
 
 
-def _summing_view(shape: tuple[int, ...], ins: list, reduce_to: tuple):
+def _summing_view(shape: tuple[int, ...], ins: list, reduce_to: tuple, cfg: MultiPointwiseConfig):
     """The summing pass's view of B, or None: every result summed back is summed over the same dims of B - its
     trailing dims (its shape, aligned right, keeps B's leading k dims and is 1 after them: axis 1) or its leading
     ones (1 up to k, B's dims after: axis 0) - and every input's strides merge into one (row, column) pair over
@@ -428,7 +450,7 @@ def _summing_view(shape: tuple[int, ...], ins: list, reduce_to: tuple):
                 return None
             pair.append(cst[0] if cshape else 0)
         istrides.append(tuple(pair))
-    tile, max_bc = (COLS_TILE, COLS_MAX_BC) if axis == 0 else (ROWS_TILE, ROWS_MAX_BC)
+    tile, max_bc = (cfg.cols_tile, cfg.cols_max_bc) if axis == 0 else (cfg.rows_tile, cfg.rows_max_bc)
     rt, mt = max(R, 1), max(M, 1)  # (an empty B is tiled as one element, never launched: _run_summing returns
     bc = min(triton.next_power_of_2(mt), max_bc)  # zeros first)
     br = min(triton.next_power_of_2(rt), max(1, tile // bc))
@@ -436,14 +458,14 @@ def _summing_view(shape: tuple[int, ...], ins: list, reduce_to: tuple):
     if axis == 1:
         rpp, n_p = br, cdiv(rt, br)
     else:  # a program walks a chunk of rows
-        n_p = max(1, min(cdiv(rt, br), cdiv(COLS_PROGRAMS, n_cb)))
+        n_p = max(1, min(cdiv(rt, br), cdiv(cfg.cols_programs, n_cb)))
         rpp = cdiv(cdiv(rt, n_p), br) * br
         n_p = cdiv(rt, rpp)
     return axis, R, M, br, bc, n_cb, rpp, n_p, tuple(istrides)
 
 
-def _summing_i64(summing: tuple) -> bool:
+def _summing_i64(summing: tuple, lim: int) -> bool:
     _axis, R, M, BR, BC, n_cb, _rpp, n_p, istrides = summing
     span = max((R - 1) * abs(r) + (M - 1) * abs(c) for r, c in istrides)
-    return ((R + BR) * M + BC > I32_MAX or span + BR * max(abs(r) for r, _ in istrides) > I32_MAX
-            or (R + BR) * n_cb > I32_MAX or (M + BC) * n_p > I32_MAX)
+    return ((R + BR) * M + BC > lim or span + BR * max(abs(r) for r, _ in istrides) > lim
+            or (R + BR) * n_cb > lim or (M + BC) * n_p > lim)

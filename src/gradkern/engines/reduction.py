@@ -44,28 +44,42 @@ import triton.language as tl
 
 from .. import _runtime
 from .._runtime import I32_MAX, cdiv, next_pow2
-from ..config import PlanCache
+from ..config import PlanCache, Tunable
 from ..errors import InvalidProblem, RankUnsupported, Unsupported
 from ..launch.checks import check_tensor
 from ..launch.launcher import launch, launch_consts, pdl_ok
 from ..launch.tl_helpers import TL_MATH, cast_out, gdc_wait
 
-__all__ = ["reduce_sum", "sum_to_shape", "sum_to_dims", "plan_view", "run_plan", "MAX_RANK"]
+__all__ = ["reduce_sum", "sum_to_shape", "sum_to_dims", "plan_view", "run_plan", "MAX_RANK", "ReductionConfig",
+           "CONFIG"]
 
 #: the most kept dims and the most reduced dims (each, after merging) a reduction handles
 MAX_RANK = 8
-_TARGET_PROGRAMS = 2048  # split a reduction until about this many programs run (shape-only, never timing)
-_MIN_STEPS_PER_SPLIT = 4  # ... but give each split at least this many tile steps
-_MIN_SPLIT_TERMS = 1024  # and split only reductions of at least this many terms per output
-_MAX_SPLITS = 4096
-# tiles where the outputs are contiguous (see _blocks): bytes of a row across outputs (16-bit types: _16), bytes
-# of a tile for short (<= 16 terms) and longer reductions, warps (docs/tuning/reduction.md)
-_ROW_BYTES, _ROW_BYTES_16 = 1024, 2048
-_SHORT_TILE_BYTES, _LONG_TILE_BYTES = 8192, 32768
-_O_WARPS = 4
-# a pass that is not split runs at least this many programs where narrower output rows allow (down to 128 bytes)
-_MIN_PROGRAMS = 256
-_STEP_SUM = True  # sum each step's terms at once where a thread holds whole columns (fewer registers)
+
+
+@dataclass(frozen=True)
+class ReductionConfig:
+    """The reduction's launch heuristics (a function of the layout only, never of timing; figures: H200,
+    docs/tuning/reduction.md)."""
+
+    target_programs: int = 2048  # split a reduction until about this many programs run
+    min_steps_per_split: int = 4  # ... but give each split at least this many tile steps
+    min_split_terms: int = 1024  # and split only reductions of at least this many terms per output
+    max_splits: int = 4096  # the most splits (rows of the partials' workspace) of one reduction
+    # tiles where the outputs are contiguous (see _blocks): bytes of a row across outputs (for 16-bit types: _16),
+    # bytes of a tile for short (<= 16 terms) and longer reductions, warps (bf16 repeat (4, 4): 45 -> 18 us)
+    row_bytes: int = 1024
+    row_bytes_16: int = 2048
+    short_tile_bytes: int = 8192
+    long_tile_bytes: int = 32768
+    o_warps: int = 4
+    # a pass that is not split runs at least this many programs where narrower output rows allow (down to 128
+    # bytes), and a split takes single-step splits up to it (64x64 rep (256, 256) had finished in 16 programs, 22 us)
+    min_programs: int = 256
+    i32_max: int = I32_MAX  # offsets past this take int64 index math (tests lower it to run that path)
+
+
+CONFIG = Tunable("reduction", ReductionConfig())
 
 
 # ----------------------------------------------------------------------------------------------- kernel
@@ -84,15 +98,13 @@ def _flat_offsets(idx, SHAPE, STRIDE, RANK: tl.constexpr):
 
 
 @triton.jit
-def _sum_kernel(x, out, n_out, n_red, red_per_split, n_oblk,
-                k0, k1, k2, k3, k4, k5, k6, k7, ks0, ks1, ks2, ks3, ks4, ks5, ks6, ks7,
-                r0, r1, r2, r3, r4, r5, r6, r7, rs0, rs1, rs2, rs3, rs4, rs5, rs6, rs7,
+def _sum_kernel(x, out, n_out, n_red, red_per_split, n_oblk, KSHAPE, KSTRIDE, RSHAPE, RSTRIDE,
                 KR: tl.constexpr, RR: tl.constexpr, ACC: tl.constexpr,
                 BLOCK_O: tl.constexpr, BLOCK_R: tl.constexpr,
                 O_CONTIG: tl.constexpr, O_DIV: tl.constexpr, R_CONTIG: tl.constexpr, R_DIV: tl.constexpr,
                 I64: tl.constexpr, STEP_SUM: tl.constexpr, PDL: tl.constexpr):
-    # shapes and strides come as scalars (unused ranks are padding), so the compiled kernel can be relaunched
-    # directly with plain ints
+    # KSHAPE, KSTRIDE (the kept dims) and RSHAPE, RSTRIDE (the reduced ones): MAX_RANK ints each, KR and RR of
+    # them used
     if PDL:  # launched as a programmatic dependent: nothing is read or written before the kernel before is done
         gdc_wait()
     pid = tl.program_id(0)
@@ -102,7 +114,7 @@ def _sum_kernel(x, out, n_out, n_red, red_per_split, n_oblk,
     pid_s = pid // n_oblk
     o = pid_o * BLOCK_O + tl.arange(0, BLOCK_O)
     o_mask = o < n_out
-    koff = _flat_offsets(o, (k0, k1, k2, k3, k4, k5, k6, k7), (ks0, ks1, ks2, ks3, ks4, ks5, ks6, ks7), KR)
+    koff = _flat_offsets(o, KSHAPE, KSTRIDE, KR)
     if O_DIV > 1:
         koff = tl.multiple_of(koff, O_DIV)
     if O_CONTIG > 1:
@@ -115,7 +127,7 @@ def _sum_kernel(x, out, n_out, n_red, red_per_split, n_oblk,
         acc = tl.zeros([BLOCK_R, BLOCK_O], dtype=ACC)
     for rb in range(r_begin, r_end, BLOCK_R):
         r = rb + tl.arange(0, BLOCK_R)
-        roff = _flat_offsets(r, (r0, r1, r2, r3, r4, r5, r6, r7), (rs0, rs1, rs2, rs3, rs4, rs5, rs6, rs7), RR)
+        roff = _flat_offsets(r, RSHAPE, RSTRIDE, RR)
         if R_DIV > 1:
             roff = tl.multiple_of(roff, R_DIV)
         if R_CONTIG > 1:
@@ -161,10 +173,11 @@ class _Pass:
 
     @property
     def ints(self) -> tuple[int, ...]:
-        """The kernel's integer arguments after the two pointers (ranks padded to 8 with 1s)."""
+        """The kernel's integer arguments after the two pointers (shapes and strides as MAX_RANK-tuples, padded
+        with 1s)."""
         pad = lambda t: t + (1,) * (MAX_RANK - len(t))
-        return (self.n_out, self.n_red, self.red_per_split, self.n_oblk, *pad(self.kshape), *pad(self.kstride),
-                *pad(self.rshape), *pad(self.rstride))
+        return (self.n_out, self.n_red, self.red_per_split, self.n_oblk, pad(self.kshape), pad(self.kstride),
+                pad(self.rshape), pad(self.rstride))
 
     @property
     def consts(self) -> tuple:
@@ -225,32 +238,33 @@ def _hints(dims: list[tuple[int, int]], block: int, esize: int) -> tuple[int, in
     return contig, div
 
 
-def _blocks(kdims, rdims, n_out: int, n_red: int, esize: int, spread: bool = False) -> tuple[int, int, int, bool]:
+def _blocks(kdims, rdims, n_out: int, n_red: int, esize: int, cfg: ReductionConfig, spread: bool = False
+            ) -> tuple[int, int, int, bool]:
     """(BLOCK_O, BLOCK_R, num_warps, STEP_SUM): the tile, from the layout alone (measured on an H200:
     docs/tuning/reduction.md).
 
     Outputs contiguous: rows of 1 KB (2 KB for 16-bit types) across outputs and a few reduction rows per step
     (8 KB tiles for short reductions, 32 KB for longer ones); Triton's pipeliner overlaps the steps' loads.
-    `spread` (a pass that is not split): rows as narrow as 128 bytes, so that at least _MIN_PROGRAMS programs run.
+    `spread` (a pass that is not split): rows as narrow as 128 bytes, so that at least min_programs programs run.
     Where a row spans every thread's vector (so a thread holds whole columns), each step is summed at once."""
     o_contig = bool(kdims) and kdims[-1][1] == 1
     r_contig = bool(rdims) and rdims[-1][1] == 1
     if o_contig:  # coalesce across outputs
-        bo = min(next_pow2(n_out), (_ROW_BYTES_16 if esize == 2 else _ROW_BYTES) // esize)
+        bo = min(next_pow2(n_out), (cfg.row_bytes_16 if esize == 2 else cfg.row_bytes) // esize)
         if spread:
-            while bo * esize > 128 and cdiv(n_out, bo) < _MIN_PROGRAMS:
+            while bo * esize > 128 and cdiv(n_out, bo) < cfg.min_programs:
                 bo //= 2
-        tile_bytes = _SHORT_TILE_BYTES if n_red <= 16 else _LONG_TILE_BYTES
+        tile_bytes = cfg.short_tile_bytes if n_red <= 16 else cfg.long_tile_bytes
         br = min(next_pow2(n_red), max(1, tile_bytes // (bo * esize)), 1024)
         if not spread:
             bo = min(next_pow2(n_out), max(bo, tile_bytes // (br * esize)), 4096)
-        step = _STEP_SUM and bo * esize >= 16 * 32 * _O_WARPS
-        return bo, br, _O_WARPS, step
+        step = bo * esize >= 16 * 32 * cfg.o_warps
+        return bo, br, cfg.o_warps, step
     tile = 4096 if esize <= 4 else 2048
     if r_contig:  # coalesce along the reduction
         br = min(next_pow2(n_red), 256 if esize >= 4 else 512)
         bo = min(next_pow2(n_out), max(1, tile // br))
-        while bo > 1 and cdiv(n_out, bo) < _MIN_PROGRAMS:  # few outputs: one (or a few) a program, longer
+        while bo > 1 and cdiv(n_out, bo) < cfg.min_programs:  # few outputs: one (or a few) a program, longer
             bo //= 2  # rows (prelu's partials, 64 x 4096: 16 programs then a finishing pass took 4-8 us)
         br = min(next_pow2(n_red), max(br, tile // bo), 4096)
     else:  # gathers either way: square-ish tiles
@@ -265,21 +279,21 @@ def _max_offset(dims) -> int:
     return sum((s - 1) * abs(st) for s, st in dims)
 
 
-def _make_pass(kdims, rdims, esize: int, acc: torch.dtype, allow_split: bool) -> _Pass:
+def _make_pass(kdims, rdims, esize: int, acc: torch.dtype, cfg: ReductionConfig, *, allow_split: bool) -> _Pass:
     n_out = math.prod(s for s, _ in kdims)
     n_red = math.prod(s for s, _ in rdims)
-    bo, br, warps, step = _blocks(kdims, rdims, n_out, n_red, esize)
+    bo, br, warps, step = _blocks(kdims, rdims, n_out, n_red, esize, cfg)
     n_oblk = cdiv(n_out, bo)
     steps = cdiv(n_red, br)
     n_split = 1
-    if (allow_split and n_oblk < _TARGET_PROGRAMS and steps >= 2 * _MIN_STEPS_PER_SPLIT
-            and n_red >= _MIN_SPLIT_TERMS):
-        # (steps of their own where that alone reaches _MIN_PROGRAMS programs: a 4096 x 64 column sum took 12.9
+    if (allow_split and n_oblk < cfg.target_programs and steps >= 2 * cfg.min_steps_per_split
+            and n_red >= cfg.min_split_terms):
+        # (steps of their own where that alone reaches min_programs programs: a 4096 x 64 column sum took 12.9
         # us in 8 programs of 4 steps, 4.9 us in 32 of one; H200)
-        per_split = max(steps // _MIN_STEPS_PER_SPLIT, min(steps, cdiv(_MIN_PROGRAMS, n_oblk)))
-        n_split = min(cdiv(_TARGET_PROGRAMS, n_oblk), per_split, _MAX_SPLITS)
-    elif n_oblk < _MIN_PROGRAMS:  # not split: narrower tiles, for more programs
-        bo, br, warps, step = _blocks(kdims, rdims, n_out, n_red, esize, spread=True)
+        per_split = max(steps // cfg.min_steps_per_split, min(steps, cdiv(cfg.min_programs, n_oblk)))
+        n_split = min(cdiv(cfg.target_programs, n_oblk), per_split, cfg.max_splits)
+    elif n_oblk < cfg.min_programs:  # not split: narrower tiles, for more programs
+        bo, br, warps, step = _blocks(kdims, rdims, n_out, n_red, esize, cfg, spread=True)
         n_oblk = cdiv(n_out, bo)
         steps = cdiv(n_red, br)
     steps_per_split = cdiv(steps, n_split)
@@ -287,8 +301,9 @@ def _make_pass(kdims, rdims, esize: int, acc: torch.dtype, allow_split: bool) ->
     o_contig, o_div = _hints(kdims, bo, esize)
     r_contig, r_div = _hints(rdims, br, esize)
     span = _max_offset(kdims) + _max_offset(rdims)
-    i64 = (2 * span >= I32_MAX or n_out * n_split + bo >= I32_MAX or n_red + steps_per_split * br >= I32_MAX
-           or n_oblk * n_split >= I32_MAX)
+    lim = cfg.i32_max
+    i64 = (2 * span >= lim or n_out * n_split + bo >= lim or n_red + steps_per_split * br >= lim
+           or n_oblk * n_split >= lim)
     kshape, kstride = (tuple(s for s, _ in kdims), tuple(st for _, st in kdims)) if kdims else ((1,), (0,))
     rshape, rstride = (tuple(s for s, _ in rdims), tuple(st for _, st in rdims)) if rdims else ((1,), (0,))
     return _Pass(n_out, n_red, steps_per_split * br, n_split, n_oblk, kshape, kstride, rshape, rstride,
@@ -339,14 +354,15 @@ def _plan_for(op: str, shape: tuple[int, ...], strides: tuple[int, ...], dtype: 
                               "contiguous ones", f"{len(kdims)} kept and {len(rdims)} reduced (shape "
                               f"{shape}, strides {strides})")
     esize = torch.empty((), dtype=dtype).element_size()
-    first = _make_pass(kdims, rdims, esize, acc, allow_split=True)
+    cfg = CONFIG.current
+    first = _make_pass(kdims, rdims, esize, acc, cfg, allow_split=True)
     if first.n_split == 1:
         return _Plan(out_shape, out_dtype, acc, False, (first,))
     # finish: sum the (n_split, n_out) workspace over its first dim, in one pass, in a fixed order
     ws_esize = torch.empty((), dtype=acc).element_size()
     ws_k = [(first.n_out, 1)]
     ws_r = [(first.n_split, first.n_out)]
-    second = _make_pass(ws_k, ws_r, ws_esize, acc, allow_split=False)
+    second = _make_pass(ws_k, ws_r, ws_esize, acc, cfg, allow_split=False)
     return _Plan(out_shape, out_dtype, acc, False, (first, second))
 
 

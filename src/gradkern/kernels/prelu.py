@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
 
 import torch
 import triton
@@ -28,7 +29,7 @@ import triton.language as tl
 
 from .._cases import randn
 from .._runtime import FLOAT_DTYPES, I32_MAX, cdiv, math_dtype, meta_key, next_pow2
-from ..config import PlanCache
+from ..config import PlanCache, Tunable
 from ..engines.multi_pointwise import MultiPointwise, check_output_mask
 from ..engines.reduction import plan_view, run_plan
 from ..errors import InvalidProblem, Unsupported
@@ -172,26 +173,33 @@ def _cols_step(a0, a_end, k, kmask, K, BA: tl.constexpr, I64: tl.constexpr):
     return a[:, None] * K + k[None, :], (a[:, None] < a_end) & kmask[None, :]
 
 
-# Launch parameters depend on the shape and dtype only (never on timing), so the summation order is fixed.
-_TILE_BYTES = 8192  # bytes of each operand a program loads per loop step (elements: this / element size)
-_ROWS_TPP = 2  # tiles per program of the row kernel (one partial per program) ...
-# ... but, for the element sizes named, at most this many partials a channel (bf16, 64M elements, one weight: 16384
-# took 7.2 us to sum; 8192: 0.1079 -> 0.1058 ms a call; f32 is fastest uncapped. H200; docs/tuning/prelu.md)
-_ROWS_MAX_PARTIALS = {2: 8192}
-# the column kernel: elements per loop step (any dtype), and it splits the rows until about this many programs
-# run (4096 / 4096 against 2048 / 2048: 1.03-1.07x, H200)
-_COLS_TILE = 4096
-_COLS_TARGET_PROGRAMS = 4096
-_COLS_MIN_ROWS = 256  # ... but gives each program at least this many rows (each writes BK partials, uncoalesced)
-# (the column kernel runs at about 90% of the copy ceiling; more programs, SM-sized grids, folded accumulators,
-# unmasked steps, cache hints and an H100 sweep found nothing faster: docs/tuning/prelu.md)
-_ROWS_MIN_L = 32  # (A, C, L) inputs with L >= this walk rows of L; smaller L (channels_last: L = 1) walk columns
-# the column kernel's widest column block (wider rows take several programs a range of rows): 262144x256 bf16
-# 114.7 -> 108.3 us against one program of 256 columns (H200)
-_COLS_BK = 64
-_WARPS = 4  # the row kernel's
-_COLS_WARPS = 4
+@dataclass(frozen=True)
+class PreluConfig:
+    """The fused kernels' launch heuristics: functions of the shape and dtype only (never of timing), so the
+    summation order is fixed. Figures: H200; the column kernel runs at about 90% of the copy ceiling, and the
+    variants that found nothing faster are in docs/tuning/prelu.md."""
 
+    tile_bytes: int = 8192  # the row kernel's bytes of each operand a program loads per loop step
+    rows_tpp: int = 2  # tiles per program of the row kernel (one partial per program) ...
+    # ... but, for the element sizes named, at most this many partials a channel (bf16, 64M elements, one weight:
+    # 16384 took 7.2 us to sum; 8192: 0.1079 -> 0.1058 ms a call; f32 is fastest uncapped)
+    rows_max_partials: Mapping[int, int] = field(default_factory=lambda: MappingProxyType({2: 8192}))
+    # (A, C, L) inputs with L >= this walk rows of L (the row kernel); smaller L (channels_last: L = 1) walk columns
+    rows_min_l: int = 32
+    # the column kernel: elements per loop step (any dtype), and it splits the rows until about this many programs
+    # run (4096 / 4096 against 2048 / 2048: 1.03-1.07x)
+    cols_tile: int = 4096
+    cols_target_programs: int = 4096
+    cols_min_rows: int = 256  # ... but at least this many rows a program (each writes BK partials, uncoalesced)
+    # the column kernel's widest column block (wider rows take several programs a range of rows): 262144x256 bf16
+    # 114.7 -> 108.3 us against one program of 256 columns
+    cols_bk: int = 64
+    rows_warps: int = 4  # the row kernel's warps
+    cols_warps: int = 4  # the column kernel's
+    i32_max: int = I32_MAX  # offsets past this take int64 index math (tests lower it to run that path)
+
+
+CONFIG = Tunable("prelu", PreluConfig())
 
 
 @dataclass(frozen=True)
@@ -200,6 +208,7 @@ class _Fused:
     programs: int  # a 1-D grid
     args: tuple  # the kernel's integer arguments after the five pointers
     block: tuple[int, int]  # (BA, BL) or (BA, BK)
+    warps: int
     part_shape: tuple[int, ...]  # the fp32/fp64 partials: (C, S) or (C, L, S)
     part_dims: tuple[int, ...]  # the dims of part that a channel's partials span
     i64: bool
@@ -210,30 +219,31 @@ _plans = PlanCache("kernels.prelu._plans")
 _uids = itertools.count(1)
 
 
-def _rows_plan(A: int, C: int, L: int, tile: int, esize: int) -> _Fused:
+def _rows_plan(A: int, C: int, L: int, esize: int, cfg: PreluConfig) -> _Fused:
+    tile = cfg.tile_bytes // esize
     bl = min(next_pow2(L), tile // 2)
     ba = min(next_pow2(A), max(1, tile // bl))
     nb = cdiv(L, bl)
     tiles = cdiv(A, ba) * nb
-    split = cdiv(tiles, _ROWS_TPP)
-    split = min(split, _ROWS_MAX_PARTIALS.get(esize, split))
+    split = cdiv(tiles, cfg.rows_tpp)
+    split = min(split, cfg.rows_max_partials.get(esize, split))
     tpp = cdiv(tiles, split)
     split = cdiv(tiles, tpp)
-    return _Fused(True, C * split, (A, C, L, nb, tiles, tpp, split), (ba, bl), (C, split), (1,),
-                  A * C * L + tile > I32_MAX, next(_uids))
+    return _Fused(True, C * split, (A, C, L, nb, tiles, tpp, split), (ba, bl), cfg.rows_warps, (C, split), (1,),
+                  A * C * L + tile > cfg.i32_max, next(_uids))
 
 
-def _cols_plan(A: int, C: int, L: int) -> _Fused:
+def _cols_plan(A: int, C: int, L: int, cfg: PreluConfig) -> _Fused:
     K = C * L
-    bk = min(next_pow2(K), _COLS_BK)
-    ba = min(next_pow2(A), max(1, _COLS_TILE // bk))
+    bk = min(next_pow2(K), cfg.cols_bk)
+    ba = min(next_pow2(A), max(1, cfg.cols_tile // bk))
     nkb = cdiv(K, bk)
-    split = max(1, min(cdiv(_COLS_TARGET_PROGRAMS, nkb), cdiv(A, max(ba, _COLS_MIN_ROWS))))
+    split = max(1, min(cdiv(cfg.cols_target_programs, nkb), cdiv(A, max(ba, cfg.cols_min_rows))))
     rpp = cdiv(cdiv(A, split), ba) * ba
     split = cdiv(A, rpp)
     tile = ba * bk
-    return _Fused(False, nkb * split, (A, K, L, rpp, nkb, split), (ba, bk), (C, L, split), (1, 2),
-                  A * K + tile > I32_MAX, next(_uids))
+    return _Fused(False, nkb * split, (A, K, L, rpp, nkb, split), (ba, bk), cfg.cols_warps, (C, L, split), (1, 2),
+                  A * K + tile > cfg.i32_max, next(_uids))
 
 
 def _fused_plan(x: torch.Tensor, g: torch.Tensor, C: int) -> _Fused | None:
@@ -243,17 +253,17 @@ def _fused_plan(x: torch.Tensor, g: torch.Tensor, C: int) -> _Fused | None:
         return _plans[key]
     plan = None
     n = x.numel()
-    tile = _TILE_BYTES // x.element_size()
+    cfg = CONFIG.current
     if C == 1:  # one weight: any dense layout, read flat
         if x.stride() == g.stride() and _dense_strides(x):
-            plan = _rows_plan(1, 1, n, tile, x.element_size())
+            plan = _rows_plan(1, 1, n, x.element_size(), cfg)
     elif x.is_contiguous() and g.is_contiguous():
         A, L = x.shape[0], math.prod(x.shape[2:])
-        plan = _rows_plan(A, C, L, tile, x.element_size()) if L >= _ROWS_MIN_L else _cols_plan(A, C, L)
+        plan = _rows_plan(A, C, L, x.element_size(), cfg) if L >= cfg.rows_min_l else _cols_plan(A, C, L, cfg)
     else:
         fmt = {4: torch.channels_last, 5: torch.channels_last_3d}.get(x.dim())
         if fmt is not None and x.is_contiguous(memory_format=fmt) and g.is_contiguous(memory_format=fmt):
-            plan = _cols_plan(n // C, C, 1)
+            plan = _cols_plan(n // C, C, 1, cfg)
     return _plans.remember(key, plan)
 
 
@@ -331,7 +341,7 @@ def _launch_consts(plan: _Fused, dtype: torch.dtype, need_input: bool, need_weig
     mdt = math_dtype(dtype)
     consts = launch_consts({"MATH": TL_MATH[mdt], "HAS_GI": need_input, "HAS_GW": need_weight,
                             "BA": plan.block[0], ("BL" if plan.rows else "BK"): plan.block[1], "I64": plan.i64},
-                           _WARPS if plan.rows else _COLS_WARPS)
+                           plan.warps)
     strides = torch.empty(plan.part_shape, device="meta").stride()
     rplan = plan_view(plan.part_shape, strides, mdt, plan.part_dims, op=_OP, out_dtype=dtype) if need_weight else None
     return consts, rplan

@@ -1,0 +1,129 @@
+"""The multi-output pointwise engine (gradkern.engines.multi_pointwise) under the fused backwards: the summing pass
+(results summed over trailing or leading dims as partials), its int64 index variant, empty problems whose results
+are summed back, and the direct relaunch keyed by the scalars' specialisation."""
+
+
+import pytest
+import torch
+
+import gradkern
+from _fused_helpers import compare, cond, grads, rand
+from conftest import DEVICE, dtype_id
+from gradkern import config, ops
+from gradkern.engines import multi_pointwise
+from gradkern.kernels import lerp as lerp_mod
+from gradkern.kernels import where as where_mod
+from gradkern.registry import REGISTRY
+from gradkern.testing import assert_bitwise_equal, run_reference
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
+def test_summing_pass_sums_trailing_or_leading_dims(dtype):
+    """Gradients summed over B's trailing dims (a per-row operand) or its leading dims (a per-column one) take the
+    summing pass: partial sums per program, summed in a fixed order, nothing written at B for them. Several column
+    blocks (M > 2048), row blocks with a ragged end, rows split over programs, dims merged, a 0-d operand
+    (everything summed), a strided input; against stock in float64. Column sums split over 3 programs at most here,
+    so that each walks several row steps."""
+    cases = (((3, 5000), (3, 1), None), ((300, 5), (300, 1), None), ((2, 3, 4, 5), (2, 3, 1, 1), None),
+             ((6, 7), (), None), ((5, 9), (5, 1), "strided"),
+             # over the leading dims (a column sum): rows split over programs, several column blocks, merged dims
+             ((3000, 7), (7,), None), ((70, 2500), (1, 2500), None), ((3, 4, 5, 6), (5, 6), None),
+             ((40, 9), (9,), "strided"))
+    with config.override(multi_pointwise.CONFIG, cols_programs=3):
+        for shape, oshape, view in cases:
+            # positive grads: sums of thousands of terms that cancel to ~0 have no relative accuracy (stock's
+            # neither)
+            g, c, s = rand(shape, dtype).abs() + 0.1, cond(shape), -rand(shape, dtype).abs() - 0.1
+            if view == "strided":
+                g = rand((shape[0], 2 * shape[1]), dtype)[:, ::2].abs() + 0.1
+            o = rand(oshape, dtype).abs() + 0.1  # (lerp's grad_weight sums g * (end - self) > 0)
+            plan, ours = _only_plan(where_mod._WHERE_BACKWARD, lambda: ops.where_backward(g, c, s, o))
+            assert plan.summing, f"{shape} {oshape}: not the summing pass"
+            compare(ours, run_reference(REGISTRY["where_backward"].reference, (g, c, s, o)), dtype, f"where {shape}")
+            w = rand(oshape, dtype)
+            plan, ours = _only_plan(lerp_mod._LERP_BACKWARD, lambda: ops.lerp_backward(g, s, o, w))
+            assert plan.summing, f"lerp {shape} {oshape}: not the summing pass"
+            compare(ours, run_reference(REGISTRY["lerp_backward"].reference, (g, s, o, w)), dtype, f"lerp {shape}")
+
+
+def _only_plan(engine, call):
+    """(the plan `engine` makes for the problem of `call`, call's result): planned from scratch."""
+    config.clear_plans()
+    out = call()
+    (plan,) = engine._plans.values()
+    return plan, out
+
+
+def test_summing_pass_int64_offsets():
+    """The summing pass's int64 index variant (used where offsets can pass 2^31) gives the same results: forced by
+    lowering the threshold, since a 2^31-element problem does not fit a CPU test."""
+    with config.override(multi_pointwise.CONFIG, i32_max=64):
+        for shape, oshape in (((30, 70), (30, 1)), ((30, 70), (70,))):
+            g, c, s = rand(shape, torch.float32).abs() + 0.1, cond(shape), rand(shape, torch.float32)
+            o = rand(oshape, torch.float32)
+            plan, ours = _only_plan(where_mod._WHERE_BACKWARD, lambda: ops.where_backward(g, c, s, o))
+            assert plan.summing and plan.i64
+            compare(ours, run_reference(REGISTRY["where_backward"].reference, (g, c, s, o)), torch.float32,
+                    f"where i64 {oshape}")
+
+
+def test_flat_and_strided_passes_int64_offsets():
+    """The flat and the strided pass in int64 index math (forced by lowering the threshold) give the same bits as
+    in int32: where (selections) and lerp with a tensor weight (three results)."""
+    g0, w0 = rand((30, 70), torch.float32), torch.rand((30, 70), device=DEVICE)
+    views = {"flat": lambda t: t, "strided": lambda t: t[:, ::2]}
+    for name, view in views.items():
+        g, w = view(g0), view(w0)
+        calls = {"where": (where_mod._WHERE_BACKWARD, lambda: ops.where_backward(g, g > 0, g, g)),
+                 "lerp": (lerp_mod._LERP_BACKWARD, lambda: ops.lerp_backward(g, g, -g, w))}
+        for op, (engine, call) in calls.items():
+            plan, want = _only_plan(engine, call)
+            assert plan.flat == (name == "flat") and not plan.summing and not plan.i64, f"{op} {name}"
+            with config.override(multi_pointwise.CONFIG, i32_max=64):
+                plan, got = _only_plan(engine, call)
+                assert plan.i64, f"{op} {name}"
+            assert_bitwise_equal(got, want, f"{op} {name} int64")
+
+
+def test_fused_relaunch_keys_follow_scalar_specialisation():
+    """Fused kernels are relaunched directly, keyed by what Triton specialises their integer arguments on. lerp's
+    Python-number weight w enters as the float64 bits of 1 - w and w: for w = 5e-324 the second is 1, which
+    Triton compiles in as a constant; for w = 0.0 it is 0. A kernel compiled for one must not serve the other
+    (grad_end = g * 5e-324 is not 0 in f64). The flat path (contiguous grad) and the strided one (a non-dense
+    view), at two offsets each."""
+    buf = rand((64 * 131,), torch.float64)
+    for w in (5e-324, 0.0, 5e-324, 0.1, 0.0, 5e-324):
+        for start in (0, 1):
+            for grad in (buf[start:start + 64 * 128].view(64, 128), buf.view(64, 131)[:, start:start + 128:2]):
+                x = torch.zeros_like(grad)
+                gs, ge, gw = ops.lerp_backward(grad, x, x, w)
+                assert gw is None
+                what = f"w={w} offset {start} strides {grad.stride()}"
+                assert_bitwise_equal(gs, grad * (1.0 - w), f"grad_self {what}")
+                assert_bitwise_equal(ge, grad * w, f"grad_end {what}")
+
+
+@pytest.mark.parametrize("shapes", [((2, 0), (0,)), ((0, 3), (0, 1)), ((0, 3), (3,)), ((3, 2, 0, 7), (0, 7))],
+                         ids=["kept-empty", "rows-empty", "rows-empty-row", "prelu-like"])
+def test_empty_broadcast_shapes(shapes):
+    """Empty problems whose summed-back operand has another shape (the summing pass's view of an empty B): where,
+    lerp (scalar and tensor weight) and _prelu_kernel give stock's empty or zero gradients (a ZeroDivisionError
+    when planning the summing pass's tiles before)."""
+    big, small = shapes
+    c = torch.ones(big, dtype=torch.bool, device=DEVICE)
+    cases = [(lambda a, b: torch.where(c, a, b), (rand(big, torch.float32), rand(small, torch.float32))),
+             (lambda a, b: torch.lerp(b, a, 0.5), (rand(big, torch.float32), rand(small, torch.float32))),
+             (lambda a, b, w: torch.lerp(b, a, w), (rand(big, torch.float32), rand(small, torch.float32),
+                                                     rand(small, torch.float32)))]
+    if len(big) == 4:
+        cases.append((torch.ops.aten._prelu_kernel, (rand(big, torch.float32), rand(small, torch.float32))))
+    for fn, inputs in cases:
+        outs = []
+        for enabled in (False, True):
+            with gradkern.use(enabled, mode="always"):
+                outs.append(grads(fn, inputs, [True] * len(inputs))[2])
+        for o, st in zip(outs[1], outs[0], strict=True):
+            assert o.shape == st.shape and o.dtype == st.dtype
+            assert_bitwise_equal(o, st)
+    g = rand(big, torch.float32)
+    assert [t.shape for t in ops.where_backward(g, c, g, rand(small, torch.float32))] == [big, small]
