@@ -14,6 +14,8 @@ import os
 import sys
 import time
 import traceback
+from types import MappingProxyType
+from unittest import mock
 
 import torch
 import triton
@@ -28,6 +30,10 @@ from gradkern.routing.dispatch import use
 from gradkern.testing import check_case
 
 F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
+
+
+def _each_size(block):  # multi_pointwise's flat block, the same for 2-, 4- and 8-byte elements
+    return MappingProxyType(dict.fromkeys((2, 4, 8), block))
 
 
 def _sm(row_tile, warp):  # sparsemax's (forward, backward) row tiles and elements a warp
@@ -92,48 +98,53 @@ GROUPS = {  # name: (ops, dtypes, configs); each config overrides only what it n
     "smbwd_cap": (["sparsemax_backward"], [BF16, F32],  # the vector path's register cap: 32, none, 40
                   [DEFAULTS, *[(sparsemax.CONFIG, {"vec_maxnreg": cap}) for cap in (0, 40)], DEFAULTS]),
     "prelu": (["prelu_backward"], [F32, BF16],
-              [DEFAULTS] + [(prelu, {"_ROWS_MAX_PARTIALS": {2: p, 4: p}}) for p in (1 << 30, 4096, 8192, 16384)]
-              + [(prelu, {"_COLS_TILE": t, "_COLS_TARGET_PROGRAMS": p, "_COLS_MIN_ROWS": r})
+              [DEFAULTS] + [(prelu.CONFIG, {"rows_max_partials": MappingProxyType({2: p, 4: p})})
+                            for p in (1 << 30, 4096, 8192, 16384)]
+              + [(prelu.CONFIG, {"cols_tile": t, "cols_target_programs": p, "cols_min_rows": r})
                  for t, p, r in ((4096, 4096, 0), (4096, 4096, 1024), (2048, 4096, 256), (4096, 792, 0))]),
     "prelu_cols": (["prelu_backward"], [BF16, F32],  # the column kernel's warps and tiles
-                   [DEFAULTS] + [(prelu, dict(zip(("_COLS_WARPS", "_COLS_TILE", "_COLS_MIN_ROWS"), c)))
+                   [DEFAULTS] + [(prelu.CONFIG, dict(zip(("cols_warps", "cols_tile", "cols_min_rows"), c)))
                                  for c in ((8, 4096, 256), (2, 2048, 256), (8, 8192, 256), (4, 4096, 512),
                                            (2, 4096, 256), (4, 2048, 128))] + [DEFAULTS]),
     "pdl": (["prelu_backward", "where_backward", "lerp_backward", "repeat_backward", "_segment_reduce_backward",
              "segment_max_forward", "segment_max_backward"], [F32, BF16],
-            [DEFAULTS, (launcher, {"PDL": False}), DEFAULTS]),  # kernels with and without PDL
+            [DEFAULTS, (launcher, {"PDL": False}), DEFAULTS]),  # kernels with and without PDL (the README's switch)
     "multi": (["lerp_backward", "where_backward"], [F32, BF16],
-              [DEFAULTS] + [(multi_pointwise, {"FLAT_BLOCK": dict.fromkeys((2, 4, 8), b), "FLAT_WARPS": w})
+              [DEFAULTS] + [(multi_pointwise.CONFIG, {"flat_block": _each_size(b), "flat_warps": w})
                             for b, w in ((2048, 4), (2048, 8), (4096, 8), (512, 4), (1024, 8), (4096, 4))]),
     "flat": (["lerp_backward", "where_backward"], [F32, BF16],
-             [DEFAULTS] + [(multi_pointwise, {"FLAT_BLOCK": dict.fromkeys((2, 4, 8), b), "FLAT_WARPS": w})
+             [DEFAULTS] + [(multi_pointwise.CONFIG, {"flat_block": _each_size(b), "flat_warps": w})
                            for b, w in ((1024, 4), (512, 4), (512, 2), (256, 2))] + [DEFAULTS]),
     "rows": (["lerp_backward", "where_backward"], [F32, BF16],
-             [DEFAULTS] + [(multi_pointwise, {"ROWS_TILE": t, "ROWS_MAX_BC": c, "ROWS_WARPS": w})
+             [DEFAULTS] + [(multi_pointwise.CONFIG, {"rows_tile": t, "rows_max_bc": c, "rows_warps": w})
                            for t, c, w in ((2048, 2048, 4), (8192, 8192, 8), (4096, 4096, 4), (4096, 1024, 4),
                                            (8192, 4096, 16))]),
     "cols": (["where_backward"], [F32, BF16],
-             [DEFAULTS] + [(multi_pointwise, {"COLS_TILE": t, "COLS_MAX_BC": c, "COLS_WARPS": w, "COLS_PROGRAMS": p})
+             [DEFAULTS] + [(multi_pointwise.CONFIG, {"cols_tile": t, "cols_max_bc": c, "cols_warps": w,
+                                                     "cols_programs": p})
                            for t, c, w, p in ((4096, 1024, 4, 1024), (4096, 512, 4, 512), (4096, 1024, 4, 2048),
                                               (2048, 1024, 4, 512), (2048, 2048, 4, 2048))]),
     "repeat_rows": (["repeat_backward"], [BF16, F32],
-                    [DEFAULTS, (reduction, {"_ROW_BYTES_16": 1024}), (reduction, {"_LONG_TILE_BYTES": 16384}),
-                     (reduction, {"_ROW_BYTES_16": 1024, "_LONG_TILE_BYTES": 16384}), (reduction, {"_O_WARPS": 8}),
-                     (reduction, {"_ROW_BYTES_16": 4096, "_O_WARPS": 8}), DEFAULTS]),
-    "repeat": (["repeat_backward"], [F32, BF16],
-               [DEFAULTS, (reduction, {"_STEP_SUM": False}), (reduction, {"_MIN_PROGRAMS": 1}),
-                (reduction, {"_STEP_SUM": False, "_MIN_PROGRAMS": 1})]),  # the last: before either
+                    [DEFAULTS] + [(reduction.CONFIG, c) for c in (
+                        {"row_bytes_16": 1024}, {"long_tile_bytes": 16384},
+                        {"row_bytes_16": 1024, "long_tile_bytes": 16384}, {"o_warps": 8},
+                        {"row_bytes_16": 4096, "o_warps": 8})] + [DEFAULTS]),
+    "repeat": (["repeat_backward"], [F32, BF16],  # (the step-sum switch it also tried is gone: step sums stay)
+               [DEFAULTS, (reduction.CONFIG, {"min_programs": 1})]),
 }
 
 _active = contextlib.ExitStack()  # the override in force (config 0, the defaults: none)
 
 
 def _apply(group_config) -> None:
-    """Make `group_config`, a (Tunable, {field: value}) pair or DEFAULTS, the one in force; every plan is rebuilt."""
+    """Make `group_config`, a (Tunable, {field: value}) pair, a (module, {switch: value}) pair or DEFAULTS, the one in
+    force; every plan is rebuilt."""
     _active.close()
-    tunable, values = group_config
-    if tunable is not None:
-        _active.enter_context(config.override(tunable, **values))
+    target, values = group_config
+    if isinstance(target, config.Tunable):
+        _active.enter_context(config.override(target, **values))
+    elif target is not None:  # a module switch read on every call (launcher.PDL)
+        _active.enter_context(mock.patch.multiple(target, **values))
     config.clear_plans()
 
 

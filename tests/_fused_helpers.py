@@ -2,13 +2,11 @@
 test_fused_routing) share: inputs, the comparison against stock, the autograd check under enable(), a launch spy,
 and prelu's small-split config."""
 
-import contextlib
 
 import torch
 
 import gradkern
 from conftest import DEVICE
-from gradkern import config
 from gradkern.engines import multi_pointwise, reduction
 from gradkern.kernels import prelu as prelu_mod
 from gradkern.testing import assert_bitwise_equal, assert_close, to_reference
@@ -36,16 +34,6 @@ def in_layout(t, kind):
     if kind == "transposed":
         return t.transpose(2, 3).contiguous().transpose(2, 3)
     return t.contiguous(memory_format=kind) if kind is not None else t
-
-
-@contextlib.contextmanager
-def small_prelu_splits(tile_bytes: int, rows_tpp: int):
-    """prelu's fused plans with tiles of `tile_bytes` per operand, `rows_tpp` tiles a row-kernel program, and
-    column-kernel splits down to a row, so that small inputs get several partials per channel (the fixed-order
-    second pass)."""
-    with config.override(prelu_mod.CONFIG, tile_bytes=tile_bytes, rows_tpp=rows_tpp, cols_tile=16,
-                         cols_target_programs=4, cols_min_rows=1):
-        yield
 
 
 def launches(monkeypatch) -> list:

@@ -3,7 +3,6 @@ imported), with small shapes; on a GPU the same tests run compiled, with larger 
 
 import contextlib
 import os
-from unittest import mock
 
 import torch
 
@@ -54,7 +53,6 @@ def small_prelu_splits(tile_bytes: int, rows_tpp: int):
     second pass)."""
     from gradkern.kernels import prelu
 
-    with (mock.patch.object(prelu, "_TILE_BYTES", tile_bytes), mock.patch.object(prelu, "_ROWS_TPP", rows_tpp),
-          mock.patch.object(prelu, "_COLS_TILE", 16), mock.patch.object(prelu, "_COLS_TARGET_PROGRAMS", 4),
-          mock.patch.object(prelu, "_COLS_MIN_ROWS", 1), mock.patch.object(prelu, "_plans", {})):
+    with config.override(prelu.CONFIG, tile_bytes=tile_bytes, rows_tpp=rows_tpp, cols_tile=16,
+                         cols_target_programs=4, cols_min_rows=1):
         yield

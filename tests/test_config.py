@@ -102,3 +102,21 @@ def test_checked_validates_a_problem_once_and_remembers_no_failure():
         with pytest.raises(ValueError):
             cache.checked("bad", bad)
     assert "bad" not in cache
+
+
+def test_every_tune_group_applies_and_the_defaults_come_back():
+    """scripts/tune.py's configs name real fields of real config objects (a renamed field fails here, not on the
+    GPU machine), and after the last one every family's config is its default again."""
+    import pathlib
+    import sys
+
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "scripts"))
+    try:
+        import tune
+    finally:
+        sys.path.pop(0)
+    for _ops, _dtypes, configs in tune.GROUPS.values():
+        for group_config in configs:
+            tune._apply(group_config)
+    tune._apply(tune.DEFAULTS)
+    assert all(t.current is t.default for t in config.tunables().values())

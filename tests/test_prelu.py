@@ -12,8 +12,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import gradkern
-from _fused_helpers import NEEDS2, check_autograd, compare, in_layout, launches, rand, small_prelu_splits
-from conftest import DEVICE, DTYPES, dtype_id
+from _fused_helpers import NEEDS2, check_autograd, compare, in_layout, launches, rand
+from conftest import DEVICE, DTYPES, dtype_id, small_prelu_splits
 from gradkern import config, ops
 from gradkern.kernels import prelu as prelu_mod
 from gradkern.registry import REGISTRY
