@@ -13,7 +13,16 @@ from gradkern import config, ops
 from gradkern.kernels import adaptive_pool as ap
 from gradkern.launch.alloc import channels_last_format
 from gradkern.registry import REGISTRY
-from gradkern.testing import assert_bitwise_equal, assert_close, assert_repeats_bitwise, check_case, run_reference
+from gradkern.testing import (
+    assert_bitwise_equal,
+    assert_close,
+    assert_repeats_bitwise,
+    check_case,
+    layouts_nd,
+    record_launches,
+    run_reference,
+    spy_on_ops,
+)
 
 OPS = ["_adaptive_avg_pool2d_backward", "_adaptive_avg_pool3d_backward"]
 GPU = DEVICE == "cuda"
@@ -90,38 +99,16 @@ def test_matches_stock(op, dtype):
         assert res.shape == shape and res.dtype == dtype and res.is_contiguous()
 
 
-def _launches(monkeypatch) -> list[tuple]:
-    """Every kernel launch from here on, as (pointer arguments, ints, consts); the launches still run."""
-    seen = []
-    real = ap.launch
-    monkeypatch.setattr(ap, "launch", lambda kernel, grid, ptrs, ints, consts, *a: (
-        seen.append((ptrs, ints, consts)), real(kernel, grid, ptrs, ints, consts, *a)))
-    return seen
-
-
-def _layouts(g: torch.Tensor):
-    """grad_output views that are not contiguous: a slice of a wider buffer, transposed, channels-last, a broadcast
-    batch, a broadcast plane."""
-    big = torch.zeros(*g.shape[:-1], 2 * g.shape[-1], dtype=g.dtype, device=g.device)
-    big[..., ::2] = g
-    yield "strided", big[..., ::2]
-    yield "transposed", g.transpose(-1, -2).contiguous().transpose(-1, -2)
-    yield "channels_last", g.contiguous(memory_format=torch.channels_last if g.dim() == 4 else
-                                        torch.channels_last_3d)
-    yield "broadcast batch", g[:1].expand(g.shape)
-    yield "broadcast plane", g[..., :1, :1].expand(g.shape)
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
 @pytest.mark.parametrize("op", OPS)
 def test_strided_grad_output_is_read_in_place(op, dtype, monkeypatch):
     shape, out = SEMANTICS[_dims(op)][0]
     g0, x = _problem(shape, out, dtype)
-    launches = _launches(monkeypatch)
-    for name, g in _layouts(g0):
+    launches = record_launches(monkeypatch, ap)
+    for name, g in layouts_nd(g0):
         launches.clear()
         check_case(op, (g, x), what=f"{op} grad_output {name}")
-        read = launches[0][0][1]  # the kernel's grad_output argument
+        read = launches[0].ptrs[1]  # the kernel's grad_output argument
         assert read.data_ptr() == g.data_ptr() and read.stride() == g.stride(), f"{name}: grad_output was copied"
 
 
@@ -165,7 +152,7 @@ def test_empty_batch(op, monkeypatch):
     """N = 0 (and C = 0 unbatched): an empty grad_input of stock's shape and strides, nothing launched."""
     d = _dims(op)
     spatial, out = (5, 6, 7)[-d:], (2, 3, 4)[-d:]
-    launches = _launches(monkeypatch)
+    launches = record_launches(monkeypatch, ap)
     fmt = torch.channels_last if d == 2 else torch.channels_last_3d
     for shape, memory_format in (((0, 3, *spatial), torch.contiguous_format), ((0, 3, *spatial), fmt),
                                  ((0, *spatial), torch.contiguous_format)):
@@ -185,40 +172,32 @@ def test_repeats_tilings_and_index_widths_give_the_same_bits(op, monkeypatch):
     g, x = _problem(shape, out)
     first = getattr(ops, op)(g, x)
     assert_bitwise_equal(getattr(ops, op)(g, x), first, f"{op} run twice")
-    _same_bits_with_small_knobs(lambda: getattr(ops, op)(g, x), first, ("_TILE", "_MAX_BW"), op, monkeypatch)
+    _same_bits_with_small_knobs(lambda: getattr(ops, op)(g, x), first, ("tile", "max_bw"), op,
+                                record_launches(monkeypatch, ap))
 
 
-def _same_bits_with_small_knobs(run, first, tile_knobs, label, monkeypatch) -> list[dict]:
+def _same_bits_with_small_knobs(run, first, tile_knobs, label, launches) -> list[dict]:
     """`run()` gives `first`'s bits with each of `tile_knobs` (then the grid-stride loop's and the int32 limit's)
-    set small, each alone, and its launch takes the branch the knob forces; the launches' consts."""
-    launches = _launches(monkeypatch)
+    set small, each alone, and its launch (recorded in `launches`) takes the branch the knob forces; the launches'
+    consts."""
     seen = []
-    for knob, value in ((tile_knobs[0], 4), (tile_knobs[1], 2), ("_MAX_PROGRAMS", 2), ("I32_MAX", 16)):
-        config.clear_plans()
-        monkeypatch.setattr(ap, knob, value)
-        launches.clear()
-        assert_bitwise_equal(run(), first, f"{label} {knob}={value}")
-        _, ints, consts = launches[0]
-        if knob == "_MAX_PROGRAMS":
+    for knob, value in ((tile_knobs[0], 4), (tile_knobs[1], 2), ("max_programs", 2), ("i32_max", 16)):
+        with config.override(ap.CONFIG, **{knob: value}):
+            launches.clear()
+            assert_bitwise_equal(run(), first, f"{label} {knob}={value}")
+        ints, consts = launches[0].ints, launches[0].consts
+        if knob == "max_programs":
             assert ints[0] > value  # (more tiles than programs)
-        if knob == "I32_MAX":
+        if knob == "i32_max":
             assert consts["I64"]
         seen.append(consts)
-        monkeypatch.undo()
-        launches = _launches(monkeypatch)
-    config.clear_plans()
     return seen
 
 
-def _tiled(op, g, x, tiling, monkeypatch):
+def _tiled(op, g, x, tiling):
     """The op's result with `tiling` forced (fresh plans)."""
-    monkeypatch.setattr(ap, "_FORCE_TILING", tiling)
-    config.clear_plans()
-    try:
+    with config.override(ap.CONFIG, tiling=tiling):
         return getattr(ops, op)(g, x)
-    finally:
-        monkeypatch.setattr(ap, "_FORCE_TILING", None)
-        config.clear_plans()
 
 
 # (self shape, output sizes) for channels_last self: C not a multiple of the channel block (5 and 7 with blocks of
@@ -234,25 +213,23 @@ def test_channels_last_row_tiling_matches_stock_and_the_plane_tiling(dtype, monk
     kernel's bits on the same problem (each element sums the same terms in the same order), grad_output
     channels_last or contiguous."""
     op = OPS[0]
-    monkeypatch.setattr(ap, "_MAX_BC", 4)
-    launches = _launches(monkeypatch)
-    for shape, out in CHANNELS_LAST:
-        cl = torch.channels_last if len(shape) == 4 else torch.contiguous_format
-        g, x = _problem(shape, out, dtype, cl)
-        for g_name, gg in (("channels_last", g), ("contiguous", g.contiguous())):
-            what = f"{shape} -> {out} grad_output {g_name}"
-            config.clear_plans()
-            launches.clear()
-            rows = check_case(op, (gg, x), what=what)
-            assert ("BC" in launches[0][2]) is (len(shape) == 4), f"{what}: the layout's tiling"
-            assert rows.stride() == getattr(torch.ops.aten, op)(gg.cpu(), x.cpu()).stride(), what
-            assert_bitwise_equal(_tiled(op, gg, x, "planes", monkeypatch), rows, f"{what} planes")
-    config.clear_plans()
+    launches = record_launches(monkeypatch, ap)
+    with config.override(ap.CONFIG, max_bc=4):
+        for shape, out in CHANNELS_LAST:
+            cl = torch.channels_last if len(shape) == 4 else torch.contiguous_format
+            g, x = _problem(shape, out, dtype, cl)
+            for g_name, gg in (("channels_last", g), ("contiguous", g.contiguous())):
+                what = f"{shape} -> {out} grad_output {g_name}"
+                launches.clear()
+                rows = check_case(op, (gg, x), what=what)
+                assert ("BC" in launches[0].consts) is (len(shape) == 4), f"{what}: the layout's tiling"
+                assert rows.stride() == getattr(torch.ops.aten, op)(gg.cpu(), x.cpu()).stride(), what
+                assert_bitwise_equal(_tiled(op, gg, x, "planes"), rows, f"{what} planes")
 
 
 def test_tiling_follows_the_layout(monkeypatch):
     """Rows for a channels_last grad_input of several channels, planes otherwise (contiguous, C = 1, 3d)."""
-    launches = _launches(monkeypatch)
+    launches = record_launches(monkeypatch, ap)
     for label, x in _selves():
         op = OPS[x.dim() == 5 or (x.dim() == 4 and label.startswith("3d"))]
         out = (3, 2, 4)[-_dims(op):]
@@ -261,7 +238,7 @@ def test_tiling_follows_the_layout(monkeypatch):
         ours = getattr(ops, op)(g, x)
         rows = ours.dim() == 4 and ours.shape[1] > 1 and ours.is_contiguous(memory_format=torch.channels_last) \
             and not ours.is_contiguous()
-        assert ("BC" in launches[0][2]) is rows, label
+        assert ("BC" in launches[0].consts) is rows, label
 
 
 @pytest.mark.parametrize("op", OPS)
@@ -270,10 +247,10 @@ def test_row_tiling_repeats_tilings_and_index_widths_give_the_same_bits(op, monk
     plane kernel's bits, across blocks of a few columns and channels, the grid-stride loop and int64 index math."""
     shape, out = SEMANTICS[_dims(op)][0]
     g, x = _problem(shape, out, memory_format=torch.channels_last if _dims(op) == 2 else torch.contiguous_format)
-    first = _tiled(op, g, x, "planes", monkeypatch)
-    assert_bitwise_equal(_tiled(op, g, x, "rows", monkeypatch), first, f"{op} rows")
-    seen = _same_bits_with_small_knobs(lambda: _tiled(op, g, x, "rows", monkeypatch), first, ("_TILE", "_MAX_BC"),
-                                       f"{op} rows", monkeypatch)
+    first = _tiled(op, g, x, "planes")
+    assert_bitwise_equal(_tiled(op, g, x, "rows"), first, f"{op} rows")
+    seen = _same_bits_with_small_knobs(lambda: _tiled(op, g, x, "rows"), first, ("tile", "max_bc"), f"{op} rows",
+                                       record_launches(monkeypatch, ap))
     assert all("BC" in consts for consts in seen)
 
 
@@ -282,7 +259,7 @@ def test_bad_inputs_raise_named_errors_and_launch_nothing(monkeypatch):
     g3, x3 = _problem((2, 3, 4, 5, 6), (2, 3, 4))
     p2, p3 = ops._adaptive_avg_pool2d_backward, ops._adaptive_avg_pool3d_backward
     before = [t.clone() for t in (g2, x2, g3, x3)]
-    launches = _launches(monkeypatch)
+    launches = record_launches(monkeypatch, ap)
     cases = [
         (gradkern.InvalidProblem, r"self.*3-D or 4-D.*2-D tensor of shape \(7, 8\)", lambda: p2(g2[0, 0], x2[0, 0])),
         (gradkern.InvalidProblem, r"self.*4-D or 5-D.*3-D", lambda: p3(g3[0, 0], x3[0, 0])),
@@ -326,15 +303,6 @@ def test_registry_entries():
 
 
 # ----------------------------------------------------------------------------------------------- training
-def _spy_on_ops(monkeypatch) -> list[str]:
-    calls = []
-    for op in OPS:
-        info = REGISTRY[op]
-        impl = info.aten[op]
-        monkeypatch.setitem(info.aten, op, lambda *a, _i=impl, _o=op, **k: (calls.append(_o), _i(*a, **k))[1])
-    return calls
-
-
 def _train_step(fn, x, w):
     xi = x.clone().requires_grad_(True)
     (fn(xi) * w).sum().backward()
@@ -357,7 +325,7 @@ def test_training_in_deterministic_mode_runs_gradkern(dtype, monkeypatch):
     """Under gradkern.use() (mode "auto") with torch.use_deterministic_algorithms(True), adaptive average pooling's
     backward runs gradkern's kernel and gives stock's gradients (layout included)."""
     torch.manual_seed(0)
-    calls = _spy_on_ops(monkeypatch)
+    calls = spy_on_ops(monkeypatch, OPS)
     was = torch.are_deterministic_algorithms_enabled()
     try:
         for label, fn, shape, fmt, op in _modules():

@@ -13,7 +13,16 @@ from conftest import DEVICE, DTYPES, dtype_id, gpu_only
 from gradkern import config, ops
 from gradkern.kernels import avg_pool as ap
 from gradkern.registry import REGISTRY
-from gradkern.testing import assert_bitwise_equal, assert_close, assert_repeats_bitwise, check_case, run_reference
+from gradkern.testing import (
+    assert_bitwise_equal,
+    assert_close,
+    assert_repeats_bitwise,
+    check_case,
+    layouts_nd,
+    record_launches,
+    run_reference,
+    spy_on_ops,
+)
 
 OP = "avg_pool3d_backward"
 GPU = DEVICE == "cuda"
@@ -110,35 +119,14 @@ def test_matches_stock(dtype):
         assert res.shape == shape and res.dtype == dtype and res.is_contiguous()
 
 
-def _launches(monkeypatch) -> list[tuple]:
-    """Every kernel launch from here on, as (pointer arguments, ints, consts); the launches still run."""
-    seen = []
-    real = ap.launch
-    monkeypatch.setattr(ap, "launch", lambda kernel, grid, ptrs, ints, consts, *a: (
-        seen.append((ptrs, ints, consts)), real(kernel, grid, ptrs, ints, consts, *a)))
-    return seen
-
-
-def _layouts(g: torch.Tensor):
-    """grad_output views that are not contiguous: a slice of a wider buffer, transposed, channels_last_3d, a
-    broadcast batch, a broadcast plane."""
-    big = torch.zeros(*g.shape[:-1], 2 * g.shape[-1], dtype=g.dtype, device=g.device)
-    big[..., ::2] = g
-    yield "strided", big[..., ::2]
-    yield "transposed", g.transpose(-1, -3).contiguous().transpose(-1, -3)
-    yield "channels_last_3d", g.contiguous(memory_format=torch.channels_last_3d)
-    yield "broadcast batch", g[:1].expand(g.shape)
-    yield "broadcast plane", g[..., :1, :1, :1].expand(g.shape)
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
 def test_strided_grad_output_is_read_in_place(dtype, monkeypatch):
     g0, x, *window = _problem((2, 3, 5, 6, 7), (3,), (2,), (1,), True, False, dtype=dtype)
-    launches = _launches(monkeypatch)
-    for name, g in _layouts(g0):
+    launches = record_launches(monkeypatch, ap)
+    for name, g in layouts_nd(g0, transpose=(-1, -3), plane=3):
         launches.clear()
         check_case(OP, (g, x, *window), what=f"grad_output {name}")
-        read = launches[0][0][1]  # the kernel's grad_output argument
+        read = launches[0].ptrs[1]  # the kernel's grad_output argument
         assert read.data_ptr() == g.data_ptr() and read.stride() == g.stride(), f"{name}: grad_output was copied"
 
 
@@ -165,7 +153,7 @@ def test_grad_input_is_contiguous_as_stocks_whatever_selfs_layout():
 
 def test_empty_batch(monkeypatch):
     """N = 0: an empty grad_input of stock's shape and strides, nothing launched."""
-    launches = _launches(monkeypatch)
+    launches = record_launches(monkeypatch, ap)
     for fmt in (torch.contiguous_format, torch.channels_last_3d):
         g, x, *window = _problem((0, 3, 5, 6, 7), (2,), memory_format=fmt)
         ours = ops.avg_pool3d_backward(g, x, *window)
@@ -192,23 +180,19 @@ def test_repeats_tilings_and_index_widths_give_the_same_values(monkeypatch):
     args = _problem((1, 2, 3, 4, 5), (3,), (1, 2, 1), (1,), True, False)
     first = ops.avg_pool3d_backward(*args)
     assert_bitwise_equal(ops.avg_pool3d_backward(*args), first, "run twice")
-    launches = _launches(monkeypatch)
+    launches = record_launches(monkeypatch, ap)
     knobs = [({}, lambda ints, consts: consts["BR"] > 1),
-             ({"_TILE": 4}, lambda ints, consts: consts["BR"] == 1),  # (windows overlap here)
-             ({"_MAX_BW": 2}, lambda ints, consts: consts["BW"] == 2),
-             ({"_TILE": 4, "_MAX_PROGRAMS": 2}, lambda ints, consts: ints[0] > 2),  # (more tiles than programs)
-             ({"I32_MAX": 16}, lambda ints, consts: consts["I64"])]
+             ({"tile": 4}, lambda ints, consts: consts["BR"] == 1),  # (windows overlap here)
+             ({"max_bw": 2}, lambda ints, consts: consts["BW"] == 2),
+             ({"tile": 4, "max_programs": 2}, lambda ints, consts: ints[0] > 2),  # (more tiles than programs)
+             ({"i32_max": 16}, lambda ints, consts: consts["I64"])]
     for settings, took in knobs:
-        with pytest.MonkeyPatch.context() as m:
-            for knob, value in settings.items():
-                m.setattr(ap, knob, value)
-            config.clear_plans()
+        with config.override(ap.CONFIG, **settings):
             launches.clear()
             ours = ops.avg_pool3d_backward(*args)
-            assert took(*launches[0][1:]), f"{settings}: the launch did not take the branch"
+            assert took(launches[0].ints, launches[0].consts), f"{settings}: the launch did not take the branch"
             assert_bitwise_equal(ops.avg_pool3d_backward(*args), ours, f"{settings}: run twice")
             assert_close(ours, first.double(), torch.float32, f"{settings}")
-    config.clear_plans()
 
 
 def test_bad_inputs_raise_named_errors_and_launch_nothing(monkeypatch):
@@ -221,7 +205,7 @@ def test_bad_inputs_raise_named_errors_and_launch_nothing(monkeypatch):
         return tuple({**dict(zip(names, (g, x, *window), strict=True)), **changes}.values())
 
     before = [t.clone() for t in (g, x)]
-    launches = _launches(monkeypatch)
+    launches = record_launches(monkeypatch, ap)
     ip, un = gradkern.InvalidProblem, gradkern.Unsupported
     cases = [
         (ip, r"'kernel_size'.*a single int or three ints.*\[2, 2\]", args(kernel_size=[2, 2])),
@@ -277,14 +261,6 @@ def test_registry_entry():
 
 
 # ----------------------------------------------------------------------------------------------- training
-def _spy(monkeypatch) -> list[str]:
-    calls = []
-    info = REGISTRY[OP]
-    impl = info.aten[OP]
-    monkeypatch.setitem(info.aten, OP, lambda *a, **k: (calls.append(OP), impl(*a, **k))[1])
-    return calls
-
-
 def _pools():
     """(label, pooling function, input shape, memory format)."""
     cl = torch.channels_last_3d
@@ -313,7 +289,7 @@ def test_pooling_backward_in_deterministic_mode_runs_gradkern(dtype, monkeypatch
     if DEVICE == "cpu" and dtype in (torch.float16, torch.bfloat16):
         pytest.skip("stock avg_pool3d has no float16 / bfloat16 forward on CPU")
     torch.manual_seed(0)
-    calls = _spy(monkeypatch)
+    calls = spy_on_ops(monkeypatch, [OP])
     was = torch.are_deterministic_algorithms_enabled()
     try:
         for label, fn, shape, fmt in _pools():
@@ -359,7 +335,7 @@ def test_a_3d_net_trains_one_step_in_deterministic_mode_as_stock(monkeypatch):
     # (the reference in float64 on CPU: on a GPU, deterministic mode picks other convolution algorithms than
     # stock's default, so two float32 GPU steps differ by more than rounding alone)
     stock_params, stock_grad = _step(net("cpu", torch.float64), x.cpu().double(), y.cpu().double())
-    calls = _spy(monkeypatch)
+    calls = spy_on_ops(monkeypatch, [OP])
     was = torch.are_deterministic_algorithms_enabled()
     try:
         torch.use_deterministic_algorithms(True)

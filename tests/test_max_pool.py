@@ -16,7 +16,16 @@ from gradkern import config, ops
 from gradkern.kernels import max_pool as mp
 from gradkern.launch.alloc import channels_last_format
 from gradkern.registry import REGISTRY
-from gradkern.testing import assert_bitwise_equal, assert_close, assert_repeats_bitwise, check_case, run_reference
+from gradkern.testing import (
+    assert_bitwise_equal,
+    assert_close,
+    assert_repeats_bitwise,
+    check_case,
+    layouts_nd,
+    record_launches,
+    run_reference,
+    spy_on_ops,
+)
 
 OPS = ["max_pool3d_with_indices_backward", "adaptive_max_pool2d_backward", "adaptive_max_pool3d_backward"]
 MAX3D, AMAX2D, AMAX3D = OPS
@@ -50,15 +59,6 @@ def _adaptive(shape, osize, dtype=torch.float32, values="randn", fmt=None) -> tu
     fwd = torch.ops.aten.adaptive_max_pool3d if len(osize) == 3 else torch.ops.aten.adaptive_max_pool2d
     _, idx = fwd(x, list(osize))
     return torch.randn(idx.shape, device=DEVICE).to(dtype), x, idx
-
-
-def _launches(monkeypatch) -> list[tuple]:
-    """Every kernel launch from here on, as (pointer arguments, ints, consts); the launches still run."""
-    seen = []
-    real = mp.launch
-    monkeypatch.setattr(mp, "launch", lambda kernel, grid, ptrs, ints, consts, *a: (
-        seen.append((ptrs, ints, consts)), real(kernel, grid, ptrs, ints, consts, *a)))
-    return seen
 
 
 # ----------------------------------------------------------------------------------------------- windows
@@ -150,16 +150,12 @@ def _random_windows(count: int, seed: int):
 
 
 @pytest.mark.parametrize("tiling", ["lines", "channels"])
-def test_random_window_configurations_with_ties_match_stock(tiling, monkeypatch):
+def test_random_window_configurations_with_ties_match_stock(tiling):
     """Seeded draws over the whole small configuration space, in each tiling (the channels tiling forced on
     contiguous tensors: it reads and writes through strides)."""
-    monkeypatch.setattr(mp, "_FORCE_TILING", tiling)
-    config.clear_plans()
-    try:
+    with config.override(mp.CONFIG, tiling=tiling):
         for dims, ceil_mode in _random_windows(12, seed=7 if tiling == "lines" else 8):
             check_case(MAX3D, _window_args(dims, ceil_mode, "ties", batch=(2, 3)), what=f"{dims} {ceil_mode}")
-    finally:
-        config.clear_plans()
 
 
 @pytest.mark.parametrize("op, axis", [(AMAX2D, "H"), (AMAX2D, "W"), (AMAX3D, "D")])
@@ -223,17 +219,11 @@ def _garbage(idx, last, volume) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("tiling", ["lines", "channels", "outputs"])
-def test_indices_outside_their_window_or_plane_add_nothing(tiling, monkeypatch):
+def test_indices_outside_their_window_or_plane_add_nothing(tiling):
     """Indices no forward produced: the op follows an index only inside its output's window (and so the plane);
     the rest add nothing anywhere (stock's kernels write wherever they point, out of bounds included). The gather's
     two tilings, and the outputs' side, where an index is an address only once it is found in its window."""
-    if tiling == "outputs":
-        monkeypatch.setattr(mp, "_OUTPUTS_SIDE_RATIO", 0)
-    else:
-        monkeypatch.setattr(mp, "_OUTPUTS_SIDE_RATIO", _NEVER)
-        monkeypatch.setattr(mp, "_FORCE_TILING", tiling)
-    config.clear_plans()
-    try:
+    with config.override(mp.CONFIG, **_path(tiling)):
         for dims, ceil_mode in (WINDOWS[1], WINDOWS[3]):
             g, x, k, s, p, d, c, idx = _window_args(dims, ceil_mode, "randn")
             ins, outs = x.shape[-3:], idx.shape[-3:]
@@ -252,8 +242,6 @@ def test_indices_outside_their_window_or_plane_add_nothing(tiling, monkeypatch):
             op = getattr(ops, OPS[len(osize) - 1])
             assert_close(op(g, x, bad), _scatter_reference(g, bad, tuple(x.shape), len(osize), followed),
                          torch.float32, str(shape))
-    finally:
-        config.clear_plans()
 
 
 def test_windows_holding_no_input_pass_no_gradient():
@@ -288,18 +276,6 @@ def test_every_dtype_matches_stock(dtype):
         assert res.shape == args[1].shape and res.dtype == dtype and res.is_contiguous()
 
 
-def _views(t: torch.Tensor):
-    """Views of t's values that are not contiguous: a slice of a wider buffer, transposed, channels-last(-3d), a
-    broadcast batch."""
-    big = torch.zeros(*t.shape[:-1], 2 * t.shape[-1], dtype=t.dtype, device=t.device)
-    big[..., ::2] = t
-    yield "strided", big[..., ::2]
-    yield "transposed", t.transpose(-1, -2).contiguous().transpose(-1, -2)
-    if t.dim() >= 4:
-        yield "channels_last", t.contiguous(memory_format=torch.channels_last if t.dim() == 4 else CL3D)
-    yield "broadcast batch", t[:1].expand(t.shape)
-
-
 @pytest.mark.parametrize("op", OPS)
 def test_strided_grad_output_and_indices_are_read_in_place(op, monkeypatch):
     """grad_output and indices in other layouts (each alone, then both in one): the values stock gives with the
@@ -308,17 +284,17 @@ def test_strided_grad_output_and_indices_are_read_in_place(op, monkeypatch):
     batched = {MAX3D: _max3d((2, 2, 3, 4, 5), (1, 2, 2), (1, 2, 2), 0), AMAX2D: _adaptive((2, 3, 6, 7), (4, 3)),
                AMAX3D: _adaptive((2, 2, 2, 4, 5), (1, 2, 3))}[op]
     g0, idx0 = batched[0], batched[-1]
-    gv, xv = dict(_views(g0)), dict(_views(idx0))
+    gv, xv = dict(layouts_nd(g0, plane=0)), dict(layouts_nd(idx0, plane=0))  # (no plane broadcast: indices)
     pairs = [(name, gv[name], "contiguous", idx0) for name in gv] + [("contiguous", g0, name, xv[name]) for name in xv]
     pairs += [(name, gv[name], name, xv[name]) for name in ("transposed", "broadcast batch")]
-    launches = _launches(monkeypatch)
+    launches = record_launches(monkeypatch, mp)
     for g_name, g, x_name, idx in pairs:
         args = (g, *batched[1:-1], idx)
         launches.clear()
         what = f"{op} grad_output {g_name}, indices {x_name}"
         ref = run_reference(getattr(torch.ops.aten, op), (*args[:-1], idx.contiguous()))
         assert_close(getattr(ops, op)(*args), ref, torch.float32, what)
-        ptrs = launches[0][0]
+        ptrs = launches[0].ptrs
         for got, want, name in ((ptrs[1], g, "grad_output"), (ptrs[2], idx, "indices")):
             assert got.data_ptr() == want.data_ptr() and got.stride() == want.stride(), f"{what}: {name} copied"
 
@@ -368,7 +344,7 @@ def test_output_layout_is_atens(monkeypatch):
     function declares; stock's CPU kernel agrees for a contiguous grad_output, as here.)"""
     from torch._prims_common import suggest_memory_format
 
-    launches = _launches(monkeypatch)
+    launches = record_launches(monkeypatch, mp)
     for label, x in _selves():
         if x.dim() == 5:
             assert (channels_last_format(x) is CL3D) is (suggest_memory_format(x) == CL3D), label
@@ -380,15 +356,15 @@ def test_output_layout_is_atens(monkeypatch):
             meta = getattr(torch.ops.aten, op)(*[a.to("meta") if isinstance(a, torch.Tensor) else a for a in args])
             assert ours.stride() == meta.stride(), (op, label)
             # (a non-contiguous grad_input is batched channels_last; the outputs' side has no tiling)
-            if "CHANNELS" in launches[0][2]:
-                assert launches[0][2]["CHANNELS"] is (not ours.is_contiguous() and ours.shape[1] > 1), (op, label)
+            if "CHANNELS" in launches[0].consts:
+                assert launches[0].consts["CHANNELS"] is (not ours.is_contiguous() and ours.shape[1] > 1), (op, label)
 
 
 @pytest.mark.parametrize("op", OPS)
 def test_empty_batch(op, monkeypatch):
     """N = 0 (and C = 0 unbatched, where ATen takes it): an empty grad_input of stock's shape and strides, nothing
     launched."""
-    launches = _launches(monkeypatch)
+    launches = record_launches(monkeypatch, mp)
     problems = {MAX3D: [_max3d((0, 3, 4, 5, 6), 2, 2, 0), _max3d((0, 3, 4, 5, 6), 2, 2, 0, fmt=CL3D)],
                 AMAX2D: [_adaptive((0, 3, 5, 6), (2, 3)), _adaptive((0, 3, 5, 6), (2, 3), fmt=torch.channels_last),
                          _adaptive((0, 5, 6), (2, 3))],
@@ -403,48 +379,41 @@ def test_empty_batch(op, monkeypatch):
 
 
 # ----------------------------------------------------------------------------------------------- bits
-def _same_bits_with_small_knobs(run, first, block_knob, label, monkeypatch) -> list[dict]:
+def _same_bits_with_small_knobs(run, first, block_knob, label, launches) -> list[dict]:
     """`run()` gives `first`'s bits with tiles of 4 elements, blocks of 2 columns or channels (`block_knob`), 2
-    programs for more tiles (the grid-stride loop, normally past 2^30 tiles) and int64 index math (normally past
-    2^31), each alone, and its launch takes the branch the knob forces; the launches' consts."""
+    programs for more tiles (the grid-stride loop, normally past 2^30 tiles), int64 index math (normally past
+    2^31) and the other orientation of the lines tile, each alone, and its launch (recorded in `launches`) takes
+    the branch the knob forces; the launches' consts."""
     seen = []
-    for knobs in ({"_TILE": 4}, {block_knob: 2}, {"_MAX_PROGRAMS": 2, "_TILE": 16}, {"I32_MAX": 16},
-                  {"_COLS0": not mp._COLS0, "_TILE": 64}):
-        config.clear_plans()
-        for knob, value in knobs.items():
-            monkeypatch.setattr(mp, knob, value)
-        launches = _launches(monkeypatch)
-        assert_bitwise_equal(run(), first, f"{label} {knobs}")
-        _, ints, consts = launches[0]
-        if "_MAX_PROGRAMS" in knobs:
+    for knobs in ({"tile": 4}, {block_knob: 2}, {"max_programs": 2, "tile": 16}, {"i32_max": 16},
+                  {"cols0": not mp.CONFIG.default.cols0, "tile": 64}):
+        with config.override(mp.CONFIG, **knobs):
+            launches.clear()
+            assert_bitwise_equal(run(), first, f"{label} {knobs}")
+        ints, consts = launches[0].ints, launches[0].consts
+        if "max_programs" in knobs:
             assert ints[0] > 2  # (more tiles than programs)
-        if "I32_MAX" in knobs:
+        if "i32_max" in knobs:
             assert consts["I64"]
         seen.append(consts)
-        monkeypatch.undo()
-    config.clear_plans()
     return seen
 
 
-def _tiled(op, args, tiling, monkeypatch):
-    """The op's result through the gather with `tiling` forced, or (tiling "outputs") from the outputs' side,
-    with fresh plans."""
+def _path(tiling) -> dict:
+    """Config fields that force the gather with `tiling`, or (tiling "outputs") the outputs' side."""
     if tiling == "outputs":
-        monkeypatch.setattr(mp, "_OUTPUTS_SIDE_RATIO", 0)
-    else:
-        monkeypatch.setattr(mp, "_OUTPUTS_SIDE_RATIO", _NEVER)
-        monkeypatch.setattr(mp, "_FORCE_TILING", tiling)
-    config.clear_plans()
-    try:
+        return {"outputs_side_ratio": 0}
+    return {"tiling": tiling, "outputs_side_ratio": _NEVER}
+
+
+_NEVER = 2**62  # an outputs_side_ratio no problem meets: the gather always
+
+
+def _tiled(op, args, tiling):
+    """The op's result through the gather with `tiling` forced, or from the outputs' side (fresh plans)."""
+    with config.override(mp.CONFIG, **_path(tiling)):
         return getattr(ops, op)(*args)
-    finally:
-        monkeypatch.setattr(mp, "_FORCE_TILING", None)
-        monkeypatch.setattr(mp, "_OUTPUTS_SIDE_RATIO", _DEFAULT_RATIO)
-        config.clear_plans()
 
-
-_NEVER = 2**62  # an _OUTPUTS_SIDE_RATIO no problem meets: the gather always
-_DEFAULT_RATIO = mp._OUTPUTS_SIDE_RATIO
 
 
 # per op, a problem with overlapping windows (max_pool3d's and adaptive 2d's channels_last: the channels tiling when
@@ -462,19 +431,20 @@ def test_tilings_repeats_and_index_widths_give_the_same_bits(op, monkeypatch):
     and writes through strides), runs repeated, tiles of a few elements, the grid-stride loop and int64 index math
     all give the same bits, and so does the outputs' side (32- and 64-bit)."""
     args = BITS[op]()
-    first = _tiled(op, args, "lines", monkeypatch)
+    first = _tiled(op, args, "lines")
     check_case(op, args, what=op)
     assert_bitwise_equal(getattr(ops, op)(*args), first, f"{op} run twice")
-    assert_bitwise_equal(_tiled(op, args, "channels", monkeypatch), first, f"{op} channels")
-    for tiling, knob in (("lines", "_MAX_BW"), ("channels", "_MAX_BC")):
-        seen = _same_bits_with_small_knobs(lambda t=tiling: _tiled(op, args, t, monkeypatch), first, knob,
-                                           f"{op} {tiling}", monkeypatch)
+    assert_bitwise_equal(_tiled(op, args, "channels"), first, f"{op} channels")
+    launches = record_launches(monkeypatch, mp)
+    for tiling, knob in (("lines", "max_bw"), ("channels", "max_bc")):
+        seen = _same_bits_with_small_knobs(lambda t=tiling: _tiled(op, args, t), first, knob, f"{op} {tiling}",
+                                           launches)
         assert all(c["CHANNELS"] is (tiling == "channels") for c in seen)
-    assert_bitwise_equal(_tiled(op, args, "outputs", monkeypatch), first, f"{op} outputs' side")
-    monkeypatch.setattr(mp, "I32_MAX", 16)
-    launches = _launches(monkeypatch)
-    assert_bitwise_equal(_tiled(op, args, "outputs", monkeypatch), first, f"{op} outputs' side, int64 index math")
-    assert launches[-1][2]["I64"] and "BLOCK" in launches[-1][2]
+    assert_bitwise_equal(_tiled(op, args, "outputs"), first, f"{op} outputs' side")
+    with config.override(mp.CONFIG, i32_max=16):
+        launches.clear()
+        assert_bitwise_equal(_tiled(op, args, "outputs"), first, f"{op} outputs' side, int64 index math")
+    assert launches[-1].consts["I64"] and "BLOCK" in launches[-1].consts
 
 
 def _outputs_side_problems():
@@ -496,22 +466,22 @@ def _outputs_side_problems():
 def test_outputs_side_gives_the_gathers_bits(dtype, monkeypatch):
     """The outputs' side (few outputs, several candidates an input) sums the gather's terms in the gather's order
     and accumulator: the same bits, every problem; where the plan picks it by default it is the one launched."""
-    launches = _launches(monkeypatch)
+    launches = record_launches(monkeypatch, mp)
     for op, label, args in _outputs_side_problems():
         args = tuple(a.to(dtype) if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args)
-        gather = _tiled(op, args, "lines", monkeypatch)
+        gather = _tiled(op, args, "lines")
         launches.clear()
-        outputs = _tiled(op, args, "outputs", monkeypatch)
-        assert "BLOCK" in launches[-1][2], (op, label)  # (the outputs' side's launch)
+        outputs = _tiled(op, args, "outputs")
+        assert "BLOCK" in launches[-1].consts, (op, label)  # (the outputs' side's launch)
         assert_bitwise_equal(outputs, gather, f"{op} {label}")
         check_case(op, args, what=f"{op} {label} (default plan)")
-    # the default: the outputs' side where inputs are at least _OUTPUTS_SIDE_RATIO times the outputs
+    # the default: the outputs' side where inputs are at least outputs_side_ratio times the outputs
     launches.clear()
     ops.adaptive_max_pool2d_backward(*_adaptive((2, 3, 13, 11), (4, 3), dtype=dtype))
-    assert "BLOCK" in launches[-1][2]
+    assert "BLOCK" in launches[-1].consts
     launches.clear()
     ops.max_pool3d_with_indices_backward(*_max3d((1, 2, 4, 6, 6), 2, 2, 0, dtype=dtype))  # (k <= s: one candidate)
-    assert "CHANNELS" in launches[-1][2]
+    assert "CHANNELS" in launches[-1].consts
 
 
 # ----------------------------------------------------------------------------------------------- compile-time
@@ -537,7 +507,7 @@ def test_column_blocks_waste_the_fewest_lanes():
     row least, the widest of equals."""
     for size, block in ((96, 32), (56, 64), (64, 64), (128, 128), (7, 8), (200, 32), (300, 64), (48, 64), (3, 4),
                         (1, 1), (1000, 128), (4096, 128)):
-        assert mp._block(size, 128) == block, (size, mp._block(size, 128))
+        assert mp._block(size, 128, 32) == block, (size, mp._block(size, 128, 32))
 
 
 def test_window_constants_not_sizes_select_the_compile():
@@ -558,7 +528,7 @@ def test_window_constants_not_sizes_select_the_compile():
 @pytest.mark.parametrize("case", range(3))
 def test_load_orders_and_layout_factors_give_the_same_bits(case, monkeypatch):
     """g loaded with its index (EAGER) or after it, the whole-row column block or the narrowest, the lines tiling's
-    tile in both orientations (_COLS0: the one the installed Triton does not take), the channels tiling on even
+    tile in both orientations (`cols0`: the one the installed Triton does not take), the channels tiling on even
     channel counts (whose strides' factors of two the kernel takes out and multiplies back: ALIGN) and a row width
     that is not a multiple of 16: the same bits, and stock's values. Windows lean along some dims (one candidate:
     k <= s, or a dilated span below the stride) and not along others."""
@@ -569,22 +539,19 @@ def test_load_orders_and_layout_factors_give_the_same_bits(case, monkeypatch):
         args = (args[0].contiguous(memory_format=CL3D if case == 0 else torch.channels_last), *args[1:])
     op = [MAX3D, AMAX2D, AMAX3D][case]
     first = check_case(op, args, what=op)
-    for knobs in ({"_EAGER_SLOTS": 0}, {"_EAGER_SLOTS": 64}, {"_MIN_BLOCK": 128}, {"_FORCE_TILING": "lines"},
-                  {"_FORCE_TILING": "lines", "_COLS0": not mp._COLS0},
-                  {"_FORCE_TILING": "channels", "_EAGER_SLOTS": 0}):
-        for knob, value in {**knobs, "_OUTPUTS_SIDE_RATIO": _NEVER}.items():  # (the gather's knobs)
-            monkeypatch.setattr(mp, knob, value)
-        config.clear_plans()
-        launches = _launches(monkeypatch)
-        assert_bitwise_equal(getattr(ops, op)(*args), first, f"{op} {knobs}")
-        consts = launches[0][2]
-        if "_EAGER_SLOTS" in knobs:
-            assert consts["EAGER"] is (knobs["_EAGER_SLOTS"] > 0)
-        assert consts["COLS0"] is (mp._COLS0 and not consts["CHANNELS"])
+    launches = record_launches(monkeypatch, mp)
+    for knobs in ({"eager_slots": 0}, {"eager_slots": 64}, {"min_block": 128}, {"tiling": "lines"},
+                  {"tiling": "lines", "cols0": not mp.CONFIG.default.cols0},
+                  {"tiling": "channels", "eager_slots": 0}):
+        with config.override(mp.CONFIG, **knobs, outputs_side_ratio=_NEVER) as cfg:  # (the gather's knobs)
+            launches.clear()
+            assert_bitwise_equal(getattr(ops, op)(*args), first, f"{op} {knobs}")
+        consts = launches[0].consts
+        if "eager_slots" in knobs:
+            assert consts["EAGER"] is (knobs["eager_slots"] > 0)
+        assert consts["COLS0"] is (cfg.cols0 and not consts["CHANNELS"])
         if consts["CHANNELS"] and op != AMAX3D:
             assert consts["ALIGN"][1] > 1 and consts["ALIGN"][2] > 1, consts["ALIGN"]  # (8 channels)
-        monkeypatch.undo()
-    config.clear_plans()
 
 
 # ----------------------------------------------------------------------------------------------- errors
@@ -594,7 +561,7 @@ def test_bad_inputs_raise_named_errors_and_launch_nothing(monkeypatch):
     m3, p2, p3 = ops.max_pool3d_with_indices_backward, ops.adaptive_max_pool2d_backward, \
         ops.adaptive_max_pool3d_backward
     before = [t.clone() for t in (g, x, idx, *a2, *a3)]
-    launches = _launches(monkeypatch)
+    launches = record_launches(monkeypatch, mp)
     IP, US = gradkern.InvalidProblem, gradkern.Unsupported
     cases = [
         # max_pool3d: window parameters as ATen checks them
@@ -676,15 +643,6 @@ def test_every_registry_case_is_a_valid_problem():
 
 
 # ----------------------------------------------------------------------------------------------- training
-def _spy_on_ops(monkeypatch) -> list[str]:
-    calls = []
-    for op in OPS:
-        info = REGISTRY[op]
-        impl = info.aten[op]
-        monkeypatch.setitem(info.aten, op, lambda *a, _i=impl, _o=op, **k: (calls.append(_o), _i(*a, **k))[1])
-    return calls
-
-
 def _train_step(module, x, w):
     xi = x.clone().requires_grad_(True)
     (module(xi) * w).sum().backward()
@@ -710,7 +668,7 @@ def test_training_in_deterministic_mode_runs_gradkern(dtype, monkeypatch):
     """Under gradkern.use(mode="always") with torch.use_deterministic_algorithms(True), the pools' backward runs
     gradkern's kernels and gives stock's gradients (layout included)."""
     torch.manual_seed(0)
-    calls = _spy_on_ops(monkeypatch)
+    calls = spy_on_ops(monkeypatch, OPS)
     was = torch.are_deterministic_algorithms_enabled()
     try:
         for label, module, shape, fmt, values, op in _modules():

@@ -14,7 +14,15 @@ from conftest import DEVICE, DTYPES, dtype_id, gpu_only
 from gradkern import config, ops
 from gradkern.kernels import nll_loss as nl
 from gradkern.registry import REGISTRY
-from gradkern.testing import assert_bitwise_equal, assert_close, assert_repeats_bitwise, check_case, run_reference
+from gradkern.testing import (
+    assert_bitwise_equal,
+    assert_close,
+    assert_repeats_bitwise,
+    check_case,
+    record_launches,
+    run_reference,
+    spy_on_ops,
+)
 
 OP = "nll_loss2d_forward"
 GPU = DEVICE == "cuda"
@@ -33,15 +41,6 @@ def _problem(shape, dtype=torch.float32, *, weight=True, ignore_index=-100, igno
     t = torch.where(torch.rand(t.shape, generator=g) < ignored, ignore_index, t).to(DEVICE)
     wt = (torch.rand(c, generator=g) + 0.25).to(dtype).to(DEVICE) if weight else None
     return x, t, wt
-
-
-def _launches(monkeypatch) -> list[tuple]:
-    """Every kernel launch from here on, as (kernel, grid, pointer arguments, ints, consts); the launches run."""
-    seen = []
-    real = nl.launch
-    monkeypatch.setattr(nl, "launch", lambda kernel, grid, ptrs, ints, consts, *a: (
-        seen.append((kernel, grid, ptrs, ints, consts)), real(kernel, grid, ptrs, ints, consts, *a)))
-    return seen
 
 
 # (self shape, weight, ignore_index): odd sizes, one class, H or W of 1 (nll_loss_nd's (N, C, 1, L)), ignore_index
@@ -126,7 +125,7 @@ def test_layouts_are_read_in_place_and_give_the_contiguous_bits(monkeypatch):
     """self, target and weight of any layout are read through their strides (no copy), and every element is summed
     in the same (n, h, w) order whatever the layout: the contiguous problem's bits."""
     x, t, w = _problem((2, 5, 7, 6))
-    launches = _launches(monkeypatch)
+    launches = record_launches(monkeypatch, nl)
     for reduction in (MEAN, SUM, NONE):
         first = ops.nll_loss2d_forward(x, t, w, reduction, -100)
         for label, xx, tt, ww in _layouts(x, t, w):
@@ -134,7 +133,7 @@ def test_layouts_are_read_in_place_and_give_the_contiguous_bits(monkeypatch):
             what = f"{label} reduction={reduction}"
             ours = check_case(OP, (xx, tt, ww, reduction, -100), what=what)
             assert_bitwise_equal(ours, first, what)
-            ptrs = launches[0][2]
+            ptrs = launches[0].ptrs
             for given, read in ((xx, ptrs[0]), (tt, ptrs[1])):
                 assert read.data_ptr() == given.data_ptr() and read.stride() == given.stride(), f"{what}: copied"
             if ww.dim() == 1:
@@ -145,7 +144,7 @@ def test_layouts_are_read_in_place_and_give_the_contiguous_bits(monkeypatch):
 def test_empty_problems(reduction, monkeypatch):
     """N = 0, H = 0: ATen's results (mean NaN, sum 0, none an empty (N, H, W); total_weight 0), nothing launched.
     C = 0 with every target ignored: nothing to gather, ATen's results."""
-    launches = _launches(monkeypatch)
+    launches = record_launches(monkeypatch, nl)
     for shape in ((0, 3, 4, 5), (2, 3, 0, 5)):
         x, t, w = _problem(shape)
         out, total = check_case(OP, (x, t, w, reduction, -100), what=f"{shape}")
@@ -187,34 +186,28 @@ def test_repeats_tilings_and_index_widths(monkeypatch):
     for reduction in (MEAN, SUM):
         first = check_case(OP, (x, t, w, reduction, -100))
         assert_bitwise_equal(ops.nll_loss2d_forward(x, t, w, reduction, -100), first, "run twice")
-    launches = _launches(monkeypatch)
+    launches = record_launches(monkeypatch, nl)
     # (70 elements: 2 programs of 3 blocks of 16; 18 programs of one block of 4, their partials added 4 a step)
-    for knobs in ({"_BLOCK": 16, "_TARGET_PROGRAMS": 2, "_MIN_STEPS": 1},
-                  {"_BLOCK": 4, "_TARGET_PROGRAMS": 64, "_MIN_STEPS": 1, "_FINISH_BLOCK": 4}):
-        for name, value in knobs.items():
-            monkeypatch.setattr(nl, name, value)
+    for knobs in ({"block": 16, "target_programs": 2, "min_steps": 1},
+                  {"block": 4, "target_programs": 64, "min_steps": 1, "finish_block": 4}):
         for weight in (w, None):
             for reduction in (MEAN, SUM):
-                config.clear_plans()
                 launches.clear()
-                split = check_case(OP, (x, t, weight, reduction, -100), what=f"{knobs}")
-                assert len(launches) == 2 and launches[0][1][0] > 1, knobs
-                config.clear_plans()
-                monkeypatch.setattr(nl, "I32_MAX", 16)
+                with config.override(nl.CONFIG, **knobs):
+                    split = check_case(OP, (x, t, weight, reduction, -100), what=f"{knobs}")
+                assert len(launches) == 2 and launches[0].grid[0] > 1, knobs
                 launches.clear()
-                assert_bitwise_equal(ops.nll_loss2d_forward(x, t, weight, reduction, -100), split, f"{knobs} I64")
-                assert launches[0][4]["I64"]
-                monkeypatch.setattr(nl, "I32_MAX", 2**31 - 1)
-        monkeypatch.undo()
-        launches = _launches(monkeypatch)
-    config.clear_plans()
+                with config.override(nl.CONFIG, **knobs, i32_max=16):
+                    assert_bitwise_equal(ops.nll_loss2d_forward(x, t, weight, reduction, -100), split,
+                                         f"{knobs} I64")
+                assert launches[0].consts["I64"]
 
 
 def test_bad_inputs_raise_named_errors_and_launch_nothing(monkeypatch):
     x, t, w = _problem((2, 3, 4, 5))
     f = ops.nll_loss2d_forward
     before = [v.clone() for v in (x, t, w)]
-    launches = _launches(monkeypatch)
+    launches = record_launches(monkeypatch, nl)
     cases = [
         (gradkern.InvalidProblem, r"self.*4-D tensor \(N, C, H, W\).*3-D", lambda: f(x[0], t[0], w, MEAN, -100)),
         (gradkern.InvalidProblem, r"target.*shape \(2, 4, 5\).*\(2, 4, 4\)", lambda: f(x, t[..., :4], w, MEAN, -100)),
@@ -266,11 +259,7 @@ def test_registry_entry_and_routes():
 
 def _spy(monkeypatch) -> list[int]:
     """The reductions of the nll_loss2d_forward calls that reach gradkern's implementation from here on."""
-    calls = []
-    info = REGISTRY[OP]
-    impl = info.aten[OP]
-    monkeypatch.setitem(info.aten, OP, lambda *a, **k: (calls.append(a[3]), impl(*a, **k))[1])
-    return calls
+    return spy_on_ops(monkeypatch, [OP], record=lambda op, args: args[3])
 
 
 def test_enable_routes_reducing_calls_and_leaves_none_to_stock(monkeypatch):

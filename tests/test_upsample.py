@@ -24,7 +24,16 @@ from gradkern import config, ops
 from gradkern.kernels import upsample as up
 from gradkern.launch.alloc import channels_last_format
 from gradkern.registry import REGISTRY
-from gradkern.testing import assert_bitwise_equal, assert_close, assert_repeats_bitwise, check_case, run_reference
+from gradkern.testing import (
+    assert_bitwise_equal,
+    assert_close,
+    assert_repeats_bitwise,
+    check_case,
+    layouts_nd,
+    record_launches,
+    run_reference,
+    spy_on_ops,
+)
 
 LINEAR1D, BILINEAR, TRILINEAR, BICUBIC, AA = OPS = [
     "upsample_linear1d_backward", "upsample_bilinear2d_backward", "upsample_trilinear3d_backward",
@@ -105,8 +114,9 @@ def test_downsampling_takes_few_candidates_whatever_the_factor():
     for mode, most in ((up._LINEAR, 2), (up._CUBIC, 4), (up._ANTIALIAS, 4)):
         for n_in, n_out in ((1000, 3), (512, 7), (97, 13)):
             assert up._candidates(int(mode), n_in, n_out, up._scale(n_in, n_out, False, None, torch.float32),
-                                  False) <= most
-    assert up._candidates(int(up._LINEAR), 8, 64, 0.125, False) == 16  # (8x up: 17 candidates, taken 16 at a time)
+                                  False, up.CONFIG.current) <= most
+    # (8x up: 17 candidates, taken 16 at a time)
+    assert up._candidates(int(up._LINEAR), 8, 64, 0.125, False, up.CONFIG.current) == 16
 
 
 # ----------------------------------------------------------------------------------------------- vs stock
@@ -141,39 +151,16 @@ def test_every_dtype_matches_stock(op, dtype):
         assert res.dtype == dtype
 
 
-def _launches(monkeypatch) -> list[tuple]:
-    """Every kernel launch from here on, as (kernel, pointer arguments, ints, consts); the launches still run."""
-    seen = []
-    real = up.launch
-    monkeypatch.setattr(up, "launch", lambda kernel, grid, ptrs, ints, consts, *a: (
-        seen.append((kernel, ptrs, ints, consts)), real(kernel, grid, ptrs, ints, consts, *a)))
-    return seen
-
-
-def _layouts(g: torch.Tensor):
-    """grad_output views that are not contiguous: a slice of a wider buffer, transposed, channels_last (4-D,
-    5-D), a broadcast batch, a broadcast plane."""
-    big = torch.zeros(*g.shape[:-1], 2 * g.shape[-1], dtype=g.dtype, device=g.device)
-    big[..., ::2] = g
-    yield "strided", big[..., ::2]
-    yield "transposed", g.transpose(0, 1).contiguous().transpose(0, 1)
-    if g.dim() >= 4:
-        yield "channels_last", g.contiguous(memory_format=torch.channels_last if g.dim() == 4 else
-                                            torch.channels_last_3d)
-    yield "broadcast batch", g[:1].expand(g.shape)
-    yield "broadcast plane", g[..., :1].expand(g.shape)
-
-
 @pytest.mark.parametrize("op", OPS)
 def test_strided_grad_output_is_read_in_place(op, monkeypatch):
     in_sizes, out_sizes, align, scales = SEMANTICS[_dims(op)][0]
     in_sizes = (2, 2, *in_sizes[2:])
     g0, *rest = _args(op, in_sizes, out_sizes, align, scales)
-    launches = _launches(monkeypatch)
-    for name, g in _layouts(g0):
+    launches = record_launches(monkeypatch, up)
+    for name, g in layouts_nd(g0, transpose=(0, 1), plane=1):
         launches.clear()
         check_case(op, (g, *rest), what=f"{op} grad_output {name}")
-        read = launches[0][1][1]  # the kernel's grad_output argument
+        read = launches[0].ptrs[1]  # the kernel's grad_output argument
         assert read.data_ptr() == g.data_ptr() and read.stride() == g.stride(), f"{name}: grad_output was copied"
 
 
@@ -216,7 +203,7 @@ def test_empty_batch_or_channels(op, monkeypatch):
     """N = 0 or C = 0: an empty grad_input of stock's shape and strides, nothing launched."""
     d = _dims(op)
     spatial, out = (5, 6, 7)[-d:], (2, 3, 4)[-d:]
-    launches = _launches(monkeypatch)
+    launches = record_launches(monkeypatch, up)
     fmt = {2: torch.channels_last, 3: torch.channels_last_3d}.get(d)
     for lead, memory_format in (((0, 3), None), ((0, 3), fmt), ((2, 0), None)):
         args = _args(op, (*lead, *spatial), out, fmt=memory_format)
@@ -277,17 +264,6 @@ def test_infinities_give_stocks_nans(op):
 
 
 # ----------------------------------------------------------------------------------------------- tilings
-def _rebuilt(run, knobs: dict, monkeypatch):
-    """`run()` with fresh plans under `knobs` (module constants), then back to the defaults."""
-    with monkeypatch.context() as m:
-        for k, v in knobs.items():
-            m.setattr(up, k, v)
-        config.clear_plans()
-        out = run()
-    config.clear_plans()
-    return out
-
-
 @pytest.mark.parametrize("op", [BILINEAR, TRILINEAR, BICUBIC, AA])
 def test_tilings_chunks_and_index_widths(op, monkeypatch):
     """Repeats, programs that take several tiles in turn (normally past 2^30 tiles) and int64 index math (normally
@@ -298,18 +274,20 @@ def test_tilings_chunks_and_index_widths(op, monkeypatch):
     fn = getattr(ops, op)
     first = fn(*args)
     assert_bitwise_equal(fn(*args), first, f"{op} run twice")
-    launches = _launches(monkeypatch)
-    for knobs in ({"_MAX_PROGRAMS": 1}, {"I32_MAX": 4}):
+    launches = record_launches(monkeypatch, up)
+    for knobs in ({"max_programs": 1}, {"i32_max": 4}):
         launches.clear()
-        assert_bitwise_equal(_rebuilt(lambda: fn(*args), knobs, monkeypatch), first, f"{op} {knobs}")
-        _, _, ints, consts = launches[0]
-        assert ints[0] > 1 if "_MAX_PROGRAMS" in knobs else consts["I64"], knobs  # (tiles > programs)
-    for knobs in ({"_BLOCK": 8}, {"_MAX_BW": 2}, {"_MAX_KW": 2}, {"_FORCE_TILING": "rows", "_MAX_BC": 1}):
+        with config.override(up.CONFIG, **knobs):
+            assert_bitwise_equal(fn(*args), first, f"{op} {knobs}")
+        ints, consts = launches[0].ints, launches[0].consts
+        assert ints[0] > 1 if "max_programs" in knobs else consts["I64"], knobs  # (tiles > programs)
+    for knobs in ({"block": 8}, {"max_bw": 2}, {"max_kw": 2}, {"tiling": "rows", "max_bc": 1}):
         launches.clear()
-        ours = _rebuilt(lambda: fn(*args), knobs, monkeypatch)
+        with config.override(up.CONFIG, **knobs):
+            ours = fn(*args)
         assert_close(ours, run_reference(getattr(torch.ops.aten, op), args), torch.float32, f"{op} {knobs}",
                      summed_from=args[0].numel())
-        assert ("BC" in launches[0][3]) is ("_FORCE_TILING" in knobs), knobs
+        assert ("BC" in launches[0].consts) is ("tiling" in knobs), knobs
 
 
 @pytest.mark.parametrize("op", [BILINEAR, TRILINEAR, AA])
@@ -318,15 +296,13 @@ def test_channels_last_takes_row_tiles(op, monkeypatch):
     written by row tiles, C fastest; a single channel, or a contiguous grad_input, by plane tiles."""
     d = _dims(op)
     fmt = torch.channels_last if d == 2 else torch.channels_last_3d
-    monkeypatch.setattr(up, "_MAX_BC", 2)
-    config.clear_plans()
-    launches = _launches(monkeypatch)
-    for c, memory_format, rows in ((5, fmt, True), (1, fmt, False), (5, None, False)):
-        launches.clear()
-        args = _args(op, (1, c, *(3, 4, 5)[-d:]), (5, 2, 9)[-d:], True, fmt=memory_format)
-        check_case(op, args, what=f"{op} C={c} {memory_format}")
-        assert ("BC" in launches[0][3]) is rows, (c, memory_format)
-    config.clear_plans()
+    launches = record_launches(monkeypatch, up)
+    with config.override(up.CONFIG, max_bc=2):
+        for c, memory_format, rows in ((5, fmt, True), (1, fmt, False), (5, None, False)):
+            launches.clear()
+            args = _args(op, (1, c, *(3, 4, 5)[-d:]), (5, 2, 9)[-d:], True, fmt=memory_format)
+            check_case(op, args, what=f"{op} C={c} {memory_format}")
+            assert ("BC" in launches[0].consts) is rows, (c, memory_format)
 
 
 # ----------------------------------------------------------------------------------------------- compiled
@@ -404,7 +380,7 @@ def test_bad_inputs_raise_named_errors_and_launch_nothing(monkeypatch):
     g3 = _args(TRILINEAR, (1, 2, 3, 4, 5), (4, 5, 6))[0]
     bl, tri, lin = ops.upsample_bilinear2d_backward, ops.upsample_trilinear3d_backward, ops.upsample_linear1d_backward
     before = g.clone()
-    launches = _launches(monkeypatch)
+    launches = record_launches(monkeypatch, up)
     cases = [
         (gradkern.InvalidProblem, r"output_size.*2 sizes.*3", lambda: bl(g, [7, 9, 1], inp, False)),
         (gradkern.InvalidProblem, r"input_size.*4 sizes.*3", lambda: bl(g, out, inp[1:], False)),
@@ -450,15 +426,6 @@ def test_registry_entries():
 
 
 # ----------------------------------------------------------------------------------------------- training
-def _spy_on_ops(monkeypatch) -> list[str]:
-    calls = []
-    for op in OPS:
-        info = REGISTRY[op]
-        impl = info.aten[op]
-        monkeypatch.setitem(info.aten, op, lambda *a, _i=impl, _o=op, **k: (calls.append(_o), _i(*a, **k))[1])
-    return calls
-
-
 def _train_step(fn, x, w):
     xi = x.clone().requires_grad_(True)
     (fn(xi) * w).sum().backward()
@@ -495,7 +462,7 @@ def test_training_through_interpolate_runs_gradkern(dtype, monkeypatch):
     gradkern.use(mode="always"): the backward runs gradkern's op and gives stock's gradients (layout included).
     (Deterministic mode is left off: there, F.interpolate on CUDA takes a Python decomposition before dispatch.)"""
     torch.manual_seed(0)
-    calls = _spy_on_ops(monkeypatch)
+    calls = spy_on_ops(monkeypatch, OPS)
     for label, fn, shape, fmt, op, half in _interpolations():
         if dtype != torch.float32 and not half:
             continue  # (stock's antialias kernels take no 16-bit tensors on CPU)

@@ -196,3 +196,63 @@ def count_calls(monkeypatch, owner: Any, name: str) -> list:
 def poison_like(t: torch.Tensor) -> torch.Tensor:
     """A tensor like `t` filled with NaN (a value a correct kernel never leaves behind for finite inputs)."""
     return torch.full_like(t, math.nan)
+
+
+class Launch:
+    """One kernel launch, as a kernel module hands it to `launch.launcher.launch`: the jit function, the grid, the
+    tensor arguments (`ptrs`), the other runtime arguments (`ints`) and the constexprs with num_warps (`consts`)."""
+
+    __slots__ = ("kernel", "grid", "ptrs", "ints", "consts")
+
+    def __init__(self, kernel, grid: tuple, ptrs: tuple, ints: tuple, consts: dict):
+        self.kernel, self.grid, self.ptrs, self.ints, self.consts = kernel, grid, ptrs, ints, consts
+
+
+def record_launches(monkeypatch, *modules: Any) -> list[Launch]:
+    """Wrap each module's `launch` (the name it imported from `launch.launcher`) for the test's duration, so that
+    every kernel launch from here on is appended to the returned list, in order; the launches still run. Call it
+    once a test (twice would record each launch twice); `.clear()` the list between the calls it compares."""
+    seen: list[Launch] = []
+    for module in modules:
+        def spy(kernel, grid, ptrs, ints, consts, *rest, _real=module.launch):
+            seen.append(Launch(kernel, grid, ptrs, ints, consts))
+            return _real(kernel, grid, ptrs, ints, consts, *rest)
+
+        monkeypatch.setattr(module, "launch", spy)
+    return seen
+
+
+def layouts_nd(g: torch.Tensor, transpose: tuple[int, int] = (-1, -2), plane: int = 2
+               ) -> Iterator[tuple[str, torch.Tensor]]:
+    """(label, view) of the values of `g`, an (N, C, ...) tensor, in layouts a kernel must read in place: a slice of
+    a buffer twice as wide along the last dim ("strided"), a copy transposed along the dims `transpose` seen
+    through its transpose ("transposed"), channels_last for a 4-D `g` or channels_last_3d for a 5-D one, the first
+    batch entry broadcast over the batch ("broadcast batch"), and the first element of the last `plane` dims
+    broadcast over them ("broadcast plane"; none for `plane` 0)."""
+    big = torch.zeros(*g.shape[:-1], 2 * g.shape[-1], dtype=g.dtype, device=g.device)
+    big[..., ::2] = g
+    yield "strided", big[..., ::2]
+    yield "transposed", g.transpose(*transpose).contiguous().transpose(*transpose)
+    fmt = {4: ("channels_last", torch.channels_last), 5: ("channels_last_3d", torch.channels_last_3d)}.get(g.dim())
+    if fmt is not None:
+        yield fmt[0], g.contiguous(memory_format=fmt[1])
+    yield "broadcast batch", g[:1].expand(g.shape)
+    if plane:
+        yield "broadcast plane", g[(..., *[slice(0, 1)] * plane)].expand(g.shape)
+
+
+def spy_on_ops(monkeypatch, op_names, record: Callable[[str, tuple], Any] = lambda op, args: op) -> list:
+    """Wrap the implementation each op of `op_names` registers for its own ATen name (`REGISTRY[op].aten[op]`, what
+    `enable()` routes that ATen op to) for the test's duration, so that every call reaching it from here on appends
+    `record(op, args)` (default: the op's name) to the returned list; the calls still run."""
+    calls = []
+    for op in op_names:
+        info = get_op(op)
+        impl = info.aten[op]
+
+        def spy(*args, _op=op, _impl=impl, **kwargs):
+            calls.append(record(_op, args))
+            return _impl(*args, **kwargs)
+
+        monkeypatch.setitem(info.aten, op, spy)
+    return calls

@@ -27,7 +27,7 @@ import triton.language as tl
 
 from .._cases import randn, stand_in
 from .._runtime import I32_MAX, cdiv
-from ..config import PlanCache, plan_builder
+from ..config import PlanCache, Tunable, plan_builder
 from ..errors import InvalidProblem
 from ..launch.alloc import channels_last_format, empty
 from ..launch.checks import check_like, check_tensor
@@ -35,11 +35,28 @@ from ..launch.launcher import launch, launch_consts
 from ..launch.tl_helpers import cast_out
 from ..registry import Case, register_op
 
-_MAX_PROGRAMS = 2**30  # beyond, each program takes several tiles in turn (a grid-stride loop)
-_TILE = 1024  # elements a program owns (a plane smaller than that: the plane, rounded up to powers of two)
-_MAX_BW = 128  # columns a tile spans at most (wider planes: several column tiles)
-_MAX_BC = 128  # channels a row tile spans at most (more channels: several channel blocks)
-_FORCE_TILING: str | None = None  # "planes" or "rows" overrides the layout's choice (tests)
+
+@dataclass(frozen=True)
+class AdaptivePoolConfig:
+    """Adaptive average pooling's launch heuristics, read once per plan."""
+
+    #: elements a program owns (a plane smaller than that: the plane, rounded up to powers of two); warps follow
+    #: from it (4 from 512 elements, 2 from 128, else 1)
+    tile: int = 1024
+    #: columns a plane tile spans at most (wider planes: several column tiles)
+    max_bw: int = 128
+    #: channels a row tile spans at most (more channels: several channel blocks)
+    max_bc: int = 128
+    #: "planes" or "rows" forces that tiling (tests); None: grad_input's layout chooses (`_tiling`)
+    tiling: str | None = None
+    #: programs a launch runs at most, beyond which each takes several tiles in turn (a grid-stride loop): a grid
+    #: limit, not a tuning choice; tests lower it to run the loop
+    max_programs: int = 2**30
+    #: index math is 32-bit unless a value can pass this: int32's limit; tests lower it to run the int64 path
+    i32_max: int = I32_MAX
+
+
+CONFIG = Tunable("adaptive_avg_pool", AdaptivePoolConfig())
 
 
 # ----------------------------------------------------------------------------------------------- kernel
@@ -184,16 +201,18 @@ def _check(spec: _Spec, grad_output, self) -> None:
         raise InvalidProblem(spec.name, "self", "non-zero pooled sizes", f"shape {x_shape}")
 
 
-def _tiling(cl: bool, c: int) -> str:
+def _tiling(cl: bool, c: int, forced: str | None) -> str:
     """The tiling: "rows" for a channels_last grad_input of several channels (C its contiguous axis: row tiles
-    coalesce), "planes" otherwise (W contiguous); `_FORCE_TILING` overrides."""
-    return _FORCE_TILING or ("rows" if cl and c > 1 else "planes")
+    coalesce), "planes" otherwise (W contiguous); `forced` (the config's `tiling`) overrides."""
+    return forced or ("rows" if cl and c > 1 else "planes")
 
 
 @plan_builder
 def _plan(spec: _Spec, g_shape: tuple, g_stride: tuple, x_shape: tuple, cl: bool, dtype: torch.dtype) -> _Plan:
-    """The launch of a validated, non-empty problem: every shape as (N, C, D, H, W), unbatched N = 1 with stride 0,
-    2d with D = 1."""
+    """The launch of a validated, non-empty problem under the config in force: every shape as (N, C, D, H, W),
+    unbatched N = 1 with stride 0, 2d with D = 1."""
+    cfg = CONFIG.current
+
     def ncdhw(values: tuple, fill: int) -> tuple:  # sizes (fill 1) or strides (fill 0) as (N, C, D, H, W)
         lead = (fill,) * (5 - len(values))
         return lead + values if spec.dims == 3 else lead[1:] + values[:-2] + (fill,) + values[-2:]
@@ -205,9 +224,9 @@ def _plan(spec: _Spec, g_shape: tuple, g_stride: tuple, x_shape: tuple, cl: bool
     d_out, h_out, w_out = gsize[2:]
     kh, kw = max_outputs(h_in, h_out), max_outputs(w_in, w_out)
     acc = tl.float64 if dtype == torch.float64 else tl.float32
-    if _tiling(cl, c) == "rows":
-        bc = min(triton.next_power_of_2(c), _MAX_BC)
-        bw = min(triton.next_power_of_2(w_in), max(1, _TILE // bc))
+    if _tiling(cl, c, cfg.tiling) == "rows":
+        bc = min(triton.next_power_of_2(c), cfg.max_bc)
+        bw = min(triton.next_power_of_2(w_in), max(1, cfg.tile // bc))
         n_wb, n_cb = cdiv(w_in, bw), cdiv(c, bc)
         n_tiles = n * d_in * h_in * n_wb * n_cb
         # 32-bit in-row index math unless a column product or an in-row offset (a masked lane's too) can pass 2^31
@@ -215,13 +234,13 @@ def _plan(spec: _Spec, g_shape: tuple, g_stride: tuple, x_shape: tuple, cl: bool
         reach = max(2 * (w_in + 2) * (w_out + 2), (w_out + kw) * gstr[4] + (c + bc) * gstr[1],
                     w_in * istr[4] + (c + bc) * istr[1])
         tile = bw * bc
-        consts = launch_consts({"BW": bw, "BC": bc, "ACC": acc, "I64": reach > I32_MAX},
+        consts = launch_consts({"BW": bw, "BC": bc, "ACC": acc, "I64": reach > cfg.i32_max},
                                4 if tile >= 512 else 2 if tile >= 128 else 1)
         args = (n_tiles, n_wb, n_cb, c, d_in, h_in, w_in, d_out, h_out, w_out, *gstr, *istr, kw)
-        return _Plan(x_shape, out_stride if cl else None, min(n_tiles, _MAX_PROGRAMS), args, consts,
+        return _Plan(x_shape, out_stride if cl else None, min(n_tiles, cfg.max_programs), args, consts,
                      _adaptive_avg_pool_backward_rows_kernel)
-    bw = min(triton.next_power_of_2(w_in), _MAX_BW)
-    bh = min(triton.next_power_of_2(h_in), max(1, _TILE // bw))
+    bw = min(triton.next_power_of_2(w_in), cfg.max_bw)
+    bh = min(triton.next_power_of_2(h_in), max(1, cfg.tile // bw))
     n_hb, n_wb = cdiv(h_in, bh), cdiv(w_in, bw)
     n_tiles = n * c * d_in * n_hb * n_wb
     # 32-bit in-plane index math unless a row/column product or an in-plane offset (a masked lane's too) can pass
@@ -229,10 +248,10 @@ def _plan(spec: _Spec, g_shape: tuple, g_stride: tuple, x_shape: tuple, cl: bool
     reach = max(2 * (h_in + 2) * (h_out + 2), 2 * (w_in + 2) * (w_out + 2),
                 (h_out + kh) * gstr[3] + (w_out + kw) * gstr[4], h_in * istr[3] + w_in * istr[4])
     tile = bh * bw
-    consts = launch_consts({"BH": bh, "BW": bw, "ACC": acc, "I64": reach > I32_MAX},
+    consts = launch_consts({"BH": bh, "BW": bw, "ACC": acc, "I64": reach > cfg.i32_max},
                            4 if tile >= 512 else 2 if tile >= 128 else 1)
     args = (n_tiles, n_hb, n_wb, c, d_in, h_in, w_in, d_out, h_out, w_out, *gstr, *istr, kh, kw)
-    return _Plan(x_shape, out_stride if cl else None, min(n_tiles, _MAX_PROGRAMS), args, consts,
+    return _Plan(x_shape, out_stride if cl else None, min(n_tiles, cfg.max_programs), args, consts,
                  _adaptive_avg_pool_backward_kernel)
 
 

@@ -38,7 +38,7 @@ import triton.language as tl
 
 from .._cases import randn, stand_in
 from .._runtime import I32_MAX, cdiv, values_key
-from ..config import PlanCache, plan_builder
+from ..config import PlanCache, Tunable, plan_builder
 from ..errors import InvalidProblem
 from ..launch.alloc import empty
 from ..launch.checks import check_like, check_tensor
@@ -47,14 +47,31 @@ from ..launch.tl_helpers import cast_out
 from ..registry import Case, register_op
 
 OP = "avg_pool3d_backward"
-_MAX_PROGRAMS = 2**30  # beyond, each program takes several tiles in turn (a grid-stride loop)
-# elements a program owns (rows of W rounded up to a power of two, as many as fit): fewer where windows overlap (up
-# to 27 terms an element, more registers), more where each input has one term (AvgPool3d(2) f32: 65% of copy on an
-# H100); the variants measured are in docs/tuning/avg_pool.md
-_TILE = 512
-_TILE_ONE_TERM = 1024
-_MAX_BW = 128  # columns a tile spans at most (wider rows: several column blocks)
-_WARPS = 4
+
+
+@dataclass(frozen=True)
+class AvgPoolConfig:
+    """avg_pool3d_backward's launch heuristics, read once per plan. Figures: H100, torch 2.11, Triton 3.6; the
+    variants measured: docs/tuning/avg_pool.md."""
+
+    #: grad_input elements a program owns where windows overlap (rows of W rounded up to a power of two, as many as
+    #: fit): up to 27 terms an element take registers; at (3, 1, 1) 1024 is 1.6x slower
+    tile: int = 512
+    #: ... where each input has one term (kernel <= stride along every dim): AvgPool3d(2) f32 at 65% of copy, where
+    #: 512 is 1.3x slower
+    tile_one_term: int = 1024
+    #: columns a tile spans at most (wider rows: several column blocks)
+    max_bw: int = 128
+    #: warps a program (fewer for a tile below 32 elements a warp)
+    warps: int = 4
+    #: programs a launch runs at most, beyond which each takes several tiles in turn (a grid-stride loop): a grid
+    #: limit, not a tuning choice; tests lower it to run the loop
+    max_programs: int = 2**30
+    #: index math is 32-bit unless a value can pass this: int32's limit; tests lower it to run the int64 path
+    i32_max: int = I32_MAX
+
+
+CONFIG = Tunable("avg_pool", AvgPoolConfig())
 
 # how the divisor is formed (the kernel's MODE): divisor_override, or the window's extent clipped to the padded
 # input (count_include_pad) or to the input
@@ -237,15 +254,17 @@ def _check(grad_output, self, win: _Window) -> None:
 @plan_builder
 def _plan(g_shape: tuple, g_stride: tuple, x_shape: tuple, win: _Window, mode: int, divisor: int,
           dtype: torch.dtype) -> _Plan:
-    """The launch of a validated, non-empty problem; an unbatched one as a batch of one (N's stride 0)."""
+    """The launch of a validated, non-empty problem under the config in force; an unbatched one as a batch of one
+    (N's stride 0)."""
+    cfg = CONFIG.current
     lead = (1,) * (5 - len(x_shape))
     n, c, d_in, h_in, w_in = lead + x_shape
     g_shape, g_stride = lead + g_shape, (0,) * len(lead) + g_stride
     out = g_shape[2:]
     n_rows = n * c * d_in * h_in
-    bw = min(triton.next_power_of_2(w_in), _MAX_BW)
+    bw = min(triton.next_power_of_2(w_in), cfg.max_bw)
     one_term = all(k <= st for k, st in zip(win.kernel, win.stride, strict=True))
-    br = min(triton.next_power_of_2(n_rows), max(1, (_TILE_ONE_TERM if one_term else _TILE) // bw))
+    br = min(triton.next_power_of_2(n_rows), max(1, (cfg.tile_one_term if one_term else cfg.tile) // bw))
     n_cb = cdiv(w_in, bw)
     n_tiles = cdiv(n_rows, br) * n_cb
     # 32-bit index math unless a row index, an offset into either tensor (a masked lane's too) or the window
@@ -255,10 +274,10 @@ def _plan(g_shape: tuple, g_stride: tuple, x_shape: tuple, win: _Window, mode: i
     window = {f"{name}{i}": v for name, vals in (("K", win.kernel), ("S", win.stride), ("P", win.padding))
               for i, v in enumerate(vals)}
     consts = launch_consts({**window, "BR": br, "BW": bw, "MODE": mode,
-                            "ACC": tl.float64 if dtype == torch.float64 else tl.float32, "I64": reach > I32_MAX},
-                           _WARPS if br * bw >= _WARPS * 32 else max(1, br * bw // 32))
+                            "ACC": tl.float64 if dtype == torch.float64 else tl.float32, "I64": reach > cfg.i32_max},
+                           cfg.warps if br * bw >= cfg.warps * 32 else max(1, br * bw // 32))
     args = (n_tiles, n_cb, n_rows, c, (d_in, h_in, w_in), tuple(out), tuple(g_stride), divisor)
-    return _Plan(x_shape, min(n_tiles, _MAX_PROGRAMS), args, consts)
+    return _Plan(x_shape, min(n_tiles, cfg.max_programs), args, consts)
 
 
 # a problem (grad_output's layout, self's shape, the window arguments) -> its plan

@@ -47,11 +47,11 @@ A program owns a [BA, BB] tile of grad_input: BA consecutive lines (n, c, d, h) 
 (n, d, h, w) by a block of BB channels ("channels": C contiguous, so stores and channels_last loads coalesce). A
 tile spans planes and batch entries where they are small (a 7 x 7 plane pooled to (1, 1), a deep 3-D layer's 4^3
 volume), so programs stay full; past 2^30 tiles each program takes several in turn. Both tilings sum the same terms
-in the same order: same bits. A thread holds 4 columns of one row (`_COLS0`: the lines tile's orientation that
-gives its gathers and its store one layout under the installed Triton): the row's index math (its (n, c, d, h), the
-candidate ranges along the row axes, offsets) is done once a row, the column's once a column, and a candidate costs
-an element two loads, a compare and an add. The column block is the power of two from 32 to 128 that wastes the
-fewest lanes past a row's end (W = 96: 32 columns, not 128).
+in the same order: same bits. A thread holds 4 columns of one row (`MaxPoolConfig.cols0`: the lines tile's
+orientation that gives its gathers and its store one layout under the installed Triton): the row's index math (its
+(n, c, d, h), the candidate ranges along the row axes, offsets) is done once a row, the column's once a column, and
+a candidate costs an element two loads, a compare and an add. The column block is the power of two from 32 to 128
+that wastes the fewest lanes past a row's end (W = 96: 32 columns, not 128).
 
 Compile-time constants, as Inductor's pooling gathers have them: the window (kernel, stride, padding, dilation and
 the progressions' constants per dim) and the candidate counts per dim (adaptive pooling: `max_outputs`, its window
@@ -78,7 +78,7 @@ import triton.language as tl
 
 from .._cases import randn
 from .._runtime import I32_MAX, cdiv, values_key
-from ..config import PlanCache, plan_builder
+from ..config import PlanCache, Tunable, plan_builder
 from ..errors import InvalidProblem, Unsupported
 from ..launch.alloc import channels_last_format, empty
 from ..launch.checks import check_like, check_tensor
@@ -87,26 +87,50 @@ from ..launch.tl_helpers import cast_out
 from ..registry import Case, register_op
 from .adaptive_pool import max_outputs
 
-_MAX_PROGRAMS = 2**30  # beyond, each program takes several tiles in turn (a grid-stride loop)
-_TILE = 512  # elements a program owns: BA rows by BB columns, both powers of two (fewer for a smaller problem)
-_WARPS = 4  # warps a program (fewer for a tile below 32 elements a warp): 4 elements a thread
-_MAX_BW = 128  # columns a "lines" tile spans at most (wider rows: several column blocks)
-_MAX_BC = 128  # channels a "channels" tile spans at most (more channels: several channel blocks)
-_MIN_BLOCK = 32  # the narrowest column block `_block` picks to spare lanes past a row's end (narrower: a warp's
-# access spans more rows, so more cache lines a load and store instruction)
-_EAGER_SLOTS = 2  # up to this many candidate slots an input, g is loaded with its index (see _gather's EAGER)
-# the outputs' side (`_outputs_side_kernel`, grad_input zeroed first) where inputs have several candidates and are at
-# least this many times the outputs: its work is a candidate walk an output, not an input (H200, f32 / bf16:
-# AdaptiveMaxPool2d 64 -> 7 0.39x / 0.31x ATen -> 0.94x / 1.00x, MaxPool3d(3, 2, 1) 0.45x / 0.66x -> 0.73x / 1.57x)
-_OUTPUTS_SIDE_RATIO = 2
-_OUTPUTS_BLOCK = 128  # outputs a program (128 to 1024 by 4 to 8 warps tried: 128 by 4 the fastest or level)
-# the lines tiling's tile as [columns, rows] under Triton 3.6 and older: their coalescing pass orders a load whose
-# addresses are contiguous along no axis (the candidates' gathers) first axis fastest, Triton 3.7 on last axis
-# fastest; so the tile's first axis is the columns there, and the loads and the store share one layout (4
-# consecutive columns a thread) where the other orientation puts a shared-memory layout conversion before the
-# store and spreads a warp's loads down the rows
-_COLS0 = tuple(int(v) for v in triton.__version__.split(".")[:2]) < (3, 7)
-_FORCE_TILING: str | None = None  # "lines" or "channels" overrides the layout's choice (tests)
+
+@dataclass(frozen=True)
+class MaxPoolConfig:
+    """Max pooling's launch heuristics (max_pool3d and adaptive max pooling), read once per plan. Round-2
+    register and SASS figures (sm_90 compiles, Triton 3.6) and the probe's variants: docs/tuning/max_pool.md."""
+
+    #: elements a program owns: BA rows by BB columns, both powers of two (fewer for a smaller problem); 4 a
+    #: thread at 4 warps (round 1 took 1024, 8 a thread; the probe sweeps 256 and 1024)
+    tile: int = 512
+    #: warps a program (fewer for a tile below 32 elements a warp)
+    warps: int = 4
+    #: columns a "lines" tile spans at most (wider rows: several column blocks)
+    max_bw: int = 128
+    #: channels a "channels" tile spans at most (more channels: several channel blocks)
+    max_bc: int = 128
+    #: the narrowest column block `_block` picks to spare lanes past a row's end (narrower: a warp's access spans
+    #: more rows, so more cache lines a load and store instruction)
+    min_block: int = 32
+    #: up to this many candidate slots an input, g is loaded with its index (see _gather's EAGER); past it, loaded
+    #: only where the index matches: eager loads held ~90 registers for adaptive (1, 2, 2) slots, masked ones ~64
+    eager_slots: int = 2
+    #: the lines tiling's tile as [columns, rows] (under Triton 3.6 and older): their coalescing pass orders a load
+    #: whose addresses are contiguous along no axis (the candidates' gathers) first axis fastest, Triton 3.7 on
+    #: last axis fastest; so the tile's first axis is the columns there, and the loads and the store share one
+    #: layout (4 consecutive columns a thread) where the other orientation puts a shared-memory layout conversion
+    #: before the store and spreads a warp's loads down the rows
+    cols0: bool = tuple(int(v) for v in triton.__version__.split(".")[:2]) < (3, 7)
+    #: "lines" or "channels" forces that tiling (tests); None: grad_input's layout chooses (`_tiling`)
+    tiling: str | None = None
+    #: programs a launch runs at most, beyond which each takes several tiles in turn (a grid-stride loop): a grid
+    #: limit, not a tuning choice; tests lower it to run the loop
+    max_programs: int = 2**30
+    #: index math is 32-bit unless a value can pass this: int32's limit; tests lower it to run the int64 path
+    i32_max: int = I32_MAX
+    #: the outputs' side (`_outputs_side_kernel`, grad_input zeroed first) where inputs have several candidates and
+    #: are at least this many times the outputs: a candidate walk an output, not an input (H200, f32 / bf16:
+    #: AdaptiveMaxPool2d 64 -> 7 0.39x / 0.31x ATen -> 0.94x / 1.00x; MaxPool3d(3, 2, 1) 0.45x / 0.66x -> 0.73x /
+    #: 1.57x); tests set 0 (always, where inputs have several candidates) or a huge value (never)
+    outputs_side_ratio: int = 2
+    #: outputs a program of the outputs' side (128 to 1024 by 4 to 8 warps tried: 128 by 4 the fastest or level)
+    outputs_block: int = 128
+
+
+CONFIG = Tunable("max_pool", MaxPoolConfig())
 
 
 # ----------------------------------------------------------------------------------------------- kernel
@@ -252,7 +276,7 @@ def _max_pool_backward_kernel(gi, go, xi, n_tiles, n_b, n_rows, SIZES, GS, XS, I
         if I64:
             a = a.to(tl.int64)
             b = b.to(tl.int64)
-        if COLS0:  # (the tile as [columns, rows]: see _COLS0)
+        if COLS0:  # (the tile as [columns, rows]: see MaxPoolConfig.cols0)
             r = a * BA + tl.arange(0, BA)[None, :]
             col = b * BB + tl.arange(0, BB)[:, None]
         else:
@@ -467,10 +491,10 @@ def _out_stride(spec: _Spec, shape: tuple, cl: bool) -> tuple:
     return torch.empty(shape, device="meta", memory_format=fmt).stride()
 
 
-def _tiling(cl: bool, c: int) -> str:
+def _tiling(cl: bool, c: int, forced: str | None) -> str:
     """"channels" for a channels_last grad_input of several channels (C its contiguous axis: tiles of channels
-    coalesce), "lines" otherwise (W contiguous); `_FORCE_TILING` overrides."""
-    return _FORCE_TILING or ("channels" if cl and c > 1 else "lines")
+    coalesce), "lines" otherwise (W contiguous); `forced` (the config's `tiling`) overrides."""
+    return forced or ("channels" if cl and c > 1 else "lines")
 
 
 def _pow2_part(n: int) -> int:
@@ -478,13 +502,13 @@ def _pow2_part(n: int) -> int:
     return n & -n if n else 1 << 30
 
 
-def _block(size: int, cap: int) -> int:
-    """The column block along an axis of `size`: the power of two, at most `cap` and at least `_MIN_BLOCK` (or
+def _block(size: int, cap: int, least: int) -> int:
+    """The column block along an axis of `size`: the power of two, at most `cap` and at least `least` (or
     size's next power of two), whose blocks waste the fewest lanes past the axis' end; the widest among equals
     (W = 96: 32, 200: 32, 56: 64). A lane past the row costs a whole element's work; a narrower block costs a
     thread nothing (it holds one row's 4 columns either way), but its warp's accesses span more rows."""
     top = min(triton.next_power_of_2(size), cap)
-    blocks = [top >> k for k in range(top.bit_length()) if top >> k >= min(_MIN_BLOCK, top)]
+    blocks = [top >> k for k in range(top.bit_length()) if top >> k >= min(least, top)]
     return min(blocks, key=lambda b: (cdiv(size, b) * b, -b))
 
 
@@ -524,7 +548,9 @@ def _progressions(window: tuple | None, ins: tuple, outs: tuple) -> tuple[tuple,
 @plan_builder
 def _plan(spec: _Spec, g_shape: tuple, g_stride: tuple, x_stride: tuple, shape: tuple, cl: bool,
           dtype: torch.dtype, window: tuple | None) -> _Plan:
-    """The launch of a validated, non-empty problem (`window`: max pooling's (k, s, p, d) per dim, else None)."""
+    """The launch of a validated, non-empty problem under the config in force (`window`: max pooling's (k, s, p, d)
+    per dim, else None)."""
+    cfg = CONFIG.current
     out_stride = _out_stride(spec, shape, cl)
     size, gsize = _ncdhw(spec.dims, shape, 1), _ncdhw(spec.dims, g_shape, 1)
     # (a dim of size 1 is only ever at index 0, or a masked candidate past it: its stride 0, which keeps the
@@ -536,14 +562,14 @@ def _plan(spec: _Spec, g_shape: tuple, g_stride: tuple, x_stride: tuple, shape: 
     wins, ks, arith = _progressions(window, ins, outs)
     acc = tl.float64 if dtype == torch.float64 else tl.float32
     d_in, h_in, w_in = ins
-    channels = _tiling(cl, c) == "channels"
+    channels = _tiling(cl, c, cfg.tiling) == "channels"
     if channels:
-        bb = _block(c, _MAX_BC)
+        bb = _block(c, cfg.max_bc, cfg.min_block)
         n_rows, n_b = n * d_in * h_in * w_in, cdiv(c, bb)
         row_div = (w_in, h_in, d_in)  # (a row index's divisions: w, h, d, and n the quotient)
         col_axis = 1
     else:
-        bb = _block(w_in, _MAX_BW)
+        bb = _block(w_in, cfg.max_bw, cfg.min_block)
         n_rows, n_b = n * c * d_in * h_in, cdiv(w_in, bb)
         row_div = (h_in, d_in, c)
         col_axis = 4
@@ -554,7 +580,7 @@ def _plan(spec: _Spec, g_shape: tuple, g_stride: tuple, x_stride: tuple, shape: 
     istr_k, gstr_k, xstr_k = (tuple(v if k == col_axis else v // a for k, v in enumerate(st))
                               for st, a in zip((istr, gstr, xstr), aligns, strict=True))
     align = (*aligns, min(_pow2_part(c if channels else w_in), 16))  # (and the column axis' size: see _below)
-    ba = min(triton.next_power_of_2(n_rows), max(1, _TILE // bb))
+    ba = min(triton.next_power_of_2(n_rows), max(1, cfg.tile // bb))
     n_tiles = cdiv(n_rows, ba) * n_b
     # 32-bit index math unless a row index, the candidates' arithmetic, an input's flat index or an offset into a
     # tensor (a masked lane's too: candidates up to KS steps past the outputs or a lean dim's (i + p) // s, the
@@ -568,7 +594,7 @@ def _plan(spec: _Spec, g_shape: tuple, g_stride: tuple, x_stride: tuple, shape: 
     reach = [n_rows + ba, arith, d_in * h_in * w_in] + [
         sum((x - 1) * st for x, st in zip((*lanes, *reach_o), strd)) for strd in (gstr, xstr)] + [
         sum((x - 1) * st for x, st in zip((*lanes, *cols), istr))]
-    i64 = max(reach) > I32_MAX
+    i64 = max(reach) > cfg.i32_max
     # divisions by runtime sizes as a multiply and shifts where 32-bit and below 2^30 (not by 1: Triton makes a 1
     # a constant, and the division folds away): a row index's three, adaptive pooling's by D, H and W, the tile's
     divs = [*row_div, *ins, n_b]
@@ -578,31 +604,29 @@ def _plan(spec: _Spec, g_shape: tuple, g_stride: tuple, x_stride: tuple, shape: 
     mag = tuple(x for v, on in zip(divs, magic, strict=True) for x in (_magic(v) if on else (0, 0)))
     tile = ba * bb
     consts = launch_consts({"WD": wins[0], "WH": wins[1], "WW": wins[2], "MAGIC": magic, "ALIGN": align,
-                            "BA": ba, "BB": bb, "COLS0": _COLS0 and not channels,
+                            "BA": ba, "BB": bb, "COLS0": cfg.cols0 and not channels,
                             "CHANNELS": channels, "ADAPTIVE": window is None,
-                            "EAGER": math.prod(ks) <= _EAGER_SLOTS, "SAME": (gstr_k, aligns[1]) == (xstr_k, aligns[2]),
+                            "EAGER": math.prod(ks) <= cfg.eager_slots,
+                            "SAME": (gstr_k, aligns[1]) == (xstr_k, aligns[2]),
                             "ACC": acc, "I64": i64},
-                           _WARPS if tile >= 32 * _WARPS else max(1, tile // 32))
+                           cfg.warps if tile >= 32 * cfg.warps else max(1, tile // 32))
     args = (n_tiles, n_b, n_rows, (c, *ins, *outs), gstr_k, xstr_k, istr_k, mag)
     contiguous = out_stride == torch.empty(shape, device="meta").stride()
     stride = None if contiguous else out_stride
     n_out = n * c * math.prod(outs)
-    if math.prod(ks) > 1 and n_out * _OUTPUTS_SIDE_RATIO <= n_rows * (c if channels else w_in) \
-            and n_out < _MAX_PROGRAMS:
+    if math.prod(ks) > 1 and n_out * cfg.outputs_side_ratio <= n_rows * (c if channels else w_in) \
+            and n_out < cfg.max_programs:
         # few outputs, several candidates an input: the same sums from the outputs' side (`_outputs_side_kernel`)
         consts = launch_consts({"WD": wins[0], "WH": wins[1], "WW": wins[2], "TD": ks[0], "TH": ks[1], "TW": ks[2],
                                 "MAGIC": magic, "ADAPTIVE": window is None, "ACC": acc,
-                                "BLOCK": _OUTPUTS_BLOCK, "I64": i64}, _WARPS)
+                                "BLOCK": cfg.outputs_block, "I64": i64}, cfg.warps)
         args = (n_out, (c, *ins, *outs), gstr, xstr, istr, mag)
-        return _Plan(shape, stride, cdiv(n_out, _OUTPUTS_BLOCK), args, consts, _outputs_side_kernel)
-    return _Plan(shape, stride, min(n_tiles, _MAX_PROGRAMS), args, consts)
+        return _Plan(shape, stride, cdiv(n_out, cfg.outputs_block), args, consts, _outputs_side_kernel)
+    return _Plan(shape, stride, min(n_tiles, cfg.max_programs), args, consts)
 
 
 # a problem's (tensor layouts, window) -> its plan, checked once
-
-
 _VALIDATED = PlanCache("kernels.max_pool._VALIDATED")
-
 
 
 def _lookup(spec: _Spec, grad_output, self, indices, params: tuple) -> tuple:

@@ -39,7 +39,7 @@ import triton.language as tl
 
 from .._cases import randn
 from .._runtime import I32_MAX, cdiv
-from ..config import PlanCache
+from ..config import PlanCache, Tunable
 from ..errors import InvalidProblem, Unsupported
 from ..launch.alloc import empty
 from ..launch.checks import check_like, check_tensor
@@ -48,13 +48,32 @@ from ..launch.tl_helpers import cast_out
 from ..registry import Case, register_op
 
 _OP = "nll_loss2d_forward"
-_BLOCK, _WARPS = 1024, 4  # elements a program takes a step (8 a thread at 4 warps)
-# a reducing launch runs up to about this many programs (some 16 an SM on an H100: enough loads in flight to hide
-# DRAM latency without relying on software pipelining); beyond, each program's chunk grows
-_TARGET_PROGRAMS = 2048
-_MIN_STEPS = 2  # ... and each program takes at least this many steps (a small problem: one program, one launch)
-_MAX_PROGRAMS = 2**30  # reduction none: one block a program up to here, then several in turn
-_FINISH_BLOCK = 1024  # partials the finishing program adds a step
+
+
+@dataclass(frozen=True)
+class NllLossConfig:
+    """nll_loss2d_forward's launch heuristics, read once per plan: first choices from the design, not yet measured
+    on a GPU (what to try: docs/tuning/nll_loss.md)."""
+
+    #: elements a program takes a step (8 a thread at 4 warps: the target load, then the gather, in flight)
+    block: int = 1024
+    #: warps a program, both kernels
+    warps: int = 4
+    #: a reducing launch runs up to about this many programs (some 16 an SM on an H100: enough loads in flight to
+    #: hide DRAM latency without relying on software pipelining); beyond, each program's chunk grows
+    target_programs: int = 2048
+    #: ... and each program takes at least this many steps (a small problem: one program, one launch)
+    min_steps: int = 2
+    #: partials the finishing program adds a step (2048 partials: two steps)
+    finish_block: int = 1024
+    #: reduction none: one block a program up to this many programs, then several in turn: a grid limit, not a
+    #: tuning choice
+    max_programs: int = 2**30
+    #: index math is 32-bit unless a value can pass this: int32's limit; tests lower it to run the int64 path
+    i32_max: int = I32_MAX
+
+
+CONFIG = Tunable("nll_loss", NllLossConfig())
 _REDUCTIONS = {0: "none", 1: "mean", 2: "sum"}
 
 
@@ -196,6 +215,8 @@ def _reach(shape, stride) -> int:
 
 def _plan(x_shape: tuple, x_stride: tuple, t_stride: tuple, w_shape: tuple | None, w_stride: tuple | None,
           dtype: torch.dtype, reduction: int, ignore_index: int) -> _Plan:
+    """The launches of a validated problem under the config in force."""
+    cfg = CONFIG.current
     n, c, h, w = x_shape
     m = n * h * w
     out_shape = (n, h, w) if reduction == 0 else ()
@@ -216,27 +237,27 @@ def _plan(x_shape: tuple, x_stride: tuple, t_stride: tuple, w_shape: tuple | Non
     if w_shape is not None:  # (weight.reshape(-1): a view where the strides allow it, else a contiguous copy)
         swc = torch.empty_strided(w_shape, w_stride, device="meta").reshape(-1).stride()[0] if flat_weight \
             else w_stride[0]
-    block = min(_BLOCK, triton.next_power_of_2(m))
+    block = min(cfg.block, triton.next_power_of_2(m))
     n_blocks = cdiv(m, block)
     if reduction == 0:
-        steps = cdiv(n_blocks, _MAX_PROGRAMS)
+        steps = cdiv(n_blocks, cfg.max_programs)
     else:
-        steps = max(_MIN_STEPS, cdiv(n_blocks, _TARGET_PROGRAMS))
+        steps = max(cfg.min_steps, cdiv(n_blocks, cfg.target_programs))
     grid = cdiv(n_blocks, steps)
     span = grid * steps * block
     # 32-bit index math unless a flat index or an offset into self, target or weight can pass 2^31
-    i64 = max(span, _reach(x_shape, x_stride), _reach((n, h, w), t_stride), (c - 1) * swc) > I32_MAX
+    i64 = max(span, _reach(x_shape, x_stride), _reach((n, h, w), t_stride), (c - 1) * swc) > cfg.i32_max
     acc = torch.float64 if dtype == torch.float64 else torch.float32
     tl_acc = tl.float64 if acc == torch.float64 else tl.float32
     one = reduction != 0 and grid == 1
     consts = launch_consts({"BLOCK": block, "SPLIT": split, "HAS_W": w_shape is not None, "REDUCTION": reduction,
-                            "ONE": one, "ACC": tl_acc, "I64": i64}, _WARPS)
+                            "ONE": one, "ACC": tl_acc, "I64": i64}, cfg.warps)
     args = (m, h * w, w, c, ignore_index, steps, sxn, sxc, sxh, sxw, stn, sth, stw, swc)
     if reduction == 0 or one:
         return _Plan(reduction, out_shape, out_stride, False, flat_weight, grid, args, consts)
     # counts (no weight) added in fp64: exact past 2^24 elements
-    finish = launch_consts({"BLOCK": min(_FINISH_BLOCK, triton.next_power_of_2(grid)), "REDUCTION": reduction,
-                            "ACC": tl_acc, "WACC": tl_acc if w_shape is not None else tl.float64}, _WARPS)
+    finish = launch_consts({"BLOCK": min(cfg.finish_block, triton.next_power_of_2(grid)), "REDUCTION": reduction,
+                            "ACC": tl_acc, "WACC": tl_acc if w_shape is not None else tl.float64}, cfg.warps)
     return _Plan(reduction, out_shape, out_stride, False, flat_weight, grid, args, consts, grid, acc, finish)
 
 

@@ -55,7 +55,7 @@ import triton.language as tl
 
 from .._cases import randn
 from .._runtime import I32_MAX, cdiv, values_key
-from ..config import PlanCache, plan_builder
+from ..config import PlanCache, Tunable, plan_builder
 from ..errors import InvalidProblem, Unsupported
 from ..launch.alloc import channels_last_format, empty
 from ..launch.checks import check_tensor
@@ -63,13 +63,36 @@ from ..launch.launcher import launch, launch_consts, round_to_dtype, scalar_bits
 from ..launch.tl_helpers import cast_out, scalar
 from ..registry import Case, register_op
 
-_MAX_PROGRAMS = 2**30  # beyond, each program takes several tiles in turn (a grid-stride loop)
-_BLOCK = 2048  # grad_input elements x candidate columns a program holds at once (its tile: _BLOCK / KW elements)
-_PER_THREAD = 16  # of those, a thread's (f32: ~80-150 registers, no spills with Triton 3.6 on sm_90)
-_MAX_KW = 16  # candidate columns taken at once at most (more, as for upsampling by more than 6: in turn)
-_MAX_BW = 512  # columns a plane tile spans at most when it has several rows (1d problems: the whole tile)
-_MAX_BC = 128  # channels a row tile spans at most (more channels: several channel blocks)
-_FORCE_TILING: str | None = None  # "planes" or "rows" overrides the layout's choice (tests)
+
+@dataclass(frozen=True)
+class UpsampleConfig:
+    """Upsampling's launch heuristics, read once per plan. Figures: H100, f32, Triton 3.6; the layouts, tiles and
+    timings behind them: docs/tuning/upsample.md."""
+
+    #: grad_input elements x candidate columns a program holds at once (its tile: block / KW elements)
+    block: int = 2048
+    #: of those, a thread's: ~80-150 registers in f32 on sm_90 (spills: none, but 20 bytes in 3-d downsampling)
+    per_thread: int = 16
+    #: candidate columns taken at once at most (more, as for upsampling by more than 6: in turn)
+    max_kw: int = 16
+    #: columns a plane tile spans at most when it has several rows (4 columns a thread x 128 lanes; 1d problems:
+    #: the whole tile)
+    max_bw: int = 512
+    #: channels a row tile spans at most (more channels: several channel blocks)
+    max_bc: int = 128
+    #: outputs along W past which the candidate count is a bound (`_candidates`), not counted on the host
+    #: (counting costs host time proportional to the outputs, once a plan)
+    count_max: int = 2**22
+    #: "planes" or "rows" forces that tiling (tests); None: grad_input's layout chooses (`_tiling`)
+    tiling: str | None = None
+    #: programs a launch runs at most, beyond which each takes several tiles in turn (a grid-stride loop): a grid
+    #: limit, not a tuning choice; tests lower it to run the loop
+    max_programs: int = 2**30
+    #: index math is 32-bit unless a value can pass this: int32's limit; tests lower it to run the int64 path
+    i32_max: int = I32_MAX
+
+
+CONFIG = Tunable("upsample", UpsampleConfig())
 
 # interpolation along a dim; COPY: output o is input o (a dim that is not resized in the op, or ATen's copy when
 # no dim is resized)
@@ -454,9 +477,6 @@ def _scale(n_in: int, n_out: int, align_corners: bool, scale, dtype: torch.dtype
     return r(r(n_in) / r(n_out))
 
 
-_COUNT_MAX = 2**22  # outputs along W past which the candidate count is the bound below, not counted
-
-
 def _most_readers(mode: int, n_in: int, n_out: int, scale: float, align: bool) -> int:
     """The most outputs whose taps land on one input along a dim, counted from the forward's index math (in
     float64: the kernel's fp32 positions can move a count by one at an exact boundary, and then a tile takes a
@@ -479,27 +499,27 @@ def _most_readers(mode: int, n_in: int, n_out: int, scale: float, align: bool) -
     return int(np.bincount(taps[new], minlength=n_in).max())
 
 
-def _candidates(mode: int, n_in: int, n_out: int, scale: float, align: bool) -> int:
+def _candidates(mode: int, n_in: int, n_out: int, scale: float, align: bool, cfg: UpsampleConfig) -> int:
     """The candidate columns a program takes at once: the most outputs that read one input along W, a power of two
-    up to _MAX_KW (more are taken in turn: a tile loops over its own longest range). Each candidate is a masked
+    up to `cfg.max_kw` (more are taken in turn: a tile loops over its own longest range). Each candidate is a masked
     load and its arithmetic for every element and row of outputs, so the count is exact where it is cheap to
     count: 2x linear upsampling takes 4, not the 8 of a bound; downsampling by 2 or more 1 (linear), 2 (cubic), 4
-    (antialias). Past _COUNT_MAX outputs, the bound: the positions of the outputs that read input i lie in a
+    (antialias). Past `cfg.count_max` outputs, the bound: the positions of the outputs that read input i lie in a
     half-open interval of `span` source units ([i-1, i+1) linear, [i-2, i+2) cubic, a window center's 2 * support)
     and sit `scale` apart."""
     if mode == _COPY:
         return 1
     if scale <= 0:  # (align_corners onto one output)
         most = n_out
-    elif n_out <= _COUNT_MAX:
+    elif n_out <= cfg.count_max:
         most = _most_readers(mode, n_in, n_out, scale, align)
     else:
         span = {int(_LINEAR): 2.0, int(_CUBIC): 4.0}.get(mode, 2.0 * max(scale, 1.0))
         most = min(n_out, math.floor(span / scale * (1 + 2**-10)) + 1)
-    return min(triton.next_power_of_2(max(most, 1)), _MAX_KW)
+    return min(triton.next_power_of_2(max(most, 1)), cfg.max_kw)
 
 
-def _plane_tile(kw: int, w_in: int, h_in: int, tile: int) -> tuple[int, int, int]:
+def _plane_tile(kw: int, w_in: int, h_in: int, tile: int, cfg: UpsampleConfig) -> tuple[int, int, int]:
     """(BW, BH, warps) of a plane tile. A thread repeats the work of each row it holds (the row's output range and
     its weights for every row of outputs: ~100 instructions a row) and of each column (range, candidate weights):
     holding c columns x r rows, an element pays the row work / c and the column work / r, so c ~ r balances them
@@ -508,14 +528,14 @@ def _plane_tile(kw: int, w_in: int, h_in: int, tile: int) -> tuple[int, int, int
     none along the candidate axis (a reduction across warps)."""
     w2, h2 = triton.next_power_of_2(w_in), triton.next_power_of_2(h_in)
     if h_in == 1 or w2 < 32:  # one row (the tile all along W), or planes narrower than a warp
-        bw = min(w2, _MAX_BW if h_in > 1 else tile)
+        bw = min(w2, cfg.max_bw if h_in > 1 else tile)
         bh = min(h2, max(1, tile // bw))
         return bw, bh, max(1, min(4, bw * bh // 32))  # (as many warps as the tile's elements fill: KW in threads)
-    pairs = max(1, _PER_THREAD // kw)  # (w, h) elements a thread
+    pairs = max(1, cfg.per_thread // kw)  # (w, h) elements a thread
     cols = min(1 << ((pairs.bit_length() - 1) // 2), w2 // 32)
     warps = max(1, min(4, w2 // (32 * cols)))
-    bw = min(32 * warps * cols, _MAX_BW)
-    bw = min(bw, tile)  # (a _BLOCK smaller than the threads' share: tests)
+    bw = min(32 * warps * cols, cfg.max_bw)
+    bw = min(bw, tile)  # (a block smaller than the threads' share: tests)
     bh = min(h2, max(1, pairs // cols), max(1, tile // bw))
     if bh == 1 and bw >= 64:  # (a tile one row tall got the candidate axis laid out fastest by Triton 3.6, and a
         bh = 2  # layout conversion each (od, oh): two rows, on twice the warps, or on half the columns)
@@ -526,16 +546,19 @@ def _plane_tile(kw: int, w_in: int, h_in: int, tile: int) -> tuple[int, int, int
     return bw, bh, max(1, min(warps, bw * bh // 32))
 
 
-def _tiling(cl: bool, c: int) -> str:
+def _tiling(cl: bool, c: int, forced: str | None) -> str:
     """"rows" for a channels_last grad_input of several channels (C its contiguous axis: row tiles coalesce),
-    "planes" otherwise (W contiguous); `_FORCE_TILING` overrides."""
-    return _FORCE_TILING or ("rows" if cl and c > 1 else "planes")
+    "planes" otherwise (W contiguous); `forced` (the config's `tiling`) overrides."""
+    return forced or ("rows" if cl and c > 1 else "planes")
 
 
 @plan_builder
 def _plan(spec: _Spec, g_stride: tuple, in_sizes: tuple, out_sizes: tuple, align: bool, scales: tuple,
           fmt: torch.memory_format | None, dtype: torch.dtype) -> _Plan:
-    """The launch of a validated, non-empty problem: every shape as (N, C, D, H, W), D (and H) 1 for 2d (1d)."""
+    """The launch of a validated, non-empty problem under the config in force: every shape as (N, C, D, H, W), D
+    (and H) 1 for 2d (1d)."""
+    cfg = CONFIG.current
+
     def ncdhw(values: tuple, fill: int) -> tuple:  # sizes (fill 1) or strides (fill 0)
         return values[:2] + (fill,) * (3 - spec.dims) + values[2:]
 
@@ -551,10 +574,10 @@ def _plan(spec: _Spec, g_stride: tuple, in_sizes: tuple, out_sizes: tuple, align
                                  (None,) * (3 - spec.dims) + scales, strict=True)]
     acc = tl.float64 if dtype == torch.float64 else tl.float32
     cl = fmt is not None
-    kw = _candidates(mode, w_in, w_out, _scale(w_in, w_out, align, scales[-1], dtype), align)
-    tile = max(1, _BLOCK // kw)
-    if _tiling(cl, c) == "rows":
-        bc = min(triton.next_power_of_2(c), _MAX_BC)
+    kw = _candidates(mode, w_in, w_out, _scale(w_in, w_out, align, scales[-1], dtype), align, cfg)
+    tile = max(1, cfg.block // kw)
+    if _tiling(cl, c, cfg.tiling) == "rows":
+        bc = min(triton.next_power_of_2(c), cfg.max_bc)
         bw = min(triton.next_power_of_2(w_in), max(1, tile // bc))
         # a thread loads 16 bytes of channels at once where the strides let Triton prove them aligned (C a multiple
         # of 16: every stride is); as many warps as (channel vectors x columns) fill, so that none holds a share
@@ -566,19 +589,19 @@ def _plan(spec: _Spec, g_stride: tuple, in_sizes: tuple, out_sizes: tuple, align
         # int64 always)
         reach = max(w_out * gstr[4] + (c + bc) * gstr[1], w_in * istr[4] + (c + bc) * istr[1], w_out + w_in)
         consts = {"MODE": mode, "DIMS": spec.dims, "ALIGN": align, "KW": kw, "BW": bw, "BC": bc, "ACC": acc,
-                  "I64": reach > I32_MAX}
+                  "I64": reach > cfg.i32_max}
         kernel = _upsample_backward_rows_kernel
     else:
-        bw, bh, warps = _plane_tile(kw, w_in, h_in, tile)
+        bw, bh, warps = _plane_tile(kw, w_in, h_in, tile, cfg)
         n_tiles = n * c * d_in * cdiv(h_in, bh) * cdiv(w_in, bw)
         # 32-bit in-plane index math unless an in-plane offset can pass 2^31 (plane offsets are int64 always)
         reach = max(h_out * gstr[3] + w_out * gstr[4], h_in * istr[3] + w_in * istr[4], h_out + h_in, w_out + w_in)
         consts = {"MODE": mode, "DIMS": spec.dims, "ALIGN": align, "KW": kw, "BH": bh, "BW": bw, "ACC": acc,
-                  "I64": reach > I32_MAX}
+                  "I64": reach > cfg.i32_max}
         kernel = _upsample_backward_kernel
     consts = launch_consts(consts, warps)
     args = (n_tiles, c, d_in, h_in, w_in, d_out, h_out, w_out, *gstr, *istr, *ratios)
-    return _Plan(in_sizes, out_stride if cl else None, min(n_tiles, _MAX_PROGRAMS), args, consts, kernel)
+    return _Plan(in_sizes, out_stride if cl else None, min(n_tiles, cfg.max_programs), args, consts, kernel)
 
 
 # a problem (grad_output's layout, sizes, flags, scales) -> its plan, checked once
