@@ -115,6 +115,7 @@ def _record_launches(monkeypatch) -> list[dict]:
     _record_pad_loops()
     _record_pad_narrow_planes()
     _record_segment_reduce_cumsum()
+    _record_max_pool_outputs_side()
     return specs + _gpu_only_variants(specs)
 
 
@@ -149,6 +150,19 @@ def _record_segment_reduce_cumsum() -> None:
         info = REGISTRY["_segment_reduce_backward"]
         for case in info.cases(DEVICE, torch.float32, "tiny"):
             info.fn(*case.args, **case.kwargs)
+
+
+def _record_max_pool_outputs_side() -> None:
+    """The max pools' outputs' side (`_outputs_side_kernel`) in four dtypes: the registry's small problems are below
+    its least size, so they take the gather."""
+    from gradkern.kernels import max_pool
+
+    with config.override(max_pool.CONFIG, outputs_side_min_inputs=0):
+        for op in ("max_pool3d_with_indices_backward", "adaptive_max_pool2d_backward", "adaptive_max_pool3d_backward"):
+            info = REGISTRY[op]
+            for dtype in DTYPES:
+                for case in info.cases(DEVICE, dtype, "tiny"):
+                    info.fn(*case.args, **case.kwargs)
 
 
 def _record_pad_loops() -> None:

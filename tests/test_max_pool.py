@@ -402,7 +402,7 @@ def _same_bits_with_small_knobs(run, first, block_knob, label, launches) -> list
 def _path(tiling) -> dict:
     """Config fields that force the gather with `tiling`, or (tiling "outputs") the outputs' side."""
     if tiling == "outputs":
-        return {"outputs_side_ratio": 0}
+        return {"outputs_side_ratio": 0, "outputs_side_min_inputs": 0}
     return {"tiling": tiling, "outputs_side_ratio": _NEVER}
 
 
@@ -475,10 +475,16 @@ def test_outputs_side_gives_the_gathers_bits(dtype, monkeypatch):
         assert "BLOCK" in launches[-1].consts, (op, label)  # (the outputs' side's launch)
         assert_bitwise_equal(outputs, gather, f"{op} {label}")
         check_case(op, args, what=f"{op} {label} (default plan)")
-    # the default: the outputs' side where inputs are at least outputs_side_ratio times the outputs
+    # the default: the outputs' side where inputs are at least outputs_side_ratio times the outputs, and from
+    # outputs_side_min_inputs inputs (a small problem keeps the gather's one launch)
+    args = _adaptive((2, 3, 13, 11), (4, 3), dtype=dtype)
     launches.clear()
-    ops.adaptive_max_pool2d_backward(*_adaptive((2, 3, 13, 11), (4, 3), dtype=dtype))
-    assert "BLOCK" in launches[-1].consts
+    ops.adaptive_max_pool2d_backward(*args)
+    assert "CHANNELS" in launches[-1].consts
+    with config.override(mp.CONFIG, outputs_side_min_inputs=2 * 3 * 13 * 11):
+        launches.clear()
+        ops.adaptive_max_pool2d_backward(*args)
+        assert "BLOCK" in launches[-1].consts
     launches.clear()
     ops.max_pool3d_with_indices_backward(*_max3d((1, 2, 4, 6, 6), 2, 2, 0, dtype=dtype))  # (k <= s: one candidate)
     assert "CHANNELS" in launches[-1].consts

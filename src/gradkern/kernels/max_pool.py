@@ -128,6 +128,10 @@ class MaxPoolConfig:
     outputs_side_ratio: int = 2
     #: outputs a program of the outputs' side (128 to 1024 by 4 to 8 warps tried: 128 by 4 the fastest or level)
     outputs_block: int = 128
+    #: the outputs' side only from this many inputs: below, a step is host-bound, and its second launch (the
+    #: zeroing) costs more than the gather's extra device time (adaptive 2d at 4K elements: 1.32x -> 1.78x ATen's
+    #: host time a call with it)
+    outputs_side_min_inputs: int = 1 << 18
 
 
 CONFIG = Tunable("max_pool", MaxPoolConfig())
@@ -614,7 +618,8 @@ def _plan(spec: _Spec, g_shape: tuple, g_stride: tuple, x_stride: tuple, shape: 
     contiguous = out_stride == torch.empty(shape, device="meta").stride()
     stride = None if contiguous else out_stride
     n_out = n * c * math.prod(outs)
-    if math.prod(ks) > 1 and n_out * cfg.outputs_side_ratio <= n_rows * (c if channels else w_in) \
+    n_in = n_rows * (c if channels else w_in)
+    if math.prod(ks) > 1 and n_out * cfg.outputs_side_ratio <= n_in and n_in >= cfg.outputs_side_min_inputs \
             and n_out < cfg.max_programs:
         # few outputs, several candidates an input: the same sums from the outputs' side (`_outputs_side_kernel`)
         consts = launch_consts({"WD": wins[0], "WH": wins[1], "WW": wins[2], "TD": ks[0], "TH": ks[1], "TW": ks[2],
