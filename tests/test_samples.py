@@ -1,5 +1,6 @@
 """Every op on its own random samples and error cases (`register_op(samples=..., errors=...)`): each sample against
-the registry reference (`check_case`: bit-exact for selections, else the dtype's tolerance against float64), each
+the registry reference (`check_case`: bit-exact for selections, else the dtype's tolerance against float64, and
+then the shapes and dtypes the op's fake implementation gives torch.compile), each
 error case raising its named error with a message naming the argument, having written nothing. A stream of samples
 is seeded by (op, dtype), so a failure replays; GRADKERN_SAMPLES sets how many a (op, dtype) runs (a few under
 the interpreter, more on a GPU)."""
@@ -15,7 +16,7 @@ import torch
 from conftest import DEVICE, DTYPES, dtype_id
 from gradkern import _runtime
 from gradkern.registry import REGISTRY
-from gradkern.testing import assert_bitwise_equal, check_case, check_error, tensors_of
+from gradkern.testing import assert_bitwise_equal, assert_same_kind, check_case, check_error, tensors_of
 
 OPS = sorted(REGISTRY)
 SAMPLES = int(os.environ.get("GRADKERN_SAMPLES", "3" if _runtime.INTERPRET else "16"))
@@ -25,6 +26,17 @@ COVERAGE = 64
 
 def stream(name: str, dtype: torch.dtype, seed: str = ""):
     return REGISTRY[name].samples(random.Random(f"{name}:{dtype}:{seed}"), DEVICE, dtype)
+
+
+def meta(x):
+    """`x` with each tensor replaced by one of its shape, strides and dtype on the meta device (a uint8 one, where's
+    deprecated condition, as bool: meta's where takes bool only)."""
+    if isinstance(x, torch.Tensor):
+        dtype = torch.bool if x.dtype == torch.uint8 else x.dtype
+        return torch.empty_strided(x.shape, x.stride(), dtype=dtype, device="meta")
+    if isinstance(x, (tuple, list)):
+        return type(x)(map(meta, x))
+    return {k: meta(v) for k, v in x.items()} if isinstance(x, dict) else x
 
 
 def test_every_op_declares_samples_and_errors():
@@ -37,8 +49,13 @@ def test_every_op_declares_samples_and_errors():
 def test_samples_match_reference(name, dtype):
     if dtype not in REGISTRY[name].dtypes:
         pytest.skip("dtype not supported by this op")
+    info = REGISTRY[name]
     for case in itertools.islice(stream(name, dtype), SAMPLES):
-        check_case(name, case.args, dict(case.kwargs), what=f"{name} {case.label}")
+        what = f"{name} {case.label}"
+        out = check_case(name, case.args, dict(case.kwargs), what=what)
+        if not info.exact:  # (compared in float64 there) the shapes and dtypes torch.compile is told
+            shape_fn = info.fake or info.reference_fn()
+            assert_same_kind(out, shape_fn(*meta(case.args), **meta(dict(case.kwargs))), what)
 
 
 @pytest.mark.parametrize("name", OPS)

@@ -338,3 +338,12 @@ def check_error(op_name: str, case) -> Exception:
         assert_unchanged(before, (case.args, dict(case.kwargs)), what)
         return e
     raise AssertionError(f"{what}: returned, expected {case.error.__name__}")
+
+
+def assert_same_kind(actual: Any, expected: Any, what: str = "") -> None:
+    """Output by output, the same shape and dtype (None where None): for results compared in float64, whose
+    dtype that comparison does not see."""
+    if _per_output(actual, expected, what, assert_same_kind):
+        return
+    assert (tuple(actual.shape), actual.dtype) == (tuple(expected.shape), expected.dtype), \
+        f"{what}: {tuple(actual.shape)} {actual.dtype}, expected {tuple(expected.shape)} {expected.dtype}"
