@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,7 +12,8 @@ import torch
 from ._runtime import DTYPE_NAMES, FLOAT_DTYPES, math_dtype
 from .errors import InvalidProblem, Unsupported
 
-__all__ = ["Guarantee", "Case", "OpInfo", "register_op", "REGISTRY", "guarantee", "supported_ops", "get_op"]
+__all__ = ["Guarantee", "Case", "ErrorCase", "OpInfo", "register_op", "REGISTRY", "guarantee", "supported_ops",
+           "get_op"]
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,19 @@ class Case:
     kwargs: Mapping[str, Any] = field(default_factory=dict)
     bytes: int = 0  # the minimum bytes a kernel must move: each input read once, each output written once
     elements: int = 0  # the number of output elements, for the host-overhead size
+
+
+@dataclass(frozen=True)
+class ErrorCase:
+    """One ill-posed or refused call of an op, for the generic tests and the fuzzer: it must raise `error` (a
+    gradkern error class) whose message matches the regex `match` (which names the offending argument), before
+    writing any of its tensors."""
+
+    label: str
+    args: tuple
+    kwargs: Mapping[str, Any]
+    error: type[Exception]
+    match: str
 
 
 @dataclass(frozen=True)
@@ -59,6 +73,11 @@ class OpInfo:
     # the minimum bytes a problem moves, from the op's arguments, where the plan's rule (every tensor argument's
     # distinct elements read once, every output written once) counts arguments the kernel does not read
     moved_bytes: Callable[..., int] | None = None
+    # samples(rng, device, dtype): an endless stream of random small problems (`Case`s, interpreter-sized), every
+    # choice drawn from `rng` (a random.Random), so that a seed replays them: the op's parameters, boundary sizes
+    # (empty, 1, odd) and layouts (strided, permuted, expanded, channels_last where the op has 4-D/5-D tensors)
+    samples: Callable[..., Iterator[Case]] | None = None
+    errors: Callable[..., Iterable[ErrorCase]] | None = None  # errors(device): the op's `ErrorCase`s
 
     def guarantee(self, dtype: torch.dtype) -> Guarantee:
         if dtype not in self.dtypes:
@@ -107,6 +126,8 @@ def register_op(
     route: Callable[..., bool] | bool | None = None,
     route_doc: str = "",
     moved_bytes: Callable[..., int] | None = None,
+    samples: Callable[..., Iterator[Case]] | None = None,
+    errors: Callable[..., Iterable[ErrorCase]] | None = None,
 ) -> Callable[[Callable], Callable]:
     """Declare the decorated function as gradkern op `name`.
 
@@ -121,7 +142,9 @@ def register_op(
     when it is lighter than `reference` (e.g. one that skips an output the reference must also produce).
     `route` / `route_doc`: which problems enable() sends to gradkern (see OpInfo.route), and the rule in words;
     for an autograd-key op the route is a predicate of the op's own arguments (for plans: its override decides
-    from ATen's). `moved_bytes`: see OpInfo."""
+    from ATen's). `moved_bytes`: see OpInfo. `samples(rng, device, dtype)` streams random small problems and
+    `errors(device)` lists ill-posed calls with the error each must raise (see OpInfo): the generic tests, the
+    fuzzer (scripts/fuzz.py) and the hypothesis tests all draw from them."""
     if dispatch not in ("backend", "autograd"):
         raise ValueError(f"register_op({name!r}): dispatch must be 'backend' or 'autograd', got {dispatch!r}")
 
@@ -133,7 +156,7 @@ def register_op(
             name=name, fn=fn, aten=impls, dispatch=dispatch, dtypes=tuple(dtypes), accumulates=accumulates,
             exact=exact, reference=reference, cases=cases, aten_examples=aten_examples, fake=fake,
             doc=(fn.__doc__ or "").strip().split("\n")[0], baseline=baseline, route=route, route_doc=route_doc,
-            moved_bytes=moved_bytes,
+            moved_bytes=moved_bytes, samples=samples, errors=errors,
         )
         return fn
 

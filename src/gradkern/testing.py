@@ -256,3 +256,154 @@ def spy_on_ops(monkeypatch, op_names, record: Callable[[str, tuple], Any] = lamb
 
         monkeypatch.setitem(info.aten, op, spy)
     return calls
+
+
+# ----------------------------------------------------------------------------------------------- layouts
+# One layout builder for the ops' samples, scripts/fuzz.py, the hypothesis tests and the sweep: a tensor of a logical
+# shape whose memory is laid out one of these ways. The "*_rand" ones take their choices from an `rng`
+# (random.Random); the others are fixed (the sweep's).
+ARRANGEMENTS: dict[str, str] = {
+    "contig": "contiguous", "t": "transposed", "perm": "permuted (dims 1, 2)", "perm01": "permuted (dims 0, 1)",
+    "perm_rand": "permuted (random)", "cl": "channels_last", "exp0": "expanded over dim 0",
+    "exp_row": "expanded rows", "exp_col": "expanded columns", "exp_rand": "expanded (random dims)",
+    "bcast_col": "broadcast (..., 1)", "s2": "stride 2", "rows2": "every other row",
+    "slice_rand": "strided slice (random steps)", "off1": "storage offset 1", "pitch": "padded row pitch",
+}
+#: the fewest dims each arrangement needs (channels_last: 4 or 5 exactly)
+_MIN_RANK = {"t": 2, "perm": 3, "perm01": 2, "perm_rand": 2, "exp0": 1, "exp_row": 2, "exp_col": 1, "exp_rand": 1,
+             "bcast_col": 1, "s2": 1, "rows2": 1, "slice_rand": 1, "pitch": 1}
+
+
+def arrangeable(shape, kind: str) -> bool:
+    """Whether `arrange` can lay a tensor of `shape` out as `kind`."""
+    if kind == "cl":
+        return len(shape) in (4, 5)
+    return len(shape) >= _MIN_RANK.get(kind, 0)
+
+
+def arrange(shape, kind: str, make: Callable[[tuple], torch.Tensor], rng=None) -> torch.Tensor:
+    """A tensor of logical shape `shape` whose memory is laid out as `kind` (ARRANGEMENTS; see `arrangeable`), a
+    view of the storage `make(storage_shape)` returns; the "*_rand" kinds draw their permutation, dims or steps from
+    `rng`. "bcast_col" returns the (..., 1) operand that broadcasts to `shape`, not a tensor of it."""
+    shape = tuple(shape)
+    r = len(shape)
+    if not arrangeable(shape, kind):
+        raise ValueError(f"arrange: layout {kind!r} does not apply to shape {shape}")
+    if kind == "contig":
+        return make(shape)
+    if kind == "t":
+        return make(shape[:-2] + (shape[-1], shape[-2])).transpose(-1, -2)
+    if kind == "perm":
+        return make((shape[0], shape[2], shape[1]) + shape[3:]).transpose(1, 2)
+    if kind == "perm01":
+        return make((shape[1], shape[0]) + shape[2:]).transpose(0, 1)
+    if kind == "perm_rand":
+        p = list(range(r))
+        rng.shuffle(p)
+        return make(tuple(shape[i] for i in p)).permute([p.index(i) for i in range(r)])
+    if kind == "cl":
+        perm = (0, 3, 1, 2) if r == 4 else (0, 4, 1, 2, 3)
+        return make((shape[0],) + shape[2:] + (shape[1],)).permute(perm)
+    if kind == "exp0":
+        return make((1,) + shape[1:]).expand(shape)
+    if kind == "exp_row":
+        return make((1,) * (r - 1) + shape[-1:]).expand(shape)
+    if kind == "exp_col":
+        return make(shape[:-1] + (1,)).expand(shape)
+    if kind == "exp_rand":
+        dims = [i for i, n in enumerate(shape) if n > 1]
+        ones = set(rng.sample(dims, rng.randint(1, len(dims)))) if dims else set()
+        return make(tuple(1 if i in ones else n for i, n in enumerate(shape))).expand(shape)
+    if kind == "bcast_col":
+        return make(shape[:-1] + (1,))
+    if kind == "s2":
+        return make(shape[:-1] + (2 * shape[-1],))[..., ::2]
+    if kind == "rows2":
+        return make((2 * shape[0],) + shape[1:])[::2]
+    if kind == "slice_rand":
+        steps = [rng.choice((1, 2, 3)) for _ in shape]
+        starts = [rng.choice((0, 0, 1)) for _ in shape]
+        big = make(tuple(n * st + a for n, st, a in zip(shape, steps, starts)))
+        return big[tuple(slice(a, a + n * st, st) for n, st, a in zip(shape, steps, starts))]
+    if kind == "off1":
+        return make((math.prod(shape) + 1,))[1:].view(shape)
+    if kind == "pitch":
+        return make(shape[:-1] + (shape[-1] + 5,))[..., :shape[-1]]
+    raise ValueError(f"unknown layout {kind!r}")
+
+
+def place(values: torch.Tensor, kind: str, rng=None) -> torch.Tensor:
+    """`values` (on their device) laid out as `kind` (see `arrange`; the storage around them NaN, or 0 for
+    integer and bool tensors). An expanded kind holds, along each stride-0 dim, the values at index 0 there: the
+    returned tensor, not `values`, is the problem."""
+    fill = math.nan if values.is_floating_point() else 0
+    t = arrange(values.shape, kind, lambda s: torch.full(s, fill, dtype=values.dtype, device=values.device), rng)
+    dense, src = t, values
+    for d in range(t.dim()):
+        if t.stride(d) == 0 and t.shape[d] > 1:  # written once, through index 0 of the dim
+            dense, src = dense.narrow(d, 0, 1), src.narrow(d, 0, 1)
+    dense.copy_(src)
+    return t
+
+
+# ----------------------------------------------------------------------------------------------- verdicts
+def bits_differ(actual: Any, expected: Any, what: str = "") -> str | None:
+    """`assert_bitwise_equal`'s verdict as a value (for the fuzzer): None where they agree, else its message."""
+    try:
+        assert_bitwise_equal(actual, expected, what)
+    except AssertionError as e:
+        return str(e)
+    return None
+
+
+def tolerance_miss(actual: Any, expected: Any, what: str = "", *, summed_from: int = 0) -> str | None:
+    """`assert_close`'s verdict (at each result's dtype) as a value: None within tolerance, else its message."""
+    try:
+        assert_close(actual, expected, None, what, summed_from=summed_from)
+    except AssertionError as e:
+        return str(e)
+    return None
+
+
+def tensors_of(x: Any) -> list[torch.Tensor]:
+    """Every tensor in `x` (nested tuples, lists and dicts), in order."""
+    found: list[torch.Tensor] = []
+    _map(x, found.append)
+    return found
+
+
+def snapshot(x: Any) -> list[torch.Tensor]:
+    """Copies of the tensors of `x`, for `assert_unchanged`."""
+    return [t.detach().clone() for t in tensors_of(x)]
+
+
+def assert_unchanged(before: list[torch.Tensor], x: Any, what: str = "") -> None:
+    """The tensors of `x` still hold the values `snapshot(x)` saw (tensors without data, on meta, aside)."""
+    for i, (b, t) in enumerate(zip(before, tensors_of(x), strict=True)):
+        if t.device.type != "meta":
+            assert_bitwise_equal(t, b, f"{what}: tensor {i} ({tuple(t.shape)}) was written")
+
+
+def check_error(op_name: str, case) -> Exception:
+    """Op `op_name` on an `ErrorCase` raises `case.error` with a message matching `case.match`, having written
+    none of the case's tensors; returns the error."""
+    import re
+
+    before = snapshot((case.args, dict(case.kwargs)))
+    what = f"{op_name} {case.label}"
+    try:
+        get_op(op_name).fn(*case.args, **case.kwargs)
+    except case.error as e:
+        assert re.search(case.match, str(e)), f"{what}: message {str(e)!r} does not match {case.match!r}"
+        assert_unchanged(before, (case.args, dict(case.kwargs)), what)
+        return e
+    raise AssertionError(f"{what}: returned, expected {case.error.__name__}")
+
+
+def assert_same_kind(actual: Any, expected: Any, what: str = "") -> None:
+    """Output by output, the same shape and dtype (None where None): for results compared in float64, whose
+    dtype that comparison does not see."""
+    if _per_output(actual, expected, what, assert_same_kind):
+        return
+    assert (tuple(actual.shape), actual.dtype) == (tuple(expected.shape), expected.dtype), \
+        f"{what}: {tuple(actual.shape)} {actual.dtype}, expected {tuple(expected.shape)} {expected.dtype}"

@@ -25,10 +25,10 @@ import torch
 import triton
 import triton.language as tl
 
-from .._cases import randn, stand_in
+from .._cases import Draw, describe, randn, refuse, stand_in
 from .._runtime import I32_MAX, cdiv
 from ..config import PlanCache, Tunable, plan_builder
-from ..errors import InvalidProblem
+from ..errors import InvalidProblem, Unsupported
 from ..launch.alloc import channels_last_format, empty
 from ..launch.checks import check_like, check_tensor
 from ..launch.launcher import launch, launch_consts
@@ -311,6 +311,44 @@ def _example(shape, out, cl, device, dtype) -> tuple[torch.Tensor, torch.Tensor]
     return randn(g_shape, device, dtype), stand_in(shape, device, dtype)
 
 
+def _samples(spec: _Spec):
+    """samples(rng, device, dtype): batched (an empty batch too) and unbatched, pooled sizes of 1 to 7 (3d: 4) to
+    output sizes of 1 to 8 (3d: 5), dividing or not, larger than the input too; grad_output in every layout; self a
+    broadcast stand-in, or channels_last (2d: grad_input follows it) or another layout."""
+
+    def samples(rng, device, dtype):
+        d = Draw(rng, device, dtype)
+        for edge in d.edges():
+            lead = d.sizes(rng.choice((1, 2)), "any", hi=3)
+            if edge == "empty" and len(lead) == 2:
+                lead[0] = 0
+            small = spec.dims == 3  # (the interpreter pays per plane)
+            shape = (*lead, *d.sizes(spec.dims, "any" if edge == "empty" else edge, hi=4 if small else 7))
+            out = d.sizes(spec.dims, "ones" if edge == "ones" else "any", hi=5 if small else 8)
+            g = d.tensor((*lead, *out), kinds=("grid", "normal", "special"), huge=False)
+            x = stand_in(shape, device, dtype) if rng.random() < 0.5 else d.tensor(shape)
+            yield Case(describe(grad_output=g, self=x), (g, x))
+
+    return samples
+
+
+def _errors(spec: _Spec):
+    def errors(device):
+        t = lambda *shape, dtype=torch.float32: torch.randn(shape, device=device).to(dtype)  # noqa: E731
+        x = t(2, 3, *(5,) * spec.dims)
+        g = t(2, 3, *(2,) * spec.dims)
+        return [
+            refuse("self of another rank", InvalidProblem, "self", t(3, *(2,) * spec.dims), t(3, *(5,) * spec.dims)[0]),
+            refuse("grad_output of another batch", InvalidProblem, "grad_output", t(1, 3, *(2,) * spec.dims), x),
+            refuse("an output size of 0", InvalidProblem, "grad_output", t(2, 3, *(0,) * spec.dims), x),
+            refuse("a pooled size of 0", InvalidProblem, "self", g, t(2, 3, *(0,) * spec.dims)),
+            refuse("grad_output of another dtype", Unsupported, "grad_output", g.double(), x),
+            refuse("int self", Unsupported, "self", g, x.int()),
+        ]
+
+    return errors
+
+
 def _moved_bytes(grad_output: torch.Tensor, self: torch.Tensor) -> int:
     # self is not read: grad_output read once, grad_input written once
     return (grad_output.numel() + self.numel()) * self.element_size()
@@ -336,6 +374,7 @@ def _declare(spec: _Spec):
     fn.__doc__ = (f"Gradient of adaptive_avg_pool{spec.dims}d: each grad_input element sums g / window size over "
                   f"the outputs whose windows hold it, in a fixed order (no atomics); pooled dims ({dims}).")
     register_op(spec.name, aten=(spec.name,), accumulates=True, cases=cases, moved_bytes=_moved_bytes,
+                samples=_samples(spec), errors=_errors(spec),
                 route_doc="gradkern, for every problem: stock's CUDA kernels scatter with atomics "
                           "(nondeterministic, and raising under torch.use_deterministic_algorithms(True))")(fn)
     return fn

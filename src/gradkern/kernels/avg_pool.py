@@ -36,10 +36,10 @@ import torch
 import triton
 import triton.language as tl
 
-from .._cases import randn, stand_in
+from .._cases import Draw, describe, randn, refuse, stand_in
 from .._runtime import I32_MAX, cdiv, values_key
 from ..config import PlanCache, Tunable, plan_builder
-from ..errors import InvalidProblem
+from ..errors import InvalidProblem, Unsupported
 from ..launch.alloc import empty
 from ..launch.checks import check_like, check_tensor
 from ..launch.launcher import launch, launch_consts
@@ -366,12 +366,67 @@ def _cases(device, dtype, size: str) -> list[Case]:
     return out
 
 
+def _window_arg(rng, per_dim: list[int]) -> list[int]:
+    """A window argument as ATen takes it: one int for the three dims where they agree (sometimes), else three."""
+    return per_dim[:1] if len(set(per_dim)) == 1 and rng.random() < 0.5 else per_dim
+
+
+def _samples(rng, device, dtype):
+    """Kernels of 1 to 3 a dim (overlapping windows, stride < kernel, too), strides given or not, pads up to half
+    the kernel, ceil_mode, count_include_pad or not, divisor_override; batched (an empty batch too) and unbatched;
+    grad_output in every layout (channels_last_3d too); self a broadcast stand-in or a tensor."""
+    d = Draw(rng, device, dtype)
+    for edge in d.edges():
+        k = [rng.randint(1, 3) for _ in range(3)]
+        s = [rng.randint(1, 3) for _ in range(3)] if rng.random() < 0.7 else []
+        p = [rng.randint(0, n // 2) for n in k]
+        ceil_mode, include_pad = rng.random() < 0.5, rng.random() < 0.5
+        divisor = rng.choice((None, None, None, 1, 5, -3))
+        lead = d.sizes(rng.choice((1, 2)), "any", hi=2)
+        if edge == "empty" and len(lead) == 2:
+            lead[0] = 0
+        spatial = [n + e for n, e in zip(k, d.sizes(3, "any", hi=3, lo=0))]  # (at least the kernel)
+        if edge == "odd":
+            spatial = [n | 1 for n in spatial]
+        elif edge == "ones":
+            spatial = [1 if kk == 1 else n for kk, n in zip(k, spatial)]
+        out = [output_size(i, kk, ss, pp, ceil_mode) for i, kk, ss, pp in zip(spatial, k, s or k, p)]
+        g = d.tensor((*lead, *out), kinds=("grid", "normal", "special"), huge=False)
+        x = stand_in((*lead, *spatial), device, dtype) if rng.random() < 0.7 else d.tensor((*lead, *spatial))
+        window = [_window_arg(rng, k), s if len(set(s)) > 1 or not s else _window_arg(rng, s), _window_arg(rng, p)]
+        yield Case(describe(grad_output=g, self=x, kernel_size=window[0], stride=window[1], padding=window[2],
+                            ceil_mode=ceil_mode, count_include_pad=include_pad, divisor_override=divisor),
+                   (g, x, *window, ceil_mode, include_pad, divisor))
+
+
+def _errors(device):
+    t = lambda *shape: torch.randn(shape, device=device)  # noqa: E731
+    g, x = t(2, 3, 2, 2, 2), t(2, 3, 4, 4, 4)
+    ok = ([2, 2, 2], [], [0, 0, 0], False, True, None)
+
+    def bad(label, error, arg, grad=g, self=x, **changes):
+        names = ("kernel_size", "stride", "padding", "ceil_mode", "count_include_pad", "divisor_override")
+        window = [changes.get(n, v) for n, v in zip(names, ok)]
+        return refuse(label, error, arg, grad, self, *window)
+
+    return [bad("a kernel size of 0", InvalidProblem, "kernel_size", kernel_size=[0, 2, 2]),
+            bad("a kernel_size of two ints", InvalidProblem, "kernel_size", kernel_size=[2, 2]),
+            bad("a stride of 0", InvalidProblem, "stride", stride=[0]),
+            bad("a pad past half the kernel", InvalidProblem, "padding", padding=[2, 0, 0]),
+            bad("divisor_override 0", InvalidProblem, "divisor_override", divisor_override=0),
+            bad("self smaller than the kernel", InvalidProblem, "self", self=t(2, 3, 1, 4, 4)),
+            bad("a 3-D self", InvalidProblem, "self", grad=t(3, 2, 2), self=t(3, 4, 4)),
+            bad("grad_output of another shape", InvalidProblem, "grad_output", grad=t(2, 3, 2, 2, 3)),
+            bad("grad_output of another dtype", Unsupported, "grad_output", grad=g.double())]
+
+
 def _moved_bytes(grad_output: torch.Tensor, self: torch.Tensor, *_) -> int:
     # self is not read: grad_output read once, grad_input written once
     return (grad_output.numel() + self.numel()) * self.element_size()
 
 
-register_op(OP, aten=(OP,), accumulates=True, cases=_cases, moved_bytes=_moved_bytes,
+register_op(OP, aten=(OP,), accumulates=True, cases=_cases, moved_bytes=_moved_bytes, samples=_samples,
+            errors=_errors,
             route_doc="gradkern, for every problem: stock's CUDA kernel scatters with atomics where windows "
                       "overlap (nondeterministic, and raising under torch.use_deterministic_algorithms(True))")(
     avg_pool3d_backward)

@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._cases import matrix_shape, randn, stand_in
+from .._cases import Draw, describe, matrix_shape, randn, refuse, stand_in
 from .._runtime import FLOAT_DTYPES, meta_key
 from ..config import PlanCache
 from ..engines.multi_pointwise import MultiPointwise, check_output_mask
@@ -86,6 +86,45 @@ def _lerp_cases(device, dtype, size: str) -> list[Case]:
     ]
 
 
+_DYADIC_WEIGHTS = (0.25, -1.5, 0.0, 1.0, 0.625, 2.0)  # 1 - w exact too: sums of their products stay exact
+
+
+def _lerp_samples(rng, device, dtype):
+    """self, end and a weight of shapes that broadcast together: a tensor weight, a 0-d one of any dtype, or a
+    Python number; every output_mask; values on the k/8 grid (and dyadic weights) where a gradient is summed or a 0-d
+    weight of another dtype rounds its gradient at another dtype's tolerance."""
+    d = Draw(rng, device, dtype)
+    for edge in d.edges():
+        shape = d.shape(edge)
+        kind = rng.choice(("number", "tensor", "tensor", "0-d"))
+        shapes = [d.operand(shape), d.operand(shape)] + {"tensor": [d.operand(shape)], "0-d": [()]}.get(kind, [])
+        mask = tuple(rng.random() < 0.8 for _ in range(3))
+        full = torch.broadcast_shapes(*shapes)
+        grid = kind == "0-d" or any(m and s != full for m, s in zip(mask, shapes))
+        if kind == "number":
+            weight = rng.choice(_DYADIC_WEIGHTS + (() if grid else (1 / 3, 0.3)))
+        else:
+            weight = d.tensor(shapes[2], "grid", dtype=dtype if kind == "tensor" else rng.choice(FLOAT_DTYPES))
+        g, start, end = (d.tensor(s, "grid" if grid else None, huge=False) for s in (full, *shapes[:2]))
+        yield Case(describe(grad=g, self=start, end=end, weight=weight, output_mask=mask),
+                   (g, start, end, weight, mask))
+
+
+def _lerp_errors(device):
+    t = lambda *shape, dtype=torch.float32: torch.randn(shape, device=device).to(dtype)  # noqa: E731
+    return [
+        refuse("end of another dtype", Unsupported, "end", t(3, 4), t(3, 4), t(3, 4, dtype=torch.float64), 0.5),
+        refuse("a 1-D weight of another dtype", Unsupported, "weight", t(3, 4), t(3, 4), t(3, 4),
+               t(4, dtype=torch.float64)),
+        refuse("weight a string", Unsupported, "weight", t(3, 4), t(3, 4), t(3, 4), "0.5"),
+        refuse("grad of another shape", InvalidProblem, "grad", t(3, 5), t(3, 4), t(3, 4), 0.5),
+        refuse("shapes that do not broadcast", InvalidProblem, "self/end/weight", t(3, 4), t(3, 4), t(3, 4),
+               t(2, 4)),
+        refuse("output_mask of two", InvalidProblem, "output_mask", t(3, 4), t(3, 4), t(3, 4), 0.5, (True, True)),
+        refuse("an int self", Unsupported, "self", t(3, 4), t(3, 4, dtype=torch.int32), t(3, 4), 0.5),
+    ]
+
+
 def _same_dtype(self, end) -> bool:
     return self.dtype in FLOAT_DTYPES and end.dtype == self.dtype
 
@@ -149,7 +188,8 @@ _ATEN = {
 
 
 @register_op(_OP, aten=_ATEN, dispatch="autograd", accumulates=True, reference=_lerp_backward_reference,
-             cases=_lerp_cases, aten_examples=_lerp_examples, **STOCK_IN_AUTO)
+             cases=_lerp_cases, aten_examples=_lerp_examples, samples=_lerp_samples, errors=_lerp_errors,
+             **STOCK_IN_AUTO)
 def lerp_backward(grad: torch.Tensor, self: torch.Tensor, end: torch.Tensor, weight: float | torch.Tensor,
                   output_mask: Sequence[bool] = (True, True, True)
                   ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:

@@ -76,7 +76,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._cases import randn
+from .._cases import DENSE_LAYOUTS, Draw, describe, randn, refuse
 from .._runtime import I32_MAX, cdiv, values_key
 from ..config import PlanCache, Tunable, plan_builder
 from ..errors import InvalidProblem, Unsupported
@@ -765,6 +765,108 @@ def _max_pool3d_cases(device, dtype, size: str) -> list[Case]:
     return out
 
 
+def _max_pool3d_samples(rng, device, dtype):
+    """Kernels of 1 to 3 a dim, strides given or not, pads up to half the kernel, dilation 1 or 2, ceil_mode;
+    batched (an empty batch too) and unbatched self (channels_last_3d too: grad_input follows it) of random values
+    or values on the k/8 grid (ties); indices from stock's forward; grad_output in every layout."""
+    d = Draw(rng, device, dtype)
+    for edge in d.edges():
+        k = [rng.randint(1, 3) for _ in range(3)]
+        st = [rng.randint(1, 3) for _ in range(3)] if rng.random() < 0.7 else []
+        p = [rng.randint(0, n // 2) for n in k]
+        dil = [rng.choice((1, 1, 2)) for _ in range(3)]
+        ceil_mode = rng.random() < 0.5
+        lead = d.sizes(rng.choice((1, 2)), "any", hi=2)
+        if edge == "empty" and len(lead) == 2:
+            lead[0] = 0
+        # at least the window's span, so that every window holds an input (ATen's forward points a window of
+        # padding alone outside it, where stock's backward adds g and gradkern's nothing), and a few more
+        spatial = [dd * (kk - 1) + 1 + e for kk, dd, e in zip(k, dil, d.sizes(3, "any", hi=3, lo=0))]
+        spatial = [n | 1 for n in spatial] if edge == "odd" else spatial
+        # (stock's kernels take a contiguous or channels_last_3d self only)
+        x = d.tensor((*lead, *spatial), kinds=("normal", "grid"), layouts=("contig", "cl")[:len(lead)])
+        window = [list(v) for v in (k, st, p, dil)]
+        with torch.no_grad():
+            _, idx = torch.ops.aten.max_pool3d_with_indices(x, *window, ceil_mode)
+        g = d.tensor(tuple(idx.shape), huge=False)
+        yield Case(describe(grad_output=g, self=x, kernel_size=k, stride=st, padding=p, dilation=dil,
+                            ceil_mode=ceil_mode), (g, x, *window, ceil_mode, d.place(idx, DENSE_LAYOUTS)))
+
+
+def _adaptive_samples(spec: _Spec):
+    """samples(rng, device, dtype): batched (an empty batch too) and unbatched self (2d channels_last too) of
+    pooled sizes 1 to 7 (3d: 4) to output sizes 1 to 8 (3d: 5); indices from stock's forward; grad_output in every
+    layout."""
+    forward = getattr(torch.ops.aten, spec.name[: -len("_backward")])
+
+    def samples(rng, device, dtype):
+        d = Draw(rng, device, dtype)
+        small = spec.dims == 3  # (the interpreter pays per plane)
+        for edge in d.edges():
+            lead = d.sizes(rng.choice((1, 2)), "any", hi=3)
+            if edge == "empty" and len(lead) == 2:
+                lead[0] = 0
+            shape = (*lead, *d.sizes(spec.dims, "any" if edge == "empty" else edge, hi=4 if small else 7))
+            out = d.sizes(spec.dims, "ones" if edge == "ones" else "any", hi=5 if small else 8)
+            x = d.tensor(shape, kinds=("normal", "grid"), layouts=("contig", "cl", "t", "slice_rand"))
+            with torch.no_grad():
+                _, idx = forward(x, out)
+            g = d.tensor(tuple(idx.shape), huge=False)
+            # (indices in a dense layout: expanded ones would point outside their windows, where stock adds g and
+            # gradkern adds nothing)
+            yield Case(describe(grad_output=g, self=x, output_size=out), (g, x, d.place(idx, DENSE_LAYOUTS)))
+
+    return samples
+
+
+def _max_pool3d_reference(grad_output, self, kernel_size, stride, padding, dilation, ceil_mode, indices):
+    """Stock's backward on grad_output and indices in self's memory format, the only layouts its CPU kernel takes
+    (the forward gives them so)."""
+    cl = self.dim() == 5 and channels_last_format(self) is torch.channels_last_3d
+    fmt = torch.channels_last_3d if cl else torch.contiguous_format
+    g, idx = (torch.empty(t.shape, dtype=t.dtype, device=t.device, memory_format=fmt).copy_(t)
+              for t in (grad_output, indices))
+    return torch.ops.aten.max_pool3d_with_indices_backward(g, self, kernel_size, stride, padding, dilation,
+                                                           ceil_mode, idx)
+
+
+def _contiguous_indices(name: str):
+    """Stock's backward with contiguous indices: ATen's adaptive_max_pool3d_backward (CPU and CUDA) reads indices as
+    if contiguous, whatever their strides."""
+    aten = getattr(torch.ops.aten, name)
+    return lambda grad_output, self, indices: aten(grad_output, self, indices.contiguous())
+
+
+def _errors(spec: _Spec):
+    """errors(device): bad indices, grad_output and self; max_pool3d's window arguments."""
+    def errors(device):
+        x = torch.randn(2, 3, *(4,) * spec.dims, device=device)
+        g = torch.randn(2, 3, *(2,) * spec.dims, device=device)
+        idx = torch.zeros(g.shape, dtype=torch.int64, device=device)
+        window = ([2], [2], [0], [1], False)
+
+        def bad(label, error, arg, grad=g, self=x, indices=idx, **changes):
+            if spec.adaptive:
+                return refuse(label, error, arg, grad, self, indices)
+            names = ("kernel_size", "stride", "padding", "dilation", "ceil_mode")
+            return refuse(label, error, arg, grad, self, *[changes.get(n, v) for n, v in zip(names, window)],
+                          indices)
+
+        out = [bad("int32 indices", Unsupported, "indices", indices=idx.int()),
+               bad("indices of another shape", InvalidProblem, "indices", indices=idx[:1]),
+               bad("grad_output of another batch", InvalidProblem, "grad_output", grad=g[:1], indices=idx[:1]),
+               bad("self of another rank", InvalidProblem, "self", self=x[0, 0]),
+               bad("grad_output of another dtype", Unsupported, "grad_output", grad=g.double())]
+        if spec.adaptive:
+            return out + [bad("a pooled size of 0", InvalidProblem, "self", self=x[..., :0])]
+        return out + [bad("a dilation of 0", InvalidProblem, "dilation", dilation=[0]),
+                      bad("ceil_mode an int", Unsupported, "ceil_mode", ceil_mode=1),
+                      bad("a pad past half the kernel", InvalidProblem, "padding", padding=[2]),
+                      bad("a kernel_size of two ints", InvalidProblem, "kernel_size", kernel_size=[2, 2])]
+
+    return errors
+
+
 _RAISES = ("gradkern, for every problem: stock's CUDA kernel scatters with atomics (nondeterministic, and raising "
            "under torch.use_deterministic_algorithms(True))")
 _ROUTE_DOC = {"max_pool3d_with_indices_backward": _RAISES, "adaptive_max_pool2d_backward": _RAISES,
@@ -777,7 +879,9 @@ _SPECS = {"max_pool3d_with_indices_backward": _Spec("max_pool3d_with_indices_bac
 
 
 @register_op("max_pool3d_with_indices_backward", aten=("max_pool3d_with_indices_backward",), accumulates=True,
-             cases=_max_pool3d_cases, moved_bytes=_moved_bytes,
+             cases=_max_pool3d_cases, moved_bytes=_moved_bytes, reference=_max_pool3d_reference,
+             fake=torch.ops.aten.max_pool3d_with_indices_backward, samples=_max_pool3d_samples,
+             errors=_errors(_SPECS["max_pool3d_with_indices_backward"]),
              route_doc=_ROUTE_DOC["max_pool3d_with_indices_backward"])
 def max_pool3d_with_indices_backward(grad_output: torch.Tensor, self: torch.Tensor, kernel_size: Sequence[int],
                                      stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int],
@@ -805,7 +909,8 @@ def _declare_adaptive(spec: _Spec):
                   f"whose windows hold it and whose index is its own, in a fixed order (no atomics); pooled dims "
                   f"({dims}).")
     register_op(spec.name, aten=(spec.name,), accumulates=True, cases=cases, moved_bytes=_moved_bytes,
-                route_doc=_ROUTE_DOC[spec.name])(fn)
+                reference=_contiguous_indices(spec.name), fake=getattr(torch.ops.aten, spec.name),
+                samples=_adaptive_samples(spec), errors=_errors(spec), route_doc=_ROUTE_DOC[spec.name])(fn)
     return fn
 
 

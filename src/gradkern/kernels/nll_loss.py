@@ -37,7 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._cases import randn
+from .._cases import Draw, describe, randn, refuse
 from .._runtime import I32_MAX, cdiv
 from ..config import PlanCache, Tunable
 from ..errors import InvalidProblem, Unsupported
@@ -368,11 +368,44 @@ def _cases(device, dtype, size: str) -> list[Case]:
     return out
 
 
+def _samples(rng, device, dtype):
+    """(N, C, H, W) log-probabilities (an empty batch or plane too) in every layout (channels_last too), targets
+    in [0, C) with some ignore_index (-100, 255 or a class), a weight (sometimes strided) or none, every
+    reduction."""
+    d = Draw(rng, device, dtype)
+    for edge in d.edges():
+        n, c, h, w = d.sizes(4, edge, hi=6)
+        c = max(c, 1)  # (a class count of 0 leaves no valid target)
+        x = d.tensor((n, c, h, w), kinds=("grid", "normal", "special"), huge=False)
+        ignore_index = rng.choice((-100, 255, rng.randrange(c)))
+        t = d.ints(0, c, (n, h, w))
+        t = d.place(torch.where(torch.rand(t.shape, generator=d.gen) < 0.2, ignore_index, t), ("contig", "t",
+                                                                                               "slice_rand"))
+        weight = d.tensor((c,), "grid").abs() + 0.25 if rng.random() < 0.6 else None
+        reduction = rng.choice((0, 1, 2))
+        yield Case(describe(self=x, target=t, weight=weight, reduction=reduction, ignore_index=ignore_index),
+                   (x, t, weight, reduction, ignore_index))
+
+
+def _errors(device):
+    x = torch.randn(2, 3, 4, 5, device=device)
+    t = torch.zeros(2, 4, 5, dtype=torch.int64, device=device)
+    return [refuse("int32 target", Unsupported, "target", x, t.int(), None, 1, -100),
+            refuse("target of another shape", InvalidProblem, "target", x, t[:, :3], None, 1, -100),
+            refuse("a weight of another count", InvalidProblem, "weight", x, t, torch.ones(4, device=device), 1, -100),
+            refuse("reduction 3", InvalidProblem, "reduction", x, t, None, 3, -100),
+            refuse("a 3-D self", InvalidProblem, "self", x[0], t[0], None, 1, -100),
+            refuse("a weight of another dtype", Unsupported, "weight", x, t, torch.ones(3, device=device).double(),
+                   1, -100),
+            refuse("reduction a string", Unsupported, "reduction/ignore_index", x, t, None, "mean", -100)]
+
+
 def _route(self, target, weight, reduction, ignore_index) -> bool:
     return reduction in (1, 2)
 
 
 register_op(_OP, aten=(_OP,), accumulates=True, cases=_cases, moved_bytes=_moved_bytes, route=_route,
+            samples=_samples, errors=_errors,
             route_doc="gradkern for reduction mean and sum: stock's CUDA kernel sums with atomics "
                       "(nondeterministic, and raising under torch.use_deterministic_algorithms(True)); stock for "
                       "reduction none (elementwise and deterministic)")(nll_loss2d_forward)

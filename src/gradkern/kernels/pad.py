@@ -54,7 +54,7 @@ import triton
 import triton.language as tl
 
 from .. import _runtime
-from .._cases import randn
+from .._cases import Draw, describe, randn, refuse, stand_in
 from .._runtime import I32_MAX, cdiv, values_key
 from ..config import PlanCache, Tunable, plan_builder
 from ..errors import InvalidProblem, Unsupported
@@ -864,6 +864,75 @@ def _example(spec: _Spec, shape, pads, device, dtype) -> tuple[torch.Tensor, tor
     return randn(padded_shape(shape, pads), device, dtype), x, list(pads)
 
 
+def _samples(spec: _Spec):
+    """samples(rng, device, dtype): batched and unbatched, zero, negative (down to an empty grad_output) and
+    asymmetric pads (reflection pads below their dim's size), grad_output in every layout, mostly on the k/8 grid
+    (exact sums); self a broadcast stand-in or a tensor (only its shape and dtype are read)."""
+
+    def samples(rng, device, dtype):
+        d = Draw(rng, device, dtype)
+        for edge in d.edges():
+            # (the interpreter pays per plane and per source: 3-D problems stay smaller)
+            small = spec.dims == 3
+            lead = d.sizes(rng.choice((1, 2)), "empty" if edge == "empty" else "any", hi=2 if small else 3)
+            shape = (*lead, *d.sizes(spec.dims, "any" if edge == "empty" else edge, hi=3 if small else 5))
+            pads, most = [], 2 if small else 5
+            for n in reversed(shape[-spec.dims:]):  # padding lists the last dim first; sizes stay >= 0
+                lo = rng.randint(-n, n - 1 if spec.reflect else most)
+                pads += [lo, rng.randint(-(n + lo) if lo < 0 else -n, n - 1 if spec.reflect else most)]
+            g = d.tensor(padded_shape(shape, pads), kinds=("grid", "grid", "special"), huge=False)
+            x = stand_in(shape, device, dtype) if rng.random() < 0.7 else d.tensor(shape)
+            yield Case(describe(grad_output=g, self=x, padding=pads), (g, x, pads))
+
+    return samples
+
+
+def _errors(spec: _Spec):
+    """errors(device): self of another rank, a padding of another length, a reflection pad as large as its dim, a
+    crop past a dim's size, grad_output of another shape or dtype, and bad grad_input= buffers."""
+
+    def errors(device):
+        t = lambda *shape, dtype=torch.float32: torch.randn(shape, device=device).to(dtype)  # noqa: E731
+        shape = (2, 3, 4, 5, 6)[-spec.dims - 2:]
+        pads = [1] * (2 * spec.dims)
+        g, x = t(*padded_shape(shape, pads)), t(*shape)
+        big = list(pads)
+        big[0] = shape[-1] if spec.reflect else -shape[-1] - 2  # (replicate: the dim's padded size -1)
+        kind = "a reflection pad as large as its dim" if spec.reflect else "a crop past its dim"
+        return [
+            refuse("self of another rank", InvalidProblem, "self", t(*shape[-spec.dims:]), t(*shape[-spec.dims:]),
+                   [0] * (2 * spec.dims)),
+            refuse("a padding of another length", InvalidProblem, "padding", g, x, pads + [1, 1]),
+            refuse("a padding of floats", InvalidProblem, "padding", g, x, [1.0] * (2 * spec.dims)),
+            refuse(kind, InvalidProblem, "padding", t(*[max(n, 0) for n in padded_shape(shape, big)]), x, big),
+            refuse("grad_output of another shape", InvalidProblem, "grad_output", t(*shape), x, pads),
+            refuse("grad_output of another dtype", Unsupported, "grad_output", g.double(), x, pads),
+            refuse("int grad_output", Unsupported, "grad_output", g.int(), x.int(), pads),
+            refuse("grad_input of another dtype", Unsupported, "grad_input", g, x, pads,
+                   grad_input=t(*shape, dtype=torch.float64)),
+            refuse("grad_input of another shape", InvalidProblem, "grad_input", g, x, pads, grad_input=t(3)),
+            refuse("grad_input expanded", InvalidProblem, "grad_input", g, x, pads,
+                   grad_input=t(*shape[:-1], 1).expand(shape)),
+            refuse("grad_input overlapping grad_output", InvalidProblem, "grad_input", g, x, pads,
+                   grad_input=g.view(-1)[:x.numel()].view(shape)),
+        ]
+
+    return errors
+
+
+def _reference(spec: _Spec):
+    """Stock's backward, but zeros where grad_output is empty: ATen's CPU reflection_pad1d/3d backwards return
+    grad_input uninitialised there, and reflection_pad2d's crashes the process."""
+    aten = getattr(torch.ops.aten, spec.name)
+
+    def reference(grad_output, self, padding, **kwargs):
+        if grad_output.numel() == 0:
+            return torch.zeros(self.shape, dtype=self.dtype, device=self.device)
+        return aten(grad_output, self, padding, **kwargs)
+
+    return reference
+
+
 def _declare(spec: _Spec):
     """Register op `spec.name` with ATen's signature, routing both ATen overloads to it."""
 
@@ -893,7 +962,8 @@ def _declare(spec: _Spec):
                   f"copied from it, in a fixed order (no atomics). padding = ({', '.join(_WAYS[:2 * spec.dims])}); "
                   "negative pads crop.")
     register_op(spec.name, aten={spec.name: fn, f"{spec.name}.grad_input": grad_input_overload}, accumulates=True,
-                cases=cases, aten_examples=aten_examples)(fn)
+                cases=cases, aten_examples=aten_examples, reference=_reference(spec),
+                fake=getattr(torch.ops.aten, spec.name), samples=_samples(spec), errors=_errors(spec))(fn)
     return fn
 
 

@@ -13,13 +13,13 @@ import torch
 import triton
 import triton.language as tl
 
-from .._cases import pointwise_cases, randn
+from .._cases import Draw, describe, pointwise_cases, randn, refuse
 from .._runtime import FLOAT_DTYPES
 from ..engines.elementwise import Pointwise
 from ..errors import InvalidProblem, Unsupported
 from ..launch.checks import result_dtype
 from ..launch.launcher import round_to_dtype
-from ..registry import register_op
+from ..registry import Case, register_op
 
 # enable()'s route for every op here (see registry.OpInfo.route): ATen's kernels for them are deterministic and run
 # at the copy ceiling; gradkern's are level with them at best (0.61x at 16-bit sizes not a multiple of 16, H100), so
@@ -72,8 +72,108 @@ def _elu_cases(device, dtype, n):
             ("selu result", (g, 1.6732632423543772, 1.0507009873554805, 1.0, True, x))]
 
 
+_LAMBDAS = (0.5, 0.5, 0.0, 1.0, 3.0, 0.1, 1 / 3, 2.5, 1e-30, 1e-6)
+_SELU = (1.6732632423543772, 1.0507009873554805, 1.0)
+
+
+def _elu_params(rng) -> tuple:
+    """(alpha, scale, input_scale, is_result): elu's, celu's, selu's or arbitrary ones."""
+    kind = rng.choice(("elu", "celu", "selu", "any"))
+    if kind == "any":
+        alpha, scale, input_scale = (rng.choice((0.0, 1.0, -1.0, 0.3, 2.0, 1e-3, 100.0, -0.5, 1e-30)) for _ in "abc")
+    else:
+        a = rng.choice((1.0, 0.5, 2.0, 1e-3, 1.7))
+        alpha, scale, input_scale = {"elu": (a, 1.0, 1.0), "celu": (a, 1.0, 1.0 / a), "selu": _SELU}[kind]
+    is_result = rng.random() < 0.3
+    return (abs(alpha) if is_result else alpha), scale, input_scale, is_result  # (is_result: alpha >= 0)
+
+
+def _samples(op: str):
+    """samples(rng, device, dtype) of one of this module's ops: grad_output and self of shapes that broadcast
+    together (either one the full shape; a 0-d grad_output of another dtype; self of another dtype), values at
+    the op's thresholds and special values, the op's scalars."""
+
+    def samples(rng, device, dtype):
+        d = Draw(rng, device, dtype)
+        for edge in d.edges():
+            shape = d.shape(edge)
+            g_shape = d.operand(shape)
+            x_shape = d.operand(shape) if g_shape == shape else shape
+            if rng.random() < 0.5:
+                g_shape, x_shape = x_shape, g_shape
+            if op == "hardsigmoid_backward":
+                params, points = (), (3.0,)
+            elif op == "elu_backward":
+                params, points = _elu_params(rng), (0.0,)
+            else:
+                lambd = rng.choice(_LAMBDAS) * (-1 if op != "softshrink_backward" and rng.random() < 0.2 else 1)
+                params, points = (lambd,), (abs(lambd),)
+            x_dtype = rng.choice(FLOAT_DTYPES) if rng.random() < 0.2 and op != "hardshrink" else dtype
+            x = d.tensor(shape if op == "hardshrink" else x_shape, points=points, dtype=x_dtype)
+            if op == "hardshrink":
+                yield Case(describe(self=x, lambd=params[0]), (x, *params))
+                continue
+            # (elu's g scaled by alpha * scale may pass the float32 math range where float64's holds it: no huge g)
+            huge = op != "elu_backward"
+            g = d.tensor(g_shape, huge=huge) if rng.random() < 0.9 else \
+                d.tensor((), huge=huge, dtype=rng.choice(FLOAT_DTYPES))
+            args = (g, *params, x) if op == "elu_backward" else (g, x, *params)
+            yield Case(describe(grad_output=g, self=x, params=params), args)
+
+    return samples
+
+
+def _errors(op: str):
+    """errors(device) of one of this module's ops: shapes that do not broadcast, integer and list operands,
+    grad_input=/out= buffers that are expanded, of another dtype or shape, or overlap an operand, and the scalars'
+    bad values."""
+    names = {"elu_backward": ("grad_output", "self_or_result"), "hardshrink_backward": ("grad_out", "self"),
+             "hardshrink": ("self",)}.get(op, ("grad_output", "self"))
+    out_kw = "out" if op == "hardshrink" else "grad_input"
+
+    def errors(device):
+        t = lambda *shape, dtype=torch.float32: torch.randn(shape, device=device).to(dtype)  # noqa: E731
+
+        def call(label, error, arg, *tensors, scalars=None, **kw):
+            params = {"elu_backward": (1.0, 1.0, 1.0, False), "hardsigmoid_backward": ()}.get(op, (0.5,))
+            params = params if scalars is None else scalars
+            if op == "elu_backward":
+                return refuse(label, error, arg, tensors[0], *params, tensors[1], **kw)
+            return refuse(label, error, arg, *tensors, *params, **kw)
+
+        unary = op == "hardshrink"
+        ins = (t(3, 4),) if unary else (t(3, 4), t(3, 4))
+        out = []
+        if not unary:
+            out += [call("shapes that do not broadcast", InvalidProblem, "/".join(names), t(3, 4), t(3, 5)),
+                    call("int64 grad", Unsupported, names[0], t(3, 4, dtype=torch.int64), t(3, 4))]
+        out += [call("int32 self", Unsupported, names[-1], *ins[:-1], t(3, 4, dtype=torch.int32)),
+                call("a list, not a tensor", Unsupported, names[-1], *ins[:-1], [1.0, 2.0]),
+                call("out expanded", InvalidProblem, out_kw, *ins, **{out_kw: t(1, 4).expand(3, 4)}),
+                call("out of another dtype", Unsupported, out_kw, *ins, **{out_kw: t(3, 4, dtype=torch.float64)}),
+                call("out of another shape", InvalidProblem, out_kw, *ins, **{out_kw: t(3, 5)})]
+        buf = t(2 * 12)
+        overlap = (buf[:12].view(3, 4),) + ins[1:]  # the first operand and out= share part of their memory
+        out.append(call("out partly overlapping an operand", InvalidProblem, out_kw, *overlap,
+                        **{out_kw: buf[1:13].view(3, 4)}))
+        if op == "elu_backward":
+            out += [call("is_result with alpha < 0", InvalidProblem, "alpha", *ins, scalars=(-1.0, 1.0, 1.0, True)),
+                    call("scale past float32", InvalidProblem, "scale", *ins, scalars=(1.0, 1e39, 1.0, False)),
+                    call("alpha a string", Unsupported, "alpha", *ins, scalars=("1", 1.0, 1.0, False))]
+        elif op != "hardsigmoid_backward":
+            if op == "softshrink_backward":
+                out += [call("lambd < 0", InvalidProblem, "lambd", *ins, scalars=(-0.5,)),
+                        call("lambd NaN", InvalidProblem, "lambd", *ins, scalars=(math.nan,))]
+            out += [call("lambd past float16", InvalidProblem, "lambd", *[x.half() for x in ins], scalars=(1e6,)),
+                    call("lambd a tensor of 2", Unsupported, "lambd", *ins, scalars=(t(2),))]
+        return out
+
+    return errors
+
+
 @register_op("elu_backward", aten=("elu_backward",), reference=_elu_backward_reference,
-             cases=pointwise_cases(_elu_cases, 2), **_STOCK_ROUTE)
+             cases=pointwise_cases(_elu_cases, 2), samples=_samples("elu_backward"),
+             errors=_errors("elu_backward"), **_STOCK_ROUTE)
 def elu_backward(grad_output: torch.Tensor, alpha: float, scale: float, input_scale: float, is_result: bool,
                  self_or_result: torch.Tensor, *, grad_input: torch.Tensor | None = None) -> torch.Tensor:
     """Gradient of elu/celu/selu: x <= 0 -> g*input_scale*alpha*scale*exp(x*input_scale) (or, with is_result,
@@ -159,7 +259,8 @@ def _shrink_cases(device, dtype, n):
 
 @register_op("softshrink_backward", aten=("softshrink_backward",), exact=True,
              reference=_nan_x_passes_grad(torch.ops.aten.softshrink_backward), fake=_shrink_backward_fake,
-             cases=pointwise_cases(_shrink_cases, 2), **_STOCK_ROUTE)
+             cases=pointwise_cases(_shrink_cases, 2), samples=_samples("softshrink_backward"),
+             errors=_errors("softshrink_backward"), **_STOCK_ROUTE)
 def softshrink_backward(grad_output: torch.Tensor, self: torch.Tensor, lambd: float, *,
                         grad_input: torch.Tensor | None = None) -> torch.Tensor:
     """Gradient of softshrink: 0 where -lambd <= x <= lambd (closed band, lambd cast to the dtype), else g."""
@@ -169,7 +270,8 @@ def softshrink_backward(grad_output: torch.Tensor, self: torch.Tensor, lambd: fl
 
 @register_op("hardshrink_backward", aten=("hardshrink_backward",), exact=True,
              reference=_nan_x_passes_grad(torch.ops.aten.hardshrink_backward), fake=_shrink_backward_fake,
-             cases=pointwise_cases(_shrink_cases, 2), **_STOCK_ROUTE)
+             cases=pointwise_cases(_shrink_cases, 2), samples=_samples("hardshrink_backward"),
+             errors=_errors("hardshrink_backward"), **_STOCK_ROUTE)
 def hardshrink_backward(grad_out: torch.Tensor, self: torch.Tensor, lambd: float, *,
                         grad_input: torch.Tensor | None = None) -> torch.Tensor:
     """Gradient of hardshrink: 0 where -lambd <= x <= lambd (closed band, lambd cast to the dtype), else g."""
@@ -182,6 +284,7 @@ def _hardshrink_cases(device, dtype, n):
 
 
 @register_op("hardshrink", aten=("hardshrink",), exact=True, cases=pointwise_cases(_hardshrink_cases, 1),
+             samples=_samples("hardshrink"), errors=_errors("hardshrink"),
              **_STOCK_ROUTE)
 def hardshrink(self: torch.Tensor, lambd: float = 0.5, *, out: torch.Tensor | None = None) -> torch.Tensor:
     """Hardshrink forward: x where x > lambd or x < -lambd, else 0 (lambd cast to the dtype)."""
@@ -204,7 +307,8 @@ def _hardsigmoid_cases(device, dtype, n):
 
 
 @register_op("hardsigmoid_backward", aten=("hardsigmoid_backward",), exact=True,
-             cases=pointwise_cases(_hardsigmoid_cases, 2), **_STOCK_ROUTE)
+             cases=pointwise_cases(_hardsigmoid_cases, 2), samples=_samples("hardsigmoid_backward"),
+             errors=_errors("hardsigmoid_backward"), **_STOCK_ROUTE)
 def hardsigmoid_backward(grad_output: torch.Tensor, self: torch.Tensor, *,
                          grad_input: torch.Tensor | None = None) -> torch.Tensor:
     """Gradient of hardsigmoid: g * (1/6 as fp32) where -3 < x < 3 (open interval), else 0."""

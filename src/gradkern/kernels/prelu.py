@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._cases import randn
+from .._cases import Draw, describe, randn, refuse
 from .._runtime import FLOAT_DTYPES, I32_MAX, cdiv, math_dtype, meta_key, next_pow2
 from ..config import PlanCache, Tunable
 from ..engines.multi_pointwise import MultiPointwise, check_output_mask
@@ -64,6 +64,27 @@ def _kernel_backward_cases(device, dtype, size: str) -> list[Case]:
                  elements=n)]
 
 
+def _kernel_backward_samples(rng, device, dtype):
+    """grad_output, self and weight of shapes that broadcast together (any of them the full shape), in every layout,
+    special values too."""
+    d = Draw(rng, device, dtype)
+    for edge in d.edges():
+        shape = d.shape(edge)
+        shapes = [shape, d.operand(shape), d.operand(shape)]
+        rng.shuffle(shapes)
+        g, x, w = (d.tensor(s) for s in shapes)
+        yield Case(describe(grad_output=g, self=x, weight=w), (g, x, w))
+
+
+def _kernel_backward_errors(device):
+    t = lambda *shape, dtype=torch.float32: torch.randn(shape, device=device).to(dtype)  # noqa: E731
+    return [
+        refuse("weight of another dtype", Unsupported, "weight", t(2, 3), t(2, 3), t(3, dtype=torch.float64)),
+        refuse("shapes that do not broadcast", InvalidProblem, "grad_output/self/weight", t(2, 3), t(2, 3), t(2)),
+        refuse("an int self", Unsupported, "self", t(2, 3), t(2, 3, dtype=torch.int64), t(3)),
+    ]
+
+
 # enable()'s route for _prelu_kernel_backward (stock's is deterministic): gradkern from the size where the device time
 # it saves passes its extra host time (~20 us a call, H100), near 6M elements (f32, f64) and 3M (16-bit)
 _FULL_ROUTE_MIN = {2: 3 << 20, 4: 6 << 20, 8: 6 << 20}
@@ -74,6 +95,7 @@ def _full_route(grad_output, self, weight) -> bool:
 
 
 @register_op(_OP_FULL, aten=(_OP_FULL,), exact=True, cases=_kernel_backward_cases, route=_full_route,
+             samples=_kernel_backward_samples, errors=_kernel_backward_errors,
              route_doc="gradkern from 6M elements (f32, f64) or 3M (16-bit), where the device time it saves passes "
                        "its extra host time; stock (deterministic) below")
 def _prelu_kernel_backward(grad_output: torch.Tensor, self: torch.Tensor, weight: torch.Tensor
@@ -392,6 +414,33 @@ def _prelu_cases(device, dtype, size: str) -> list[Case]:
     ]
 
 
+def _prelu_samples(rng, device, dtype):
+    """self of rank 0 to 5 (channels_last too) with one weight or one a channel (dim 1), as a 1-D or 0-d tensor;
+    grad_output sometimes self itself; every output_mask. Values on the k/8 grid (x = 0 too: the w * g branch),
+    which keeps the weight's sums exact, or special ones."""
+    d = Draw(rng, device, dtype)
+    for edge in d.edges():
+        shape = d.shape(edge, ranks=(0, 5))
+        n_w = rng.choice((1, shape[1] if len(shape) > 1 else 1))
+        w = d.tensor(rng.choice(((1,), ())) if n_w == 1 else (n_w,), "grid")
+        x = d.tensor(shape, kinds=("grid", "grid", "special"), huge=False)
+        g = x if rng.random() < 0.2 else d.tensor(shape, kinds=("grid", "grid", "special"), huge=False)
+        mask = (rng.random() < 0.8, rng.random() < 0.8)
+        yield Case(describe(grad_output=g, self=x, weight=w, output_mask=mask), (g, x, w, mask))
+
+
+def _prelu_errors(device):
+    t = lambda *shape, dtype=torch.float32: torch.randn(shape, device=device).to(dtype)  # noqa: E731
+    return [
+        refuse("a 2-D weight", InvalidProblem, "weight", t(2, 3, 4), t(2, 3, 4), t(1, 3)),
+        refuse("a weight per dim 2 entry", InvalidProblem, "weight", t(2, 3, 4), t(2, 3, 4), t(4)),
+        refuse("three weights for a 0-d self", InvalidProblem, "weight", t(), t(), t(3)),
+        refuse("grad_output of another shape", InvalidProblem, "grad_output", t(2, 3, 5), t(2, 3, 4), t(3)),
+        refuse("weight of another dtype", Unsupported, "weight", t(2, 3, 4), t(2, 3, 4), t(3, dtype=torch.float16)),
+        refuse("output_mask of one", InvalidProblem, "output_mask", t(2, 3, 4), t(2, 3, 4), t(3), (True,)),
+    ]
+
+
 def _canonical(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether `_prelu_kernel`'s weight is prelu's: one element, or x.size(1) of them along dim 1 only."""
     if weight.numel() == 1:
@@ -435,7 +484,7 @@ _KERNEL_OVERRIDE = fused_autograd(_OP, "_prelu_kernel", accepts=_kernel_accepts,
 
 @register_op(_OP, aten={"_prelu_kernel": _KERNEL_OVERRIDE}, dispatch="autograd", accumulates=True,
              reference=_prelu_backward_reference, cases=_prelu_cases, aten_examples=_kernel_examples,
-             **STOCK_IN_AUTO)
+             samples=_prelu_samples, errors=_prelu_errors, **STOCK_IN_AUTO)
 def prelu_backward(grad_output: torch.Tensor, self: torch.Tensor, weight: torch.Tensor,
                    output_mask: Sequence[bool] = (True, True)) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """Gradients of torch.prelu(self, weight) in one pass: (grad_input, grad_weight), grad_weight in weight's

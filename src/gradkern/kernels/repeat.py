@@ -20,10 +20,11 @@ from collections.abc import Sequence
 
 import torch
 
+from .._cases import Draw, describe, refuse
 from .._runtime import FLOAT_DTYPES, values_key
 from ..config import PlanCache
 from ..engines.reduction import plan_view, run_plan
-from ..errors import InvalidProblem, RankUnsupported
+from ..errors import InvalidProblem, RankUnsupported, Unsupported
 from ..launch.checks import check_tensor
 from ..registry import REGISTRY, Case, register_op
 from ..routing.autograd import STOCK_IN_AUTO, direct_apply, plain_gradient, plain_tensors
@@ -181,6 +182,34 @@ def _cases(device, dtype, size: str) -> list[Case]:
     return out
 
 
+def _samples(rng, device, dtype):
+    """Inputs of rank 0 to 3 (sizes 0 to 4), repeats of 0 to 3 and up to two leading ones (which add dims), grad in
+    every layout; values on the k/8 grid where tiles are summed."""
+    d = Draw(rng, device, dtype)
+    for edge in d.edges():
+        shape = d.shape(edge, ranks=(0, 3), hi=4)
+        reps = [rng.choice((1, 1, 2, 3, 0) if edge == "empty" else (1, 1, 2, 3)) for _ in range(rng.randint(0, 2))]
+        reps += [rng.choice((0, 1, 2, 3)) if edge == "empty" else rng.choice((1, 1, 2, 3)) for _ in shape]
+        g_shape = tuple(r * n for r, n in zip(reps, (1,) * (len(reps) - len(shape)) + shape, strict=True))
+        sums = math.prod(reps) > 1
+        g = d.tensor(g_shape, "grid" if sums else None, huge=not sums)
+        yield Case(describe(grad=g, repeats=reps, input_shape=shape), (g, reps, list(shape)))
+
+
+def _errors(device):
+    g = torch.randn(4, 6, device=device)
+    return [
+        refuse("fewer repeats than dims", InvalidProblem, "repeats", g, [2], [2, 6]),
+        refuse("a negative repeat", InvalidProblem, "repeats", g, [2, -1], [2, 6]),
+        refuse("a repeat of 1.5", InvalidProblem, "repeats", g, [2, 1.5], [2, 6]),
+        refuse("grad of another shape", InvalidProblem, "grad", g, [2, 2], [2, 6]),
+        refuse("input_shape of floats", InvalidProblem, "input_shape", g, [2, 1], [2.0, 6.0]),
+        refuse("more repeats than dims the kernels index", RankUnsupported, "repeats", g.view((1,) * 7 + (4, 6)),
+               [1] * 9, [4, 6]),
+        refuse("int grad", Unsupported, "grad", g.int(), [2, 1], [2, 6]),
+    ]
+
+
 def _aten_examples(device, dtype) -> dict:
     x = torch.randn(3, 4, device=device, dtype=dtype, requires_grad=True)
     return {"repeat": ((x, [2, 1, 3]), {})}
@@ -192,4 +221,4 @@ def _fake(grad: torch.Tensor, repeats, input_shape) -> torch.Tensor:
 
 register_op(_OP, aten={"repeat": _repeat_autograd}, dispatch="autograd", accumulates=True,
             reference=_stock_repeat_backward, cases=_cases, aten_examples=_aten_examples, fake=_fake,
-            **STOCK_IN_AUTO)(repeat_backward)
+            samples=_samples, errors=_errors, **STOCK_IN_AUTO)(repeat_backward)

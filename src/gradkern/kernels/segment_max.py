@@ -32,6 +32,7 @@ import triton
 import triton.language as tl
 
 from .. import _runtime
+from .._cases import Draw, describe, refuse
 from .._runtime import DEVICE_TYPE, FLOAT_DTYPES, cdiv, meta_key, next_pow2
 from ..config import PlanCache, Tunable
 from ..errors import InvalidProblem, Unsupported
@@ -855,6 +856,132 @@ def _segred_examples(device, dtype) -> dict:
     return {"_segment_reduce_backward": ((torch.ones_like(output), output, data, "max"), {"lengths": lengths})}
 
 
+def _segments(d: Draw, edge: str, lead: tuple = ()) -> torch.Tensor:
+    """Lengths (int64, CPU) of 0 to 5 segments of 0 to 5 rows, one row of them for each index of `lead`, every row
+    summing to the same N (the last segment takes up the difference); "empty": no rows at all, or no segments."""
+    s = 0 if edge == "empty" and d.rng.random() < 0.5 else d.rng.randint(1, 5)
+    lengths = d.ints(0, 1 if edge == "empty" else 6, (*lead, s))
+    if s:
+        lengths[..., -1] += lengths.sum(-1).max() - lengths.sum(-1)
+    return lengths
+
+
+def _data(d: Draw, shape) -> torch.Tensor:
+    """Values on the k/8 grid (ties, so the first argmax and the tie rule matter), some NaN, +-inf, -0.0."""
+    x = d.values(shape, "grid")
+    if x.numel() and d.rng.random() < 0.5:
+        for _ in range(d.rng.randint(1, 3)):
+            x.view(-1)[d.rng.randrange(x.numel())] = d.rng.choice((math.nan, math.inf, -math.inf, -0.0))
+    return x
+
+
+def _fwd_samples(rng, device, dtype):
+    """Data of 0 to 2 other dims (sizes 1 to 4) around the segment axis, int32 or int64 offsets, empty segments."""
+    d = Draw(rng, device, dtype)
+    for edge in d.edges():
+        other = d.sizes(rng.randint(0, 2), "any", hi=4)
+        axis = rng.randint(0, len(other))
+        lengths = _segments(d, edge)
+        offsets = torch.cat([lengths.new_zeros(1), lengths.cumsum(0)])
+        data = d.place(_data(d, (*other[:axis], int(offsets[-1]), *other[axis:])))
+        axis_arg = axis - data.dim() if rng.random() < 0.5 else axis
+        offsets = offsets.to(device, rng.choice((torch.int32, torch.int64)))
+        yield Case(describe(data=data, offsets=offsets.tolist(), axis=axis_arg), (data, offsets, axis_arg))
+
+
+def _bwd_samples(rng, device, dtype):
+    """The forward samples' problems, with the reference forward's indices and a grad in any layout."""
+    d = Draw(rng, device, dtype)
+    for case in _fwd_samples(rng, device, dtype):
+        data, offsets, axis = case.args
+        _, idx = _standard_strides(_reference_forward)(data, offsets, axis)
+        g = d.tensor(tuple(idx.shape))
+        yield Case(describe(grad=g, offsets=offsets.tolist(), num_rows=data.shape[axis], axis=axis),
+                   (g, idx, offsets, data.shape[axis], axis))
+
+
+def _segred_samples(rng, device, dtype):
+    """Lengths or offsets (int32 or int64) with up to two leading dims (one row of segments for each), trailing
+    dims, empty segments; output stock's max, or random values (any output is a valid problem); `initial` too."""
+    d = Draw(rng, device, dtype)
+    for edge in d.edges():
+        lead = tuple(d.sizes(rng.choice((0, 0, 1, 2)), "any", hi=3))
+        axis = len(lead)
+        lengths = _segments(d, edge, lead)
+        trail = d.sizes(rng.choice((0, 1, 1, 2)), "any", hi=3)
+        data = d.place(_data(d, (*lead, int(lengths.sum(-1).max()) if lengths.numel() else 0, *trail)))
+        seg = {"lengths": lengths}
+        if rng.random() < 0.4:
+            seg = {"offsets": torch.cat([lengths.new_zeros((*lead, 1)), lengths.cumsum(-1)], -1)}
+        seg = {k: v.to(device, rng.choice((torch.int32, torch.int64))) for k, v in seg.items()}
+        initial = rng.choice((None, None, 0.0, -1.0, 100.0))
+        out_shape = (*lead, lengths.shape[-1], *trail)
+        if rng.random() < 0.2 or data.numel() == 0:
+            output = d.tensor(out_shape, "grid")
+        else:
+            with dispatch.use(False):
+                output = d.place(torch.segment_reduce(data, "max", axis=axis, unsafe=True, initial=initial, **seg))
+        g = d.tensor(out_shape)
+        kwargs = {**seg, "axis": axis, "initial": initial}
+        yield Case(describe(grad=g, output=output, data=data, **{k: v.tolist() for k, v in seg.items()},
+                            axis=axis, initial=initial), (g, output, data, "max"), kwargs)
+
+
+def _standard_strides(fn):
+    """`fn` on copies of its tensor arguments with standard strides: stock segment_reduce and its backward read a
+    tensor that PyTorch counts as contiguous through its literal strides, so a size-1 dim of another stride (the
+    samples' strided layouts make them) misplaces their reads (torch 2.13, CPU)."""
+    def standard(x):
+        return x.clone(memory_format=torch.contiguous_format) if isinstance(x, torch.Tensor) else x
+
+    def reference(*args, **kwargs):
+        return fn(*map(standard, args), **{k: standard(v) for k, v in kwargs.items()})
+    return reference
+
+
+@_standard_strides
+def _segred_reference(grad, output, data, reduce, **kwargs):
+    """Stock's backward, but zeros where data is empty (where ATen's CPU kernel crashes the process)."""
+    if data.numel() == 0:
+        return torch.zeros(data.shape, dtype=data.dtype, device=data.device)
+    return torch.ops.aten._segment_reduce_backward(grad, output, data, reduce, **kwargs)
+
+
+def _fwd_errors(device):
+    x = torch.randn(6, 3, device=device)
+    offs = torch.tensor([0, 2, 6], device=device)
+    return [refuse("float offsets", InvalidProblem, "offsets", x, offs.float()),
+            refuse("2-D offsets", InvalidProblem, "offsets", x, offs.view(1, 3)),
+            refuse("empty offsets", InvalidProblem, "offsets", x, offs[:0]),
+            refuse("axis out of range", InvalidProblem, "axis", x, offs, 2),
+            refuse("int data", Unsupported, "data", x.int(), offs)]
+
+
+def _bwd_errors(device):
+    g = torch.randn(2, 3, device=device)
+    idx = torch.zeros(2, 3, dtype=torch.int64, device=device)
+    offs = torch.tensor([0, 2, 6], device=device)
+    return [refuse("int32 indices", InvalidProblem, "indices", g, idx.int(), offs, 6),
+            refuse("indices of another shape", InvalidProblem, "indices", g, idx[:1], offs, 6),
+            refuse("grad of another segment count", InvalidProblem, "grad", g[:1], idx[:1], offs, 6),
+            refuse("negative num_rows", InvalidProblem, "num_rows", g, idx, offs, -1),
+            refuse("axis out of range", InvalidProblem, "axis", g, idx, offs, 6, 3)]
+
+
+def _segred_errors(device):
+    data = torch.randn(6, 3, device=device)
+    lengths = torch.tensor([2, 4], device=device)
+    g = torch.randn(2, 3, device=device)
+    return [refuse("reduce sum", Unsupported, "reduce", g, g, data, "sum", lengths=lengths),
+            refuse("both lengths and offsets", InvalidProblem, "lengths/offsets", g, g, data, "max",
+                   lengths=lengths, offsets=torch.tensor([0, 2, 6], device=device)),
+            refuse("float lengths", InvalidProblem, "lengths", g, g, data, "max", lengths=lengths.float()),
+            refuse("grad of another shape", InvalidProblem, "grad", g[:1], g, data, "max", lengths=lengths),
+            refuse("output of another dtype", InvalidProblem, "output", g, g.double(), data, "max",
+                   lengths=lengths),
+            refuse("axis out of range", InvalidProblem, "axis", g, g, data, "max", lengths=lengths, axis=2)]
+
+
 # ----------------------------------------------------------------------------------------------- registration
 def _segment_reduce_backward_aten(grad, output, data, reduce, *, lengths=None, offsets=None, axis=0, initial=None):
     """aten::_segment_reduce_backward at the autograd key: reduce="max" on plain float tensors runs gradkern's
@@ -877,10 +1004,12 @@ def _bench_segment_reduce_max(data, offsets, axis=0):
     return torch.segment_reduce(data, "max", offsets=offsets.to(torch.int64), axis=axis)
 
 
-register_op("segment_max_forward", exact=True, reference=_reference_forward, cases=_fwd_cases,
-            fake=_fake_forward, baseline=_bench_segment_reduce_max)(segment_max_forward)
+register_op("segment_max_forward", exact=True, reference=_standard_strides(_reference_forward), cases=_fwd_cases,
+            fake=_fake_forward, baseline=_bench_segment_reduce_max, samples=_fwd_samples,
+            errors=_fwd_errors)(segment_max_forward)
 register_op("segment_max_backward", exact=True, reference=_reference_backward, cases=_bwd_cases,
-            fake=_fake_backward)(segment_max_backward)
+            fake=_fake_backward, samples=_bwd_samples, errors=_bwd_errors)(segment_max_backward)
 register_op("_segment_reduce_backward", aten={"_segment_reduce_backward": _segment_reduce_backward_aten},
-            dispatch="autograd", exact=True, cases=_segred_cases, aten_examples=_segred_examples,
-            fake=_fake_segment_reduce_backward, **STOCK_IN_AUTO)(_segment_reduce_backward)
+            dispatch="autograd", exact=True, reference=_segred_reference, cases=_segred_cases,
+            aten_examples=_segred_examples, fake=_fake_segment_reduce_backward, samples=_segred_samples,
+            errors=_segred_errors, **STOCK_IN_AUTO)(_segment_reduce_backward)

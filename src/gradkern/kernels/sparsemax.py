@@ -47,7 +47,7 @@ import triton
 import triton.language as tl
 
 from .. import _runtime
-from .._cases import randn
+from .._cases import Draw, describe, randn, refuse
 from .._runtime import I32_MAX, cdiv, next_pow2
 from ..config import Tunable, plan_builder
 from ..engines.elementwise import _collapse
@@ -705,16 +705,63 @@ def _backward_cases(device, dtype, size: str) -> list[Case]:
     return out
 
 
+def _inputs(d: Draw, edge: str) -> tuple[torch.Tensor, int]:
+    """(x, dim): rank 0 to 3, sometimes one dim of 7 to 40; dim negative too; values spread (scales 0.01 to 50) or
+    on the k/8 grid (ties, at the threshold too), a few NaN, -inf and +inf entries in some."""
+    shape = list(d.shape(edge, ranks=(0, 3), hi=6))
+    if shape and d.rng.random() < 0.5:
+        shape[d.rng.randrange(len(shape))] = d.rng.randint(7, 40)
+    rank = max(len(shape), 1)
+    x = d.values(shape, d.rng.choice(("normal", "grid")))
+    x = x * d.rng.choice((0.01, 2.0, 50.0)) if d.rng.random() < 0.5 else x
+    if x.numel() and d.rng.random() < 0.3:
+        for _ in range(d.rng.randint(1, 3)):
+            x.view(-1)[d.rng.randrange(x.numel())] = d.rng.choice((math.nan, -math.inf, math.inf))
+    return d.place(x), d.rng.randint(-rank, rank - 1)
+
+
+def _forward_samples(rng, device, dtype):
+    d = Draw(rng, device, dtype)
+    for edge in d.edges():
+        x, dim = _inputs(d, edge)
+        yield Case(describe(x=x, dim=dim), (x, dim))
+
+
+def _backward_samples(rng, device, dtype):
+    """y the reference's sparsemax of the forward's inputs (in float64, then rounded), grad of any values."""
+    d = Draw(rng, device, dtype)
+    for edge in d.edges():
+        x, dim = _inputs(d, edge)
+        y = d.place(sparsemax_reference(x.cpu().double(), dim).to(dtype))
+        g = d.tensor(tuple(x.shape), huge=False)
+        yield Case(describe(grad=g, y=y, dim=dim), (g, y, dim))
+
+
+def _forward_errors(device):
+    x = torch.randn(3, 4, device=device)
+    return [refuse("dim out of range", InvalidProblem, "dim", x, 2),
+            refuse("dim a float", InvalidProblem, "dim", x, 1.0),
+            refuse("int x", Unsupported, "x", x.int(), -1)]
+
+
+def _backward_errors(device):
+    y = torch.rand(3, 4, device=device)
+    return [refuse("grad of another shape", InvalidProblem, "grad", torch.randn(3, 5, device=device), y, -1),
+            refuse("grad of another dtype", Unsupported, "grad", y.double(), y, -1),
+            refuse("dim out of range", InvalidProblem, "dim", y, y, -3),
+            refuse("int y", Unsupported, "y", y, y.int(), -1)]
+
+
 # --------------------------------------------------------------------------------------------- ops
 @register_op("sparsemax_forward", accumulates=True, reference=sparsemax_reference, cases=_forward_cases,
-             fake=_forward_fake)
+             fake=_forward_fake, samples=_forward_samples, errors=_forward_errors)
 def sparsemax_forward(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """Sparsemax along `dim`: max(x - tau, 0) summing to 1 (sort-free threshold search; see `sparsemax`)."""
     return _forward(x, dim)
 
 
 @register_op("sparsemax_backward", accumulates=True, reference=_backward_reference, cases=_backward_cases,
-             fake=_backward_fake)
+             fake=_backward_fake, samples=_backward_samples, errors=_backward_errors)
 def sparsemax_backward(grad: torch.Tensor, y: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """Gradient of sparsemax from its output y: 1_S * (g - sum_S g / |S|) along `dim`, S = {y > 0}."""
     return _backward(grad, y, dim)

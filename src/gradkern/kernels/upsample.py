@@ -53,7 +53,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._cases import randn
+from .._cases import Draw, describe, randn, refuse
 from .._runtime import I32_MAX, cdiv, values_key
 from ..config import PlanCache, Tunable, plan_builder
 from ..errors import InvalidProblem, Unsupported
@@ -684,6 +684,55 @@ def _example(spec: _Spec, in_sizes, out_sizes, align, scales, cl, device, dtype)
     return (g, list(out_sizes), list(in_sizes), align, *(scales or (None,) * spec.dims))
 
 
+def _samples(spec: _Spec):
+    """samples(rng, device, dtype): up and down (1 to 7 inputs a dim, 3d 3; 1 to 9 outputs, 3d 4), align_corners
+    or not, scales None or near output / input, batched with an empty batch too; grad_output in every layout, of
+    finite values (special ones too)."""
+
+    def samples(rng, device, dtype):
+        d = Draw(rng, device, dtype)
+        small = spec.dims == 3  # (the interpreter pays per plane and candidate)
+        for edge in d.edges():
+            lead = [0 if edge == "empty" else rng.randint(1, 2), rng.randint(1, 2 if small else 3)]
+            in_sizes = d.sizes(spec.dims, "any" if edge == "empty" else edge, hi=3 if small else 7)
+            out_sizes = d.sizes(spec.dims, "ones" if edge == "ones" else "any", hi=4 if small else 9)
+            align = rng.random() < 0.4
+            scales = [None] * spec.dims
+            if rng.random() < 0.4:  # (none for a dim that keeps its size: stock's CPU kernel copies it whatever the
+                # scale, its CUDA kernel (which gradkern follows) only where every dim keeps its size)
+                scales = [None if i == o else round(o / i * rng.choice((1.0, 0.9, 1.1)), 2)
+                          for i, o in zip(in_sizes, out_sizes)]
+            # (finite: stock's CPU kernel multiplies g by the zero weights of taps CUDA's skips, NaN for NaN or inf)
+            g = d.tensor((*lead, *out_sizes), kinds=("grid", "normal", "special"), huge=False, finite=True)
+            yield Case(describe(grad_output=g, output_size=out_sizes, input_size=[*lead, *in_sizes],
+                                align_corners=align, scales=scales),
+                       (g, out_sizes, [*lead, *in_sizes], align, *scales))
+
+    return samples
+
+
+def _errors(spec: _Spec):
+    def errors(device):
+        ins, outs = [2, 3, *(4,) * spec.dims], [6] * spec.dims
+        g = torch.randn(2, 3, *outs, device=device)
+        nones = [None] * spec.dims
+        return [
+            refuse("output_size of another length", InvalidProblem, "output_size", g, outs + [6], ins, False,
+                   *nones),
+            refuse("input_size of another length", InvalidProblem, "input_size", g, outs, ins[1:], False, *nones),
+            refuse("an output size of 0", InvalidProblem, "input_size/output_size", g[..., :0], outs[:-1] + [0],
+                   ins, False, *nones),
+            refuse("grad_output of another shape", InvalidProblem, "grad_output", g[:1], outs, ins, False, *nones),
+            refuse("align_corners an int", Unsupported, "align_corners", g, outs, ins, 1, *nones),
+            refuse("a scale given as a string", Unsupported, spec.scale_names[-1], g, outs, ins, False,
+                   *nones[1:], "2"),
+            refuse("output_size of floats", Unsupported, "output_size", g, [6.0] * spec.dims, ins, False, *nones),
+            refuse("int grad_output", Unsupported, "grad_output", g.int(), outs, ins, False, *nones),
+        ]
+
+    return errors
+
+
 _SPECS: dict[str, _Spec] = {}  # op name -> its spec
 
 
@@ -722,6 +771,7 @@ def _declare(spec: _Spec):
     fn.__doc__ = (f"Gradient of {kind} upsampling over {spec.dims} dim(s): each grad_input element sums w * g over "
                   "the outputs that read it, in a fixed order (no atomics).")
     register_op(spec.name, aten=(spec.name,), accumulates=True, cases=cases, fake=getattr(torch.ops.aten, spec.name),
+                samples=_samples(spec), errors=_errors(spec),
                 route_doc="gradkern, for every problem: stock's CUDA kernels scatter with atomics "
                           "(nondeterministic, and raising under torch.use_deterministic_algorithms(True))")(fn)
     return fn

@@ -13,11 +13,11 @@ import torch
 import triton
 import triton.language as tl
 
-from .._cases import matrix_shape, randn, stand_in
+from .._cases import Draw, describe, matrix_shape, randn, refuse, stand_in
 from .._runtime import FLOAT_DTYPES, meta_key
 from ..config import PlanCache
 from ..engines.multi_pointwise import MultiPointwise, check_output_mask
-from ..errors import InvalidProblem
+from ..errors import InvalidProblem, Unsupported
 from ..launch.checks import broadcast_shape, check_tensor
 from ..registry import Case, register_op
 from ..routing.autograd import STOCK_IN_AUTO, fused_autograd
@@ -70,6 +70,44 @@ def _where_cases(device, dtype, size: str) -> list[Case]:
     ]
 
 
+def _where_samples(rng, device, dtype):
+    """Operands of shapes that broadcast together (one of them sometimes a Python number, which has no gradient),
+    self and other of different dtypes, a bool or uint8 condition, every output_mask; grad in the promoted dtype,
+    mostly on the k/8 grid where a gradient is summed (so that every summation order is exact)."""
+    d = Draw(rng, device, dtype)
+    for edge in d.edges():
+        shape = d.shape(edge)
+        number = rng.choice((None, None, None, "self", "other"))
+        operands = [rng.uniform(-2, 2) if number == name else
+               d.tensor(d.operand(shape), "normal", dtype=rng.choice(FLOAT_DTYPES) if rng.random() < 0.3 else dtype)
+               for name in ("self", "other")]
+        mask = tuple(rng.random() < 0.8 and isinstance(t, torch.Tensor) for t in operands)
+        c_shape = d.operand(shape)
+        cond = d.mask(c_shape) if rng.random() < 0.8 else d.place(d.ints(0, 4, c_shape, torch.uint8))
+        full = torch.broadcast_shapes(c_shape, *(t.shape for t in operands if isinstance(t, torch.Tensor)))
+        sums = any(m and t.shape != full for m, t in zip(mask, operands))
+        g_dtype = torch.result_type(*operands) if all(isinstance(t, torch.Tensor) for t in operands) else dtype
+        g = d.tensor(full, "grid" if sums and rng.random() < 0.7 else None, huge=not sums, dtype=g_dtype)
+        yield Case(describe(grad=g, condition=cond, self=operands[0], other=operands[1], output_mask=mask),
+                   (g, cond, *operands, mask))
+
+
+def _where_errors(device):
+    t = lambda *shape, dtype=torch.float32: torch.randn(shape, device=device).to(dtype)  # noqa: E731
+    cond = torch.rand((3, 4), device=device) > 0.5
+    return [
+        refuse("grad of another shape", InvalidProblem, "grad", t(3, 5), cond, t(3, 4), t(3, 4)),
+        refuse("a float condition", Unsupported, "condition", t(3, 4), t(3, 4), t(3, 4), t(3, 4)),
+        refuse("shapes that do not broadcast", InvalidProblem, "condition/self/other", t(3, 4), cond, t(3, 4),
+               t(2, 4)),
+        refuse("output_mask of three", InvalidProblem, "output_mask", t(3, 4), cond, t(3, 4), t(3, 4),
+               (True, True, True)),
+        refuse("an int self whose gradient is asked for", Unsupported, "self", t(3, 4), cond,
+               t(3, 4, dtype=torch.int32), t(3, 4)),
+        refuse("grad a list", Unsupported, "grad", [[1.0] * 4] * 3, cond, t(3, 4), t(3, 4)),
+    ]
+
+
 def _where_accepts(condition, self, other) -> bool:
     return condition.dtype in _COND_DTYPES and self.dtype in FLOAT_DTYPES and other.dtype in FLOAT_DTYPES
 
@@ -103,7 +141,8 @@ _WHERE_OVERRIDE = fused_autograd(_OP, "where.self", accepts=_where_accepts, save
 
 
 @register_op(_OP, aten={"where.self": _WHERE_OVERRIDE}, dispatch="autograd", accumulates=True,
-             reference=_where_backward_reference, cases=_where_cases, aten_examples=_where_examples, **STOCK_IN_AUTO)
+             reference=_where_backward_reference, cases=_where_cases, aten_examples=_where_examples,
+             samples=_where_samples, errors=_where_errors, **STOCK_IN_AUTO)
 def where_backward(grad: torch.Tensor, condition: torch.Tensor, self, other,
                    output_mask: Sequence[bool] = (True, True)) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """Gradients of torch.where(condition, self, other) in one pass: (grad_self, grad_other), each at its input's
