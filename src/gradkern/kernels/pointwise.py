@@ -143,12 +143,14 @@ def _errors(op: str):
 
         unary = op == "hardshrink"
         ins = (t(3, 4),) if unary else (t(3, 4), t(3, 4))
+        poison = {out_kw: torch.full((3, 4), math.nan, device=device)}  # (bad operands: out= stays untouched)
         out = []
         if not unary:
-            out += [call("shapes that do not broadcast", InvalidProblem, "/".join(names), t(3, 4), t(3, 5)),
-                    call("int64 grad", Unsupported, names[0], t(3, 4, dtype=torch.int64), t(3, 4))]
-        out += [call("int32 self", Unsupported, names[-1], *ins[:-1], t(3, 4, dtype=torch.int32)),
-                call("a list, not a tensor", Unsupported, names[-1], *ins[:-1], [1.0, 2.0]),
+            out += [call("shapes that do not broadcast", InvalidProblem, "/".join(names), t(3, 4), t(3, 5),
+                         **poison),
+                    call("int64 grad", Unsupported, names[0], t(3, 4, dtype=torch.int64), t(3, 4), **poison)]
+        out += [call("int32 self", Unsupported, names[-1], *ins[:-1], t(3, 4, dtype=torch.int32), **poison),
+                call("a list, not a tensor", Unsupported, names[-1], *ins[:-1], [1.0, 2.0], **poison),
                 call("out expanded", InvalidProblem, out_kw, *ins, **{out_kw: t(1, 4).expand(3, 4)}),
                 call("out of another dtype", Unsupported, out_kw, *ins, **{out_kw: t(3, 4, dtype=torch.float64)}),
                 call("out of another shape", InvalidProblem, out_kw, *ins, **{out_kw: t(3, 5)})]
