@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._cases import Draw, describe, pointwise_cases, randn, refuse
+from .._cases import Draw, describe, pointwise_cases, rand_on, randn, refuse
 from .._runtime import FLOAT_DTYPES
 from ..engines.elementwise import Pointwise
 from ..errors import InvalidProblem, Unsupported
@@ -130,16 +130,15 @@ def _errors(op: str):
     names = {"elu_backward": ("grad_output", "self_or_result"), "hardshrink_backward": ("grad_out", "self"),
              "hardshrink": ("self",)}.get(op, ("grad_output", "self"))
     out_kw = "out" if op == "hardshrink" else "grad_input"
+    params = {"elu_backward": (1.0, 1.0, 1.0, False), "hardsigmoid_backward": ()}.get(op, (0.5,))
 
     def errors(device):
-        t = lambda *shape, dtype=torch.float32: torch.randn(shape, device=device).to(dtype)  # noqa: E731
+        t = rand_on(device)
 
-        def call(label, error, arg, *tensors, scalars=None, **kw):
-            params = {"elu_backward": (1.0, 1.0, 1.0, False), "hardsigmoid_backward": ()}.get(op, (0.5,))
-            params = params if scalars is None else scalars
-            if op == "elu_backward":
-                return refuse(label, error, arg, tensors[0], *params, tensors[1], **kw)
-            return refuse(label, error, arg, *tensors, *params, **kw)
+        def call(label, error, arg, *tensors, scalars=params, **kw):
+            """The op on `tensors` (grad_output, self) and `scalars`, in its argument order."""
+            args = (tensors[0], *scalars, tensors[1]) if op == "elu_backward" else (*tensors, *scalars)
+            return refuse(label, error, arg, *args, **kw)
 
         unary = op == "hardshrink"
         ins = (t(3, 4),) if unary else (t(3, 4), t(3, 4))
