@@ -13,7 +13,7 @@ import torch
 import gradkern
 from conftest import DEVICE
 from gradkern.registry import REGISTRY
-from gradkern.testing import assert_bitwise_equal, check_case
+from gradkern.testing import assert_unchanged, check_case, check_error, snapshot
 
 DOC = pathlib.Path(__file__).resolve().parents[1] / "docs" / "bad-inputs.md"
 
@@ -45,23 +45,6 @@ def _tensor_positions(args):
     return [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
 
 
-def _snapshot(x):
-    if isinstance(x, torch.Tensor):
-        return x.detach().clone()
-    if isinstance(x, (tuple, list)):
-        return [_snapshot(v) for v in x]
-    return x
-
-
-def _unchanged(before, after, what):
-    if isinstance(after, torch.Tensor):
-        if after.device.type != "meta":  # a meta tensor holds no data to change
-            assert_bitwise_equal(after, before, what)
-    elif isinstance(after, (tuple, list)):
-        for b, a in zip(before, after):
-            _unchanged(b, a, what)
-
-
 # (op, variant) pairs whose reference would read out of bounds (stock CPU segment_reduce crashes the process), so
 # gradkern's outcome is recorded without comparing: segment offsets that do not match data's length can only be
 # seen with a device sync, which the raw segment ops (like aten::_segment_reduce_backward) leave to the caller
@@ -81,7 +64,7 @@ def _outcome(name, args, kwargs, compare=True):
     """gradkern's outcome: "ok" (and then equal to stock, which check_case runs) or a named error's class name,
     with the inputs proved unchanged. Stock is not run on arguments gradkern rejects: some of them make stock's
     CPU kernels read out of bounds (an empty grad_output for reflection_pad2d_backward crashes the process)."""
-    before = _snapshot(args)
+    before = snapshot(args)
     try:
         if compare:
             check_case(name, args, kwargs, what=f"{name} bad-input")
@@ -90,7 +73,7 @@ def _outcome(name, args, kwargs, compare=True):
             return "result (stock crashes; not compared)"
         return "ok"
     except gradkern.GradkernError as e:
-        _unchanged(before, args, f"{name}: a rejected call changed its inputs")
+        assert_unchanged(before, args, f"{name}: a rejected call changed its inputs")
         return type(e).__name__
 
 
@@ -153,10 +136,11 @@ def test_bad_input_table_holds_and_doc_is_current():
         "docs/bad-inputs.md is out of date: GRADKERN_WRITE_DOCS=1 python -m pytest tests/test_bad_inputs.py"
 
 
-def test_out_buffer_untouched_when_rejected():
-    g = torch.randn(5, 4, device=DEVICE)
-    out = torch.full_like(g, math.nan)
-    for bad in (torch.randn(5, 3, device=DEVICE), g.to(torch.int32), [1.0] * 4):
-        with pytest.raises(gradkern.GradkernError):
-            gradkern.ops.hardsigmoid_backward(g, bad, grad_input=out)
-        assert torch.isnan(out).all()
+@pytest.mark.parametrize("name", [n for n in sorted(REGISTRY) if any(
+    {"out", "grad_input"} & set(case.kwargs) for case in REGISTRY[n].errors(DEVICE))])
+def test_out_buffer_untouched_when_rejected(name):
+    """Every error case of the op (`register_op(errors=...)`) that hands an out= / grad_input= buffer: the named
+    error, and the buffer (like every input) unchanged."""
+    for case in REGISTRY[name].errors(DEVICE):
+        if {"out", "grad_input"} & set(case.kwargs):
+            check_error(name, case)

@@ -164,6 +164,11 @@ class Draw:
         return torch.randint(lo, hi, tuple(shape), generator=self.gen, dtype=dtype)
 
 
+def rand_on(device):
+    """t(*shape, dtype=float32): a random normal tensor on `device` (for error cases)."""
+    return lambda *shape, dtype=torch.float32: torch.randn(shape, device=device).to(dtype)
+
+
 def describe(**named) -> str:
     """A sample's label: each tensor as name(shape):strides:dtype, anything else as name=value."""
     def one(k, v):

@@ -270,7 +270,7 @@ ARRANGEMENTS: dict[str, str] = {
     "slice_rand": "strided slice (random steps)", "off1": "storage offset 1", "pitch": "padded row pitch",
 }
 #: the fewest dims each arrangement needs (channels_last: 4 or 5 exactly)
-_MIN_RANK = {"t": 2, "perm": 3, "perm01": 2, "perm_rand": 2, "exp0": 1, "exp_row": 2, "exp_col": 1, "exp_rand": 1,
+_MIN_RANK = {"t": 2, "perm": 3, "perm01": 2, "perm_rand": 2, "exp0": 1, "exp_row": 1, "exp_col": 1, "exp_rand": 1,
              "bcast_col": 1, "s2": 1, "rows2": 1, "slice_rand": 1, "pitch": 1}
 
 

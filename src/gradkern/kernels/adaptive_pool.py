@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._cases import Draw, describe, randn, refuse, stand_in
+from .._cases import Draw, describe, rand_on, randn, refuse, stand_in
 from .._runtime import I32_MAX, cdiv
 from ..config import PlanCache, Tunable, plan_builder
 from ..errors import InvalidProblem, Unsupported
@@ -334,7 +334,7 @@ def _samples(spec: _Spec):
 
 def _errors(spec: _Spec):
     def errors(device):
-        t = lambda *shape, dtype=torch.float32: torch.randn(shape, device=device).to(dtype)  # noqa: E731
+        t = rand_on(device)
         x = t(2, 3, *(5,) * spec.dims)
         g = t(2, 3, *(2,) * spec.dims)
         return [

@@ -36,7 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._cases import Draw, describe, randn, refuse, stand_in
+from .._cases import Draw, describe, rand_on, randn, refuse, stand_in
 from .._runtime import I32_MAX, cdiv, values_key
 from ..config import PlanCache, Tunable, plan_builder
 from ..errors import InvalidProblem, Unsupported
@@ -367,7 +367,8 @@ def _cases(device, dtype, size: str) -> list[Case]:
 
 
 def _window_arg(rng, per_dim: list[int]) -> list[int]:
-    """A window argument as ATen takes it: one int for the three dims where they agree (sometimes), else three."""
+    """A window argument as ATen takes it: one int for the three dims where they agree (sometimes), else as given
+    (three, or none for a stride: the kernel size)."""
     return per_dim[:1] if len(set(per_dim)) == 1 and rng.random() < 0.5 else per_dim
 
 
@@ -393,14 +394,14 @@ def _samples(rng, device, dtype):
         out = [output_size(i, kk, ss, pp, ceil_mode) for i, kk, ss, pp in zip(spatial, k, s or k, p)]
         g = d.tensor((*lead, *out), kinds=("grid", "normal", "special"), huge=False)
         x = stand_in((*lead, *spatial), device, dtype) if rng.random() < 0.7 else d.tensor((*lead, *spatial))
-        window = [_window_arg(rng, k), s if len(set(s)) > 1 or not s else _window_arg(rng, s), _window_arg(rng, p)]
+        window = [_window_arg(rng, v) for v in (k, s, p)]
         yield Case(describe(grad_output=g, self=x, kernel_size=window[0], stride=window[1], padding=window[2],
                             ceil_mode=ceil_mode, count_include_pad=include_pad, divisor_override=divisor),
                    (g, x, *window, ceil_mode, include_pad, divisor))
 
 
 def _errors(device):
-    t = lambda *shape: torch.randn(shape, device=device)  # noqa: E731
+    t = rand_on(device)
     g, x = t(2, 3, 2, 2, 2), t(2, 3, 4, 4, 4)
     ok = ([2, 2, 2], [], [0, 0, 0], False, True, None)
 

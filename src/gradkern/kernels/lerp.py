@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._cases import Draw, describe, matrix_shape, randn, refuse, stand_in
+from .._cases import Draw, describe, matrix_shape, rand_on, randn, refuse, stand_in
 from .._runtime import FLOAT_DTYPES, meta_key
 from ..config import PlanCache
 from ..engines.multi_pointwise import MultiPointwise, check_output_mask
@@ -111,7 +111,7 @@ def _lerp_samples(rng, device, dtype):
 
 
 def _lerp_errors(device):
-    t = lambda *shape, dtype=torch.float32: torch.randn(shape, device=device).to(dtype)  # noqa: E731
+    t = rand_on(device)
     return [
         refuse("end of another dtype", Unsupported, "end", t(3, 4), t(3, 4), t(3, 4, dtype=torch.float64), 0.5),
         refuse("a 1-D weight of another dtype", Unsupported, "weight", t(3, 4), t(3, 4), t(3, 4),

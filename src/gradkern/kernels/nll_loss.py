@@ -381,7 +381,7 @@ def _samples(rng, device, dtype):
         t = d.ints(0, c, (n, h, w))
         t = d.place(torch.where(torch.rand(t.shape, generator=d.gen) < 0.2, ignore_index, t), ("contig", "t",
                                                                                                "slice_rand"))
-        weight = d.tensor((c,), "grid").abs() + 0.25 if rng.random() < 0.6 else None
+        weight = d.place(d.values((c,), "grid").abs() + 0.25) if rng.random() < 0.6 else None
         reduction = rng.choice((0, 1, 2))
         yield Case(describe(self=x, target=t, weight=weight, reduction=reduction, ignore_index=ignore_index),
                    (x, t, weight, reduction, ignore_index))

@@ -54,7 +54,7 @@ import triton
 import triton.language as tl
 
 from .. import _runtime
-from .._cases import Draw, describe, randn, refuse, stand_in
+from .._cases import Draw, describe, rand_on, randn, refuse, stand_in
 from .._runtime import I32_MAX, cdiv, values_key
 from ..config import PlanCache, Tunable, plan_builder
 from ..errors import InvalidProblem, Unsupported
@@ -892,7 +892,7 @@ def _errors(spec: _Spec):
     crop past a dim's size, grad_output of another shape or dtype, and bad grad_input= buffers."""
 
     def errors(device):
-        t = lambda *shape, dtype=torch.float32: torch.randn(shape, device=device).to(dtype)  # noqa: E731
+        t = rand_on(device)
         shape = (2, 3, 4, 5, 6)[-spec.dims - 2:]
         pads = [1] * (2 * spec.dims)
         g, x = t(*padded_shape(shape, pads)), t(*shape)

@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._cases import Draw, describe, pointwise_cases, randn, refuse
+from .._cases import Draw, describe, pointwise_cases, rand_on, randn, refuse
 from .._runtime import FLOAT_DTYPES
 from ..engines.elementwise import Pointwise
 from ..errors import InvalidProblem, Unsupported
@@ -130,25 +130,26 @@ def _errors(op: str):
     names = {"elu_backward": ("grad_output", "self_or_result"), "hardshrink_backward": ("grad_out", "self"),
              "hardshrink": ("self",)}.get(op, ("grad_output", "self"))
     out_kw = "out" if op == "hardshrink" else "grad_input"
+    params = {"elu_backward": (1.0, 1.0, 1.0, False), "hardsigmoid_backward": ()}.get(op, (0.5,))
 
     def errors(device):
-        t = lambda *shape, dtype=torch.float32: torch.randn(shape, device=device).to(dtype)  # noqa: E731
+        t = rand_on(device)
 
-        def call(label, error, arg, *tensors, scalars=None, **kw):
-            params = {"elu_backward": (1.0, 1.0, 1.0, False), "hardsigmoid_backward": ()}.get(op, (0.5,))
-            params = params if scalars is None else scalars
-            if op == "elu_backward":
-                return refuse(label, error, arg, tensors[0], *params, tensors[1], **kw)
-            return refuse(label, error, arg, *tensors, *params, **kw)
+        def call(label, error, arg, *tensors, scalars=params, **kw):
+            """The op on `tensors` (grad_output, self) and `scalars`, in its argument order."""
+            args = (tensors[0], *scalars, tensors[1]) if op == "elu_backward" else (*tensors, *scalars)
+            return refuse(label, error, arg, *args, **kw)
 
         unary = op == "hardshrink"
         ins = (t(3, 4),) if unary else (t(3, 4), t(3, 4))
+        poison = {out_kw: torch.full((3, 4), math.nan, device=device)}  # (bad operands: out= stays untouched)
         out = []
         if not unary:
-            out += [call("shapes that do not broadcast", InvalidProblem, "/".join(names), t(3, 4), t(3, 5)),
-                    call("int64 grad", Unsupported, names[0], t(3, 4, dtype=torch.int64), t(3, 4))]
-        out += [call("int32 self", Unsupported, names[-1], *ins[:-1], t(3, 4, dtype=torch.int32)),
-                call("a list, not a tensor", Unsupported, names[-1], *ins[:-1], [1.0, 2.0]),
+            out += [call("shapes that do not broadcast", InvalidProblem, "/".join(names), t(3, 4), t(3, 5),
+                         **poison),
+                    call("int64 grad", Unsupported, names[0], t(3, 4, dtype=torch.int64), t(3, 4), **poison)]
+        out += [call("int32 self", Unsupported, names[-1], *ins[:-1], t(3, 4, dtype=torch.int32), **poison),
+                call("a list, not a tensor", Unsupported, names[-1], *ins[:-1], [1.0, 2.0], **poison),
                 call("out expanded", InvalidProblem, out_kw, *ins, **{out_kw: t(1, 4).expand(3, 4)}),
                 call("out of another dtype", Unsupported, out_kw, *ins, **{out_kw: t(3, 4, dtype=torch.float64)}),
                 call("out of another shape", InvalidProblem, out_kw, *ins, **{out_kw: t(3, 5)})]

@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._cases import Draw, describe, randn, refuse
+from .._cases import Draw, describe, rand_on, randn, refuse
 from .._runtime import FLOAT_DTYPES, I32_MAX, cdiv, math_dtype, meta_key, next_pow2
 from ..config import PlanCache, Tunable
 from ..engines.multi_pointwise import MultiPointwise, check_output_mask
@@ -77,7 +77,7 @@ def _kernel_backward_samples(rng, device, dtype):
 
 
 def _kernel_backward_errors(device):
-    t = lambda *shape, dtype=torch.float32: torch.randn(shape, device=device).to(dtype)  # noqa: E731
+    t = rand_on(device)
     return [
         refuse("weight of another dtype", Unsupported, "weight", t(2, 3), t(2, 3), t(3, dtype=torch.float64)),
         refuse("shapes that do not broadcast", InvalidProblem, "grad_output/self/weight", t(2, 3), t(2, 3), t(2)),
@@ -430,7 +430,7 @@ def _prelu_samples(rng, device, dtype):
 
 
 def _prelu_errors(device):
-    t = lambda *shape, dtype=torch.float32: torch.randn(shape, device=device).to(dtype)  # noqa: E731
+    t = rand_on(device)
     return [
         refuse("a 2-D weight", InvalidProblem, "weight", t(2, 3, 4), t(2, 3, 4), t(1, 3)),
         refuse("a weight per dim 2 entry", InvalidProblem, "weight", t(2, 3, 4), t(2, 3, 4), t(4)),

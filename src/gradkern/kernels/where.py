@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._cases import Draw, describe, matrix_shape, randn, refuse, stand_in
+from .._cases import Draw, describe, matrix_shape, rand_on, randn, refuse, stand_in
 from .._runtime import FLOAT_DTYPES, meta_key
 from ..config import PlanCache
 from ..engines.multi_pointwise import MultiPointwise, check_output_mask
@@ -79,8 +79,9 @@ def _where_samples(rng, device, dtype):
         shape = d.shape(edge)
         number = rng.choice((None, None, None, "self", "other"))
         operands = [rng.uniform(-2, 2) if number == name else
-               d.tensor(d.operand(shape), "normal", dtype=rng.choice(FLOAT_DTYPES) if rng.random() < 0.3 else dtype)
-               for name in ("self", "other")]
+                    d.tensor(d.operand(shape), "normal",
+                             dtype=rng.choice(FLOAT_DTYPES) if rng.random() < 0.3 else dtype)
+                    for name in ("self", "other")]
         mask = tuple(rng.random() < 0.8 and isinstance(t, torch.Tensor) for t in operands)
         c_shape = d.operand(shape)
         cond = d.mask(c_shape) if rng.random() < 0.8 else d.place(d.ints(0, 4, c_shape, torch.uint8))
@@ -93,7 +94,7 @@ def _where_samples(rng, device, dtype):
 
 
 def _where_errors(device):
-    t = lambda *shape, dtype=torch.float32: torch.randn(shape, device=device).to(dtype)  # noqa: E731
+    t = rand_on(device)
     cond = torch.rand((3, 4), device=device) > 0.5
     return [
         refuse("grad of another shape", InvalidProblem, "grad", t(3, 5), cond, t(3, 4), t(3, 4)),

@@ -77,6 +77,7 @@ from .. import _runtime
 from ..plan import route_of
 from ..registry import REGISTRY
 from ..routing.dispatch import use
+from ..testing import ARRANGEMENTS, arrange
 from .bench import _f, _safe, copy_ceiling_gbs
 from .cli import _device_name, print_table
 
@@ -179,44 +180,11 @@ class _Ctx:
 
     def arrange(self, shape, kind: str = "contig", make: Callable | None = None) -> torch.Tensor:
         """A tensor of logical shape `shape` whose memory is laid out as `kind` (LAYOUTS), values from
-        `make(storage_shape)` (default: standard normal)."""
-        make = make or self.randn
-        shape = tuple(shape)
-        r = len(shape)
-        if kind == "contig":
-            return make(shape)
-        if kind == "t":
-            return make(shape[:-2] + (shape[-1], shape[-2])).transpose(-1, -2)
-        if kind == "perm":
-            return make((shape[0], shape[2], shape[1]) + shape[3:]).transpose(1, 2)
-        if kind == "perm01":
-            return make((shape[1], shape[0]) + shape[2:]).transpose(0, 1)
-        if kind == "cl":
-            perm = (0, 3, 1, 2) if r == 4 else (0, 4, 1, 2, 3)
-            return make((shape[0],) + shape[2:] + (shape[1],)).permute(perm)
-        if kind == "exp0":
-            return make((1,) + shape[1:]).expand(shape)
-        if kind == "exp_row":
-            return make((1,) * (r - 1) + shape[-1:]).expand(shape)
-        if kind == "exp_col":
-            return make(shape[:-1] + (1,)).expand(shape)
-        if kind == "bcast_col":
-            return make(shape[:-1] + (1,))
-        if kind == "s2":
-            return make(shape[:-1] + (2 * shape[-1],))[..., ::2]
-        if kind == "rows2":
-            return make((2 * shape[0],) + shape[1:])[::2]
-        if kind == "off1":
-            return make((math.prod(shape) + 1,))[1:].view(shape)
-        if kind == "pitch":
-            return make(shape[:-1] + (shape[-1] + 5,))[..., :shape[-1]]
-        raise ValueError(f"unknown layout {kind!r}")
+        `make(storage_shape)` (default: standard normal): `gradkern.testing.arrange`."""
+        return arrange(shape, kind, make or self.randn)
 
 
-LAYOUTS = {"contig": "contiguous", "t": "transposed", "perm": "permuted (dims 1, 2)",
-           "perm01": "permuted (dims 0, 1)", "cl": "channels_last", "exp0": "expanded over dim 0",
-           "exp_row": "expanded rows", "exp_col": "expanded columns", "bcast_col": "broadcast (..., 1)",
-           "s2": "stride 2", "rows2": "every other row", "off1": "storage offset 1", "pitch": "padded row pitch"}
+LAYOUTS = ARRANGEMENTS  # layout name -> its words in the labels (the sweep uses the fixed ones, not "*_rand")
 
 
 def distinct_bytes(t) -> int:
