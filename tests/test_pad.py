@@ -237,22 +237,19 @@ def test_empty(op):
 
 
 @pytest.mark.parametrize("op", [OPS[0], OPS[1], OPS[5]])
-def test_int64_offsets_and_several_planes_per_program(op, monkeypatch):
+def test_int64_offsets_and_several_planes_per_program(op):
     """The int64 path and the multi-plane path (normally only for > 2^31 elements / > 2^30 tiles), forced by
-    lowering the int32 limit and the grid's (module constants: limits, not tuning choices)."""
+    lowering the config's limits."""
     d = _dims(op)
     shape, pads = SEMANTICS[d][0]
     problem = _problem(op, shape, pads, torch.float32)
     expected = getattr(ops, op)(*problem)
-    knobs = [("I32_MAX", 64)] + ([("_MAX_PROGRAMS", 2)] if d > 1 else [])  # 1d here is a single tile
+    knobs = [("i32_max", 64)] + ([("max_programs", 2)] if d > 1 else [])  # 1d here is a single tile
     for knob, value in knobs:
-        config.clear_plans()
-        monkeypatch.setattr(padmod, knob, value)
-        plan = _plan(op, *problem)
-        assert plan.consts["I64"] if knob == "I32_MAX" else plan.args[0][1] > 1  # (GRID's planes a program)
-        assert_bitwise_equal(getattr(ops, op)(*problem), expected, f"{op} {knob}={value}")
-        monkeypatch.undo()
-    config.clear_plans()
+        with config.override(padmod.CONFIG, **{knob: value}):
+            plan = _plan(op, *problem)
+            assert plan.consts["I64"] if knob == "i32_max" else plan.args[0][1] > 1  # (GRID's planes a program)
+            assert_bitwise_equal(getattr(ops, op)(*problem), expected, f"{op} {knob}={value}")
 
 
 @pytest.mark.parametrize("op", [op for op in OPS if _dims(op) > 1])  # (1d pads no rows: never EARLY)

@@ -27,7 +27,9 @@ from typing import Any
 
 import torch
 
-__all__ = ["CACHE_LIMIT", "PlanCache", "plan_builder", "clear_plans", "Tunable", "override", "tunables"]
+from ._runtime import I32_MAX
+
+__all__ = ["CACHE_LIMIT", "PlanCache", "plan_builder", "clear_plans", "Tunable", "override", "tunables", "GridLimits"]
 
 #: a per-problem cache holding more entries than this is emptied (a run with ever-new shapes stays bounded)
 CACHE_LIMIT = 4096
@@ -113,6 +115,17 @@ class Tunable:
 
     def __repr__(self) -> str:
         return f"Tunable({self.name!r}, {self.current!r})"
+
+
+@dataclasses.dataclass(frozen=True)
+class GridLimits:
+    """Two limits, not tuning choices, for the configs of kernels with a grid-stride loop and an int64 index path
+    (their config dataclasses derive from this one): tests lower them with `override` to run those paths."""
+
+    #: programs a launch runs at most, beyond which each takes several tiles in turn (a grid-stride loop)
+    max_programs: int = 2**30
+    #: index math is 32-bit unless a value can pass this: int32's limit
+    i32_max: int = I32_MAX
 
 
 @contextmanager

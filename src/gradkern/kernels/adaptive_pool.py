@@ -26,8 +26,8 @@ import triton
 import triton.language as tl
 
 from .._cases import Draw, describe, rand_on, randn, refuse, stand_in
-from .._runtime import I32_MAX, cdiv
-from ..config import PlanCache, Tunable, plan_builder
+from .._runtime import cdiv
+from ..config import GridLimits, PlanCache, Tunable, plan_builder
 from ..errors import InvalidProblem, Unsupported
 from ..launch.alloc import channels_last_format, empty
 from ..launch.checks import check_like, check_tensor
@@ -37,7 +37,7 @@ from ..registry import Case, register_op
 
 
 @dataclass(frozen=True)
-class AdaptivePoolConfig:
+class AdaptivePoolConfig(GridLimits):
     """Adaptive average pooling's launch heuristics, read once per plan."""
 
     #: elements a program owns (a plane smaller than that: the plane, rounded up to powers of two); warps follow
@@ -49,11 +49,6 @@ class AdaptivePoolConfig:
     max_bc: int = 128
     #: "planes" or "rows" forces that tiling (tests); None: grad_input's layout chooses (`_tiling`)
     tiling: str | None = None
-    #: programs a launch runs at most, beyond which each takes several tiles in turn (a grid-stride loop): a grid
-    #: limit, not a tuning choice; tests lower it to run the loop
-    max_programs: int = 2**30
-    #: index math is 32-bit unless a value can pass this: int32's limit; tests lower it to run the int64 path
-    i32_max: int = I32_MAX
 
 
 CONFIG = Tunable("adaptive_avg_pool", AdaptivePoolConfig())

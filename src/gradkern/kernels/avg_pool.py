@@ -37,8 +37,8 @@ import triton
 import triton.language as tl
 
 from .._cases import Draw, describe, rand_on, randn, refuse, stand_in
-from .._runtime import I32_MAX, cdiv, values_key
-from ..config import PlanCache, Tunable, plan_builder
+from .._runtime import cdiv, values_key
+from ..config import GridLimits, PlanCache, Tunable, plan_builder
 from ..errors import InvalidProblem, Unsupported
 from ..launch.alloc import empty
 from ..launch.checks import check_like, check_tensor
@@ -50,7 +50,7 @@ OP = "avg_pool3d_backward"
 
 
 @dataclass(frozen=True)
-class AvgPoolConfig:
+class AvgPoolConfig(GridLimits):
     """avg_pool3d_backward's launch heuristics, read once per plan. Figures: H100, torch 2.11, Triton 3.6; the
     variants measured: docs/tuning/avg_pool.md."""
 
@@ -64,11 +64,6 @@ class AvgPoolConfig:
     max_bw: int = 128
     #: warps a program (fewer for a tile below 32 elements a warp)
     warps: int = 4
-    #: programs a launch runs at most, beyond which each takes several tiles in turn (a grid-stride loop): a grid
-    #: limit, not a tuning choice; tests lower it to run the loop
-    max_programs: int = 2**30
-    #: index math is 32-bit unless a value can pass this: int32's limit; tests lower it to run the int64 path
-    i32_max: int = I32_MAX
 
 
 CONFIG = Tunable("avg_pool", AvgPoolConfig())

@@ -78,7 +78,7 @@ import triton.language as tl
 
 from .._cases import DENSE_LAYOUTS, Draw, describe, randn, refuse
 from .._runtime import I32_MAX, cdiv, values_key
-from ..config import PlanCache, Tunable, plan_builder
+from ..config import GridLimits, PlanCache, Tunable, plan_builder
 from ..errors import InvalidProblem, Unsupported
 from ..launch.alloc import channels_last_format, empty
 from ..launch.checks import check_like, check_tensor
@@ -89,7 +89,7 @@ from .adaptive_pool import max_outputs
 
 
 @dataclass(frozen=True)
-class MaxPoolConfig:
+class MaxPoolConfig(GridLimits):
     """Max pooling's launch heuristics (max_pool3d and adaptive max pooling), read once per plan. Round-2
     register and SASS figures (sm_90 compiles, Triton 3.6) and the probe's variants: docs/tuning/max_pool.md."""
 
@@ -116,11 +116,6 @@ class MaxPoolConfig:
     cols0: bool = tuple(int(v) for v in triton.__version__.split(".")[:2]) < (3, 7)
     #: "lines" or "channels" forces that tiling (tests); None: grad_input's layout chooses (`_tiling`)
     tiling: str | None = None
-    #: programs a launch runs at most, beyond which each takes several tiles in turn (a grid-stride loop): a grid
-    #: limit, not a tuning choice; tests lower it to run the loop
-    max_programs: int = 2**30
-    #: index math is 32-bit unless a value can pass this: int32's limit; tests lower it to run the int64 path
-    i32_max: int = I32_MAX
     #: the outputs' side (`_outputs_side_kernel`, grad_input zeroed first) where inputs have several candidates and
     #: are at least this many times the outputs: a candidate walk an output, not an input (H200, f32 / bf16:
     #: AdaptiveMaxPool2d 64 -> 7 0.39x / 0.31x ATen -> 0.94x / 1.00x; MaxPool3d(3, 2, 1) 0.45x / 0.66x -> 0.73x /

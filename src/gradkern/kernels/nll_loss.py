@@ -38,8 +38,8 @@ import triton
 import triton.language as tl
 
 from .._cases import Draw, describe, randn, refuse
-from .._runtime import I32_MAX, cdiv
-from ..config import PlanCache, Tunable
+from .._runtime import cdiv
+from ..config import GridLimits, PlanCache, Tunable
 from ..errors import InvalidProblem, Unsupported
 from ..launch.alloc import empty
 from ..launch.checks import check_like, check_tensor
@@ -51,7 +51,7 @@ _OP = "nll_loss2d_forward"
 
 
 @dataclass(frozen=True)
-class NllLossConfig:
+class NllLossConfig(GridLimits):
     """nll_loss2d_forward's launch heuristics, read once per plan: first choices from the design, not yet measured
     on a GPU (what to try: docs/tuning/nll_loss.md)."""
 
@@ -66,11 +66,6 @@ class NllLossConfig:
     min_steps: int = 2
     #: partials the finishing program adds a step (2048 partials: two steps)
     finish_block: int = 1024
-    #: reduction none: one block a program up to this many programs, then several in turn: a grid limit, not a
-    #: tuning choice
-    max_programs: int = 2**30
-    #: index math is 32-bit unless a value can pass this: int32's limit; tests lower it to run the int64 path
-    i32_max: int = I32_MAX
 
 
 CONFIG = Tunable("nll_loss", NllLossConfig())

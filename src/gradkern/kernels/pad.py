@@ -56,15 +56,13 @@ import triton.language as tl
 from .. import _runtime
 from .._cases import Draw, describe, rand_on, randn, refuse, stand_in
 from .._runtime import I32_MAX, cdiv, values_key
-from ..config import PlanCache, Tunable, plan_builder
+from ..config import GridLimits, PlanCache, Tunable, plan_builder
 from ..errors import InvalidProblem, Unsupported
 from ..launch.alloc import empty, empty_contiguous_like
 from ..launch.checks import check_like, check_out_overlap, check_tensor
 from ..launch.launcher import launch, launch_consts
 from ..launch.tl_helpers import cast_out
 from ..registry import Case, register_op
-
-_MAX_PROGRAMS = 2**30  # the 1-D grid's limit: past it, a program does several planes in turn (PLANES_LOOP)
 
 
 # ----------------------------------------------------------------------------------------------- kernel
@@ -545,7 +543,7 @@ class _Plan:
 
 
 @dataclass(frozen=True)
-class PadConfig:
+class PadConfig(GridLimits):  # (max_programs: past it, a program does several planes in turn, PLANES_LOOP)
     """pad's launch heuristics, read once per plan. A (dims, size) pair is (padded dims, element size in bytes).
     Figures: H200, torch 2.11, Triton 3.6; their measurements and the variants tried: docs/tuning/pad.md."""
 
@@ -701,12 +699,12 @@ def _plan(spec: _Spec, g_shape, g_strides, self_shape, pads, out_strides, dtype:
     sw = min(triton.next_power_of_2(max(ws[1] - ws[0] + ws[3] - ws[2], 1)), bw)
     n_wb, n_hb = cdiv(w_in, bw), cdiv(h_in, bh)
     planes = q0 * q1 * d_in
-    per_program = cdiv(planes * n_hb * n_wb, _MAX_PROGRAMS)
+    per_program = cdiv(planes * n_hb * n_wb, cfg.max_programs)
     grid = cdiv(planes, per_program) * n_hb * n_wb
     # in-plane offsets and row/column indices (mirrors reach about twice the size, plus the pad, plus a tile)
     reach = max((gsize[3] - 1) * gstr[3] + (gsize[4] - 1) * gstr[4], (h_in - 1) * istr[3] + (w_in - 1) * istr[4],
                 2 * max(gsize[3:] + isize[3:]) + max(map(abs, pads)) + 2 * max(bh, bw))
-    i64 = reach > I32_MAX
+    i64 = reach > cfg.i32_max
     acc = tl.float64 if dtype == torch.float64 else tl.float32
     crop = min(pads) < 0
     # loads unrolled (in flight together): source planes, and replicate's extra rows / columns per side

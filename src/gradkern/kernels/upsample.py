@@ -54,8 +54,8 @@ import triton
 import triton.language as tl
 
 from .._cases import Draw, describe, randn, refuse
-from .._runtime import I32_MAX, cdiv, values_key
-from ..config import PlanCache, Tunable, plan_builder
+from .._runtime import cdiv, values_key
+from ..config import GridLimits, PlanCache, Tunable, plan_builder
 from ..errors import InvalidProblem, Unsupported
 from ..launch.alloc import channels_last_format, empty
 from ..launch.checks import check_tensor
@@ -65,7 +65,7 @@ from ..registry import Case, register_op
 
 
 @dataclass(frozen=True)
-class UpsampleConfig:
+class UpsampleConfig(GridLimits):
     """Upsampling's launch heuristics, read once per plan. Figures: H100, f32, Triton 3.6; the layouts, tiles and
     timings behind them: docs/tuning/upsample.md."""
 
@@ -85,11 +85,6 @@ class UpsampleConfig:
     count_max: int = 2**22
     #: "planes" or "rows" forces that tiling (tests); None: grad_input's layout chooses (`_tiling`)
     tiling: str | None = None
-    #: programs a launch runs at most, beyond which each takes several tiles in turn (a grid-stride loop): a grid
-    #: limit, not a tuning choice; tests lower it to run the loop
-    max_programs: int = 2**30
-    #: index math is 32-bit unless a value can pass this: int32's limit; tests lower it to run the int64 path
-    i32_max: int = I32_MAX
 
 
 CONFIG = Tunable("upsample", UpsampleConfig())
