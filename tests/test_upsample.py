@@ -110,13 +110,14 @@ def test_each_input_gets_exactly_the_outputs_whose_taps_land_on_it(mode, align):
 
 def test_downsampling_takes_few_candidates_whatever_the_factor():
     """Downsampling reads each input from at most a few outputs (2 linear, 4 cubic, 3 antialias), so the candidate
-    axis stays short even for large factors: cost tracks the outputs per input, not the factor."""
+    axis and the tables stay short even for large factors: cost tracks the outputs per input, not the factor."""
+    cfg = up.CONFIG.current
     for mode, most in ((up._LINEAR, 2), (up._CUBIC, 4), (up._ANTIALIAS, 4)):
         for n_in, n_out in ((1000, 3), (512, 7), (97, 13)):
-            assert up._candidates(int(mode), n_in, n_out, up._scale(n_in, n_out, False, None, torch.float32),
-                                  False, up.CONFIG.current) <= most
+            readers = up._most(int(mode), n_in, n_out, up._scale(n_in, n_out, False, None, torch.float32), False, cfg)
+            assert up._candidates(readers, cfg) <= most and up._width(int(mode), readers) <= most + 2
     # (8x up: 17 candidates, taken 16 at a time)
-    assert up._candidates(int(up._LINEAR), 8, 64, 0.125, False, up.CONFIG.current) == 16
+    assert up._candidates(up._most(int(up._LINEAR), 8, 64, 0.125, False, cfg), cfg) == 16
 
 
 # ----------------------------------------------------------------------------------------------- vs stock
@@ -318,15 +319,16 @@ _COMPILE = textwrap.dedent("""
     for spec in json.load(open(sys.argv[1])):
         kernel = getattr(up, spec["kernel"])
         names, fixed = kernel.arg_names, set(kernel.do_not_specialize or ())
-        values = dict(zip(names, [None, None, *spec["ints"]]))
+        ptrs = dict(zip(names, spec["ptrs"]))
+        values = dict(zip(names, [None] * len(ptrs) + spec["ints"]))
         sig, consts = {}, {}
         for i, name in enumerate(names):
             v = values.get(name)
             if name in spec["consts"]:
                 c = spec["consts"][name]
                 sig[name], consts[(i,)] = "constexpr", tl.dtype(c[1:]) if isinstance(c, str) and c[0] == "~" else c
-            elif v is None:
-                sig[name] = "*fp32"
+            elif name in ptrs:
+                sig[name] = ptrs[name]
             elif v == 1 and name not in fixed:  # (what the JIT does with an integer argument equal to 1)
                 sig[name], consts[(i,)] = "constexpr", 1
             else:
@@ -338,6 +340,9 @@ _COMPILE = textwrap.dedent("""
             failures.append(f"{spec['label']}: {type(e).__name__}: {str(e)[-1500:]}")
     print(json.dumps(failures))
 """)
+
+
+TABLE_PTRS = ["*i32", "*fp32", "*i8"]  # (idx, wt, mx in float32 math)
 
 
 def test_kernels_compile_with_sizes_of_one(tmp_path):
@@ -361,8 +366,14 @@ def test_kernels_compile_with_sizes_of_one(tmp_path):
                         torch.float32)
         consts = {k: (f"~{v.name}" if isinstance(v, tl.dtype) else v) for k, v in plan.consts.items()
                   if k not in ("__values__", "num_warps")}
-        specs.append({"label": f"{op} {in_sizes} <- {out_sizes} {fmt}", "kernel": plan.kernel.fn.__name__,
+        label = f"{op} {in_sizes} <- {out_sizes} {fmt}"
+        specs.append({"label": label, "kernel": plan.kernel.fn.__name__, "ptrs": ["*fp32"] * 2 + TABLE_PTRS,
                       "ints": list(plan.args), "consts": consts, "warps": plan.consts["num_warps"]})
+        for n_in, n_out, bits, width, mode, align in plan.dims:  # (the table kernel, one launch a dim)
+            specs.append({"label": f"{label} table {n_in} <- {n_out}", "kernel": "_table_kernel",
+                          "ptrs": TABLE_PTRS, "ints": [n_in, n_out, bits, width], "warps": 4,
+                          "consts": {"MODE": mode, "ALIGN": align, "ACC": "~fp32", "BI": up._TABLE_BLOCK,
+                                     "BK": up._TABLE_CHUNK}})
     path = tmp_path / "specs.json"
     path.write_text(json.dumps(specs))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -589,3 +600,22 @@ def test_large_problems_match_stock(op):
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 def test_bitwise_identical_repeats_on_gpu(dtype):
     assert_repeats_bitwise(OPS, dtype, DEVICE, "check")
+
+
+@gpu_only
+def test_tables_built_under_capture_stay_in_the_graph():
+    """A plan first met during CUDA graph capture builds its tables into the graph (its memory is the graph's) and
+    does not keep them: the replay is right, and so is an eager call afterwards, which builds its own."""
+    args = _args(BILINEAR, (2, 3, 9, 11), (20, 7), False)
+    expected = ops.upsample_bilinear2d_backward(*args)
+    config.clear_plans()
+    stream = torch.cuda.Stream()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph):
+        captured = ops.upsample_bilinear2d_backward(*args)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_bitwise_equal(captured, expected, "replay")
+    assert not any(plan.tables for plan in up._VALIDATED.values()), "a table built during capture was kept"
+    assert_bitwise_equal(ops.upsample_bilinear2d_backward(*args), expected, "eager after capture")
+

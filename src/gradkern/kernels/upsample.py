@@ -8,12 +8,15 @@ o -> first tap is monotone, so the outputs that read input i form a contiguous r
 the inverse of the source map (area_pixel_compute_scale / area_pixel_compute_source_index, or the antialias window
 ends), then corrected by a step or two against the forward's own index computation, so the range is exact. For
 each output in the range the forward's taps and weights are recomputed as ATen computes them (in fp32, fp64 for
-f64: ATen's accscalar_t) and the weights of the taps that land on i summed; the element sums w_d * w_h * w_w * g
-over its outputs and is written once. Along D and H the outputs are loops (ascending); along W up to KW of them
-(KW the most outputs an input has, counted on the host, up to 16: more are taken in turn) are a tensor axis, their
-weights computed once a tile and summed with tl.sum for each (od, oh) in each thread's registers. The loops run as
-many times as the most outputs an element of the tile has (about 2 * out/in + 1 when upsampling, 1 or 2 when
-downsampling, whatever the factor), so the cost tracks the outputs per input.
+f64: ATen's accscalar_t) and the weights of the taps that land on i summed. Ranges and weights depend on a dim's
+index alone, so they are computed once a plan and device, one small launch a dim (`_table_kernel`), into tables:
+input i's range, and the weight (and whether the term is "mixed", below) of its k-th reader. The tile kernels read
+the tables and know nothing of the interpolation; the element sums w_d * w_h * w_w * g over its outputs and is
+written once. Along D and H the outputs are loops (ascending); along W up to KW of them (KW the most outputs an
+input has, counted on the host, up to 16: more are taken in turn) are a tensor axis, their weights loaded once a
+tile and summed with tl.sum for each (od, oh) in each thread's registers. The loops run as many times as the most
+outputs an element of the tile has (about 2 * out/in + 1 when upsampling, 1 or 2 when downsampling, whatever the
+factor), so the cost tracks the outputs per input. When no dim is resized, grad_input is a copy.
 
 Per dim (ATen's semantics, CUDA's where the CPU kernel departs from it):
 * linear: scale = (in-1)/(out-1) with align_corners (0 for out = 1), else 1/scales given and > 0, else in/out;
@@ -32,8 +35,9 @@ Stock adds w * g tap by tap, so an infinite g gives NaN on an input where a tap 
 (cubic's clamped border taps), land; a term here is formed once per output and dimension, and marked to add 0 * g
 (NaN for an infinite g, nothing otherwise) where that happens: the same NaNs.
 
-A program owns a [BW, BH] tile of one (n, c, d) plane of grad_input (past 2^30 tiles, several in turn); the output
-ranges along H and W are per-row and per-column vectors, the D range a scalar, and grad_output is read in place
+A program owns a [BW, BH] tile of one (n, c, d) plane of grad_input (past 2^30 tiles, several in turn; for 1d, whose
+H is 1, the channels are the plane's rows); the output ranges along H and W are per-row and per-column vectors, the D
+range a scalar, and grad_output is read in place
 through its strides. A channels_last grad_input (C > 1) is tiled by rows instead: one (n, d, h) row, a [BC, BW]
 block of (c, w), C the fastest axis, so stores (and a channels_last grad_output's loads) are contiguous; the same
 terms in the same order. The order is fixed for a problem, so its bits are; two tilings of one problem may group the
@@ -43,10 +47,11 @@ grad_output's suggested memory format (channels_last / channels_last_3d), linear
 
 from __future__ import annotations
 
+import contextlib
 import math
 import operator
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -271,19 +276,50 @@ def _weight(o, i, n_in, scale, MODE: tl.constexpr, ALIGN: tl.constexpr):
     return w, hit, mixed
 
 
+# ----------------------------------------------------------------------------------------------- kernel: tables
+@triton.jit
+def _table_kernel(idx, wt, mx, n_in, n_out, r, T, MODE: tl.constexpr, ALIGN: tl.constexpr, ACC: tl.constexpr,
+                  BI: tl.constexpr, BK: tl.constexpr):
+    """One dim's table: input i's readers [lo, lo + count) at idx[i] and idx[n_in + i]; the weight on i of its
+    k-th reader at wt[i * T + k] (0 past the count), and at mx[i * T + k] whether that term is mixed (`_weight`)."""
+    s = scalar(r, ACC)
+    i = tl.program_id(0) * BI + tl.arange(0, BI)
+    m = i < n_in
+    i = tl.minimum(i, n_in - 1)
+    lo, hi = _readers(i, n_in, n_out, s, MODE, ALIGN)
+    tl.store(idx + i, lo.to(tl.int32), mask=m)
+    tl.store(idx + n_in + i, (hi - lo).to(tl.int32), mask=m)
+    for k0 in range(0, T, BK):
+        k = k0 + tl.arange(0, BK)[None, :]
+        o = lo[:, None] + k
+        w, hit, mixed = _weight(o, i[:, None], n_in, s, MODE, ALIGN)
+        on = hit & (o < hi[:, None])
+        at = i[:, None].to(tl.int64) * T + k
+        keep = m[:, None] & (k < T)
+        tl.store(wt + at, tl.where(on, w, 0.0), mask=keep)
+        tl.store(mx + at, (on & mixed).to(tl.int8), mask=keep)
+
+
 # ----------------------------------------------------------------------------------------------- kernel: tiles
 # (a scalar condition meets a block one through tl.where: Triton 3.9's interpreter broadcasts a scalar int1 as
 # int32, so `block & scalar` makes a mask tl.load rejects)
 @triton.jit
-def _and(s, b):
-    """Scalar condition s and block condition b."""
-    return tl.where(s, b, b != b)
-
-
-@triton.jit
 def _or(s, b):
     """Scalar condition s or block condition b."""
     return tl.where(s, b == b, b)
+
+
+# The tile kernels know nothing of the interpolation: every dim's readers and weights come from the plan's tables
+# (`_table_kernel`, built once a plan and device), D's, then H's, then W's, each table T{D,H,W} wide. (Computing
+# them in the tile, per row and column, was most of the work where an element has few terms: downsampling ran at
+# 0.6x ATen.)
+@triton.jit
+def _table_parts(idx, wt, mx, D, H, TD, TH):
+    """H's and W's range tables and weight / mixed tables, past D's (and H's)."""
+    ih = idx + 2 * D
+    wh = wt + D * TD
+    xh = mx + D * TD
+    return ih, ih + 2 * H, wh, wh + H * TH, xh, xh + H * TH
 
 
 # Layouts (Triton 3.6 measured): the gather's addresses show no contiguity, and where no axis of a block has more
@@ -293,16 +329,12 @@ def _or(s, b):
 # (With the candidate axis first, as before, a warp spread over 4 candidates x 4 rows x 2 columns, and every (od, oh)
 # paid a shuffle reduction.) gsW is never specialised for the same reason: as the constant 1 it would show the
 # candidate axis contiguous in memory, and the candidates would go fastest across threads again.
-@triton.jit(do_not_specialize=("gsW", "rd", "rh", "rw"))
-def _upsample_backward_kernel(gi, go, n_tiles, C, D, H, W, Do, Ho, Wo, gsN, gsC, gsD, gsH, gsW,
-                              isN, isC, isD, isH, isW, rd, rh, rw,
-                              MODE: tl.constexpr, DIMS: tl.constexpr, ALIGN: tl.constexpr, KW: tl.constexpr,
-                              BH: tl.constexpr, BW: tl.constexpr, ACC: tl.constexpr, I64: tl.constexpr):
-    MD: tl.constexpr = MODE if DIMS == 3 else _COPY  # (dims the op does not resize: copies)
-    MH: tl.constexpr = MODE if DIMS >= 2 else _COPY
-    sd = scalar(rd, ACC)
-    sh = scalar(rh, ACC)
-    sw = scalar(rw, ACC)
+@triton.jit(do_not_specialize=("gsW",))
+def _upsample_backward_kernel(gi, go, idx, wt, mx, n_tiles, C, D, H, W, gsN, gsC, gsD, gsH, gsW,
+                              isN, isC, isD, isH, isW, TD, TH, TW,
+                              KW: tl.constexpr, BH: tl.constexpr, BW: tl.constexpr, ACC: tl.constexpr,
+                              I64: tl.constexpr):
+    iH, iW, wH, wW, xH, xW = _table_parts(idx, wt, mx, D, H, TD, TH)
     n_wb = tl.cdiv(W, BW)
     n_hb = tl.cdiv(H, BH)
     for t in range(tl.program_id(0), n_tiles, tl.num_programs(0)):
@@ -321,29 +353,34 @@ def _upsample_backward_kernel(gi, go, n_tiles, C, D, H, W, Do, Ho, Wo, gsN, gsC,
         if I64:
             w = w.to(tl.int64)
             h = h.to(tl.int64)
-        ow_lo, ow_hi = _readers(w, W, Wo, sw, MODE, ALIGN)  # the outputs that read each column / row
-        oh_lo, oh_hi = _readers(h, H, Ho, sh, MH, ALIGN)
-        od_lo, od_hi = _readers(d, D, Do, sd, MD, ALIGN)
-        kh = tl.max(oh_hi - oh_lo)  # (the tile's longest ranges: the loops' trip counts)
-        kw = tl.max(ow_hi - ow_lo)
+        ow_lo = tl.load(iW + w)  # the outputs that read each column / row / the plane: [lo, lo + n)
+        ow_n = tl.load(iW + W + w)
+        oh_lo = tl.load(iH + h)
+        oh_n = tl.load(iH + H + h)
+        od_lo = tl.load(idx + d)
+        od_n = tl.load(idx + D + d)
+        kh = tl.max(oh_n)  # (the tile's longest ranges: the loops' trip counts)
+        kw = tl.max(ow_n)
         src = go + n * gsN + c * gsC
         acc = tl.zeros([BW, BH], dtype=ACC)
-        for k0 in range(0, kw, KW):  # KW candidate columns at once, their weights computed once a tile
-            ow = (ow_lo + k0)[:, :, None] + tl.arange(0, KW)[None, None, :]  # [BW, 1, KW]
-            ww, hw, xw = _weight(ow, w[:, :, None], W, sw, MODE, ALIGN)
-            mw = hw & (ow < ow_hi[:, :, None]) & cm[:, :, None]
-            cols = tl.minimum(ow, Wo - 1) * gsW
-            for i in range(0, od_hi - od_lo):
-                od = od_lo + i
-                wd, hd, xd = _weight(od, d, D, sd, MD, ALIGN)
-                plane = src + od * gsD
+        for k0 in range(0, kw, KW):  # KW candidate columns at once, their weights loaded once a tile
+            k = k0 + tl.arange(0, KW)[None, None, :]  # [1, 1, KW]
+            mw = (k < ow_n[:, :, None]) & cm[:, :, None]
+            at = w[:, :, None] * TW + k
+            ww = tl.load(wW + at, mask=mw, other=0.0)
+            xw = tl.load(xW + at, mask=mw, other=0) != 0
+            cols = (ow_lo[:, :, None] + k) * gsW
+            for i in range(0, od_n):
+                wd = tl.load(wt + d * TD + i)
+                xd = tl.load(mx + d * TD + i) != 0
+                plane = src + (od_lo + i) * gsD
                 for j in range(0, kh):
-                    oh = oh_lo + j
-                    wh, hh, xh = _weight(oh, h, H, sh, MH, ALIGN)
-                    mh = _and(hd, rm & hh & (oh < oh_hi))
+                    mh = rm & (j < oh_n)
+                    wh = tl.load(wH + h * TH + j, mask=mh, other=0.0)
+                    xh = tl.load(xH + h * TH + j, mask=mh, other=0) != 0
                     wdh = (wd * wh)[:, :, None]
                     xdh = _or(xd, xh)[:, :, None]
-                    row = (plane + tl.minimum(oh, Ho - 1) * gsH)[:, :, None]
+                    row = (plane + (oh_lo + j) * gsH)[:, :, None]
                     g = tl.load(row + cols, mask=mh[:, :, None] & mw, other=0.0).to(ACC)
                     term = wdh * ww * g
                     acc += tl.sum(tl.where(xdh | xw, term + g * 0.0, term), axis=2)
@@ -351,16 +388,12 @@ def _upsample_backward_kernel(gi, go, n_tiles, C, D, H, W, Do, Ho, Wo, gsN, gsC,
         tl.store(dst, cast_out(acc, gi.dtype.element_ty), mask=cm & rm)
 
 
-@triton.jit(do_not_specialize=("rd", "rh", "rw"))  # (gsW = C > 1 here: specialised, its divisibility vectorises C)
-def _upsample_backward_rows_kernel(gi, go, n_tiles, C, D, H, W, Do, Ho, Wo, gsN, gsC, gsD, gsH, gsW,
-                                   isN, isC, isD, isH, isW, rd, rh, rw,
-                                   MODE: tl.constexpr, DIMS: tl.constexpr, ALIGN: tl.constexpr, KW: tl.constexpr,
-                                   BW: tl.constexpr, BC: tl.constexpr, ACC: tl.constexpr, I64: tl.constexpr):
-    MD: tl.constexpr = MODE if DIMS == 3 else _COPY
-    MH: tl.constexpr = MODE if DIMS >= 2 else _COPY
-    sd = scalar(rd, ACC)
-    sh = scalar(rh, ACC)
-    sw = scalar(rw, ACC)
+@triton.jit  # (gsW = C > 1 here: specialised, its divisibility vectorises C)
+def _upsample_backward_rows_kernel(gi, go, idx, wt, mx, n_tiles, C, D, H, W, gsN, gsC, gsD, gsH, gsW,
+                                   isN, isC, isD, isH, isW, TD, TH, TW,
+                                   KW: tl.constexpr, BW: tl.constexpr, BC: tl.constexpr, ACC: tl.constexpr,
+                                   I64: tl.constexpr):
+    iH, iW, wH, wW, xH, xW = _table_parts(idx, wt, mx, D, H, TD, TH)
     n_cb = tl.cdiv(C, BC)
     n_wb = tl.cdiv(W, BW)
     for t in range(tl.program_id(0), n_tiles, tl.num_programs(0)):
@@ -378,25 +411,30 @@ def _upsample_backward_rows_kernel(gi, go, n_tiles, C, D, H, W, Do, Ho, Wo, gsN,
         if I64:
             w = w.to(tl.int64)
             c = c.to(tl.int64)
-        ow_lo, ow_hi = _readers(w, W, Wo, sw, MODE, ALIGN)  # per column; along H and D one range
-        oh_lo, oh_hi = _readers(h, H, Ho, sh, MH, ALIGN)
-        od_lo, od_hi = _readers(d, D, Do, sd, MD, ALIGN)
-        kw = tl.max(ow_hi - ow_lo)
+        ow_lo = tl.load(iW + w)  # per column; along H and D one range
+        ow_n = tl.load(iW + W + w)
+        oh_lo = tl.load(iH + h)
+        oh_n = tl.load(iH + H + h)
+        od_lo = tl.load(idx + d)
+        od_n = tl.load(idx + D + d)
+        kw = tl.max(ow_n)
         src = go + n * gsN
         acc = tl.zeros([BC, BW], dtype=ACC)
         for k0 in range(0, kw, KW):  # (the plane kernel's loops and terms)
-            ow = (ow_lo + k0)[:, :, None] + tl.arange(0, KW)[None, None, :]  # [1, BW, KW]
-            ww, hw, xw = _weight(ow, w[:, :, None], W, sw, MODE, ALIGN)
-            mw = hw & (ow < ow_hi[:, :, None]) & m[:, :, None]
-            cols = tl.minimum(ow, Wo - 1) * gsW + c[:, :, None] * gsC
-            for i in range(0, od_hi - od_lo):
-                od = od_lo + i
-                wd, hd, xd = _weight(od, d, D, sd, MD, ALIGN)
-                for j in range(0, oh_hi - oh_lo):
-                    oh = oh_lo + j
-                    wh, hh, xh = _weight(oh, h, H, sh, MH, ALIGN)
+            k = k0 + tl.arange(0, KW)[None, None, :]
+            mw = (k < ow_n[:, :, None]) & m[:, :, None]
+            at = w[:, :, None] * TW + k
+            ww = tl.load(wW + at, mask=mw, other=0.0)
+            xw = tl.load(xW + at, mask=mw, other=0) != 0
+            cols = (ow_lo[:, :, None] + k) * gsW + c[:, :, None] * gsC
+            for i in range(0, od_n):
+                wd = tl.load(wt + d * TD + i)
+                xd = tl.load(mx + d * TD + i) != 0
+                for j in range(0, oh_n):
+                    wh = tl.load(wH + h * TH + j)
+                    xh = tl.load(xH + h * TH + j) != 0
                     wdh = wd * wh
-                    g = tl.load(src + od * gsD + oh * gsH + cols, mask=_and(hd & hh, mw), other=0.0).to(ACC)
+                    g = tl.load(src + (od_lo + i) * gsD + (oh_lo + j) * gsH + cols, mask=mw, other=0.0).to(ACC)
                     term = wdh * ww * g
                     acc += tl.sum(tl.where(_or(xd | xh, xw), term + g * 0.0, term), axis=2)
         dst = gi + n * isN + d * isD + h * isH + w * isW + c * isC
@@ -420,7 +458,10 @@ class _Plan:
     grid: int
     args: tuple
     consts: dict
-    kernel: object  # the plane or the row kernel
+    kernel: object  # the plane or the row kernel; None: no dim resized, a copy
+    dims: tuple  # per dim (D, H, W): its table's launch, (n_in, n_out, scale bits, width T, MODE, ALIGN)
+    acc: torch.dtype  # the math dtype (the weight tables')
+    tables: dict = field(default_factory=dict)  # device -> (idx, wt, mx): built once (`_tables`)
 
 
 def _sizes(spec: _Spec, arg: str, value, count: int) -> tuple[int, ...]:
@@ -494,24 +535,34 @@ def _most_readers(mode: int, n_in: int, n_out: int, scale: float, align: bool) -
     return int(np.bincount(taps[new], minlength=n_in).max())
 
 
-def _candidates(mode: int, n_in: int, n_out: int, scale: float, align: bool, cfg: UpsampleConfig) -> int:
-    """The candidate columns a program takes at once: the most outputs that read one input along W, a power of two
-    up to `cfg.max_kw` (more are taken in turn: a tile loops over its own longest range). Each candidate is a masked
-    load and its arithmetic for every element and row of outputs, so the count is exact where it is cheap to
-    count: 2x linear upsampling takes 4, not the 8 of a bound; downsampling by 2 or more 1 (linear), 2 (cubic), 4
-    (antialias). Past `cfg.count_max` outputs, the bound: the positions of the outputs that read input i lie in a
-    half-open interval of `span` source units ([i-1, i+1) linear, [i-2, i+2) cubic, a window center's 2 * support)
-    and sit `scale` apart."""
+def _most(mode: int, n_in: int, n_out: int, scale: float, align: bool, cfg: UpsampleConfig) -> int:
+    """The most outputs that read one input along a dim: counted where that is cheap (`_most_readers`, up to
+    `cfg.count_max` outputs), else a bound: the positions of the outputs that read input i lie in a half-open
+    interval of `span` source units ([i-1, i+1) linear, [i-2, i+2) cubic, a window center's 2 * support) and sit
+    `scale` apart."""
     if mode == _COPY:
         return 1
     if scale <= 0:  # (align_corners onto one output)
-        most = n_out
-    elif n_out <= cfg.count_max:
-        most = _most_readers(mode, n_in, n_out, scale, align)
-    else:
-        span = {int(_LINEAR): 2.0, int(_CUBIC): 4.0}.get(mode, 2.0 * max(scale, 1.0))
-        most = min(n_out, math.floor(span / scale * (1 + 2**-10)) + 1)
-    return min(triton.next_power_of_2(max(most, 1)), cfg.max_kw)
+        return n_out
+    if n_out <= cfg.count_max:
+        return max(_most_readers(mode, n_in, n_out, scale, align), 1)
+    span = {int(_LINEAR): 2.0, int(_CUBIC): 4.0}.get(mode, 2.0 * max(scale, 1.0))
+    return min(n_out, math.floor(span / scale * (1 + 2**-10)) + 1)
+
+
+def _candidates(most: int, cfg: UpsampleConfig) -> int:
+    """The candidate columns a program takes at once: the most outputs that read one input along W, a power of two
+    up to `cfg.max_kw` (more are taken in turn: a tile loops over its own longest range). Each candidate is a masked
+    load and its arithmetic for every element and row of outputs, so the count is exact where it is cheap to
+    count: 2x linear upsampling takes 8 (input 0 of a half-pixel 2x has 5 readers), downsampling by 2 or more 1
+    (linear), 2 (cubic), 4 (antialias)."""
+    return min(triton.next_power_of_2(most), cfg.max_kw)
+
+
+def _width(mode: int, most: int) -> int:
+    """A dim's table width: its most readers, plus one at each end where the kernel's positions (fp32 for 16- and
+    32-bit) can move a boundary output across an exact boundary against the float64 count."""
+    return most if mode == _COPY else most + 2
 
 
 def _plane_tile(kw: int, w_in: int, h_in: int, tile: int, cfg: UpsampleConfig) -> tuple[int, int, int]:
@@ -562,16 +613,29 @@ def _plan(spec: _Spec, g_stride: tuple, in_sizes: tuple, out_sizes: tuple, align
     n, c, d_in, h_in, w_in = ncdhw(in_sizes, 1)
     d_out, h_out, w_out = ncdhw((0, 0, *out_sizes), 1)[2:]
     gstr, istr = ncdhw(g_stride, 0), ncdhw(out_stride, 0)
-    resized = tuple(in_sizes[2:]) != tuple(out_sizes)  # (else ATen's CUDA kernels copy)
-    mode = spec.mode if resized else int(_COPY)
-    ratios = [scalar_bits(_scale(i, o, align, s, dtype))
-              for i, o, s in zip(ncdhw((0, 0, *in_sizes[2:]), 1)[2:], (d_out, h_out, w_out),
-                                 (None,) * (3 - spec.dims) + scales, strict=True)]
+    if tuple(in_sizes[2:]) == tuple(out_sizes):  # no dim resized: ATen's CUDA kernels copy, and so does this
+        # (a copy, not the gather of one term an element, which ran at 0.5-0.7x ATen: H200, 32x64x56x56)
+        return _Plan(in_sizes, out_stride if fmt is not None else None, 0, (), {}, None, (), torch.float32)
+    mode = spec.mode
+    rows = _tiling(fmt is not None, c, cfg.tiling) == "rows"
+    if spec.dims == 1 and not rows and c > 1:
+        # 1d: the channels become the rows of one plane (H, which 1d does not resize), so that a tile spans several
+        # and a thread's column work (ranges, weights) serves each (f32 x4, 8x32x16000: 0.48x ATen in 1-row tiles)
+        c, h_in, h_out = 1, c, c
+        gstr, istr = ((s[0], 0, s[2], s[1], s[4]) for s in (gstr, istr))
     acc = tl.float64 if dtype == torch.float64 else tl.float32
+    dims = []  # D, H, W: dims the op does not resize copy
+    for k, (i, o, sc) in enumerate(zip((d_in, h_in, w_in), (d_out, h_out, w_out),
+                                       (None,) * (3 - spec.dims) + scales, strict=True)):
+        m = mode if k >= 3 - spec.dims else int(_COPY)
+        ratio = _scale(i, o, align, sc, dtype)
+        most = _most(m, i, o, ratio, align, cfg)
+        dims.append((i, o, scalar_bits(ratio), _width(m, most), m, align))
     cl = fmt is not None
-    kw = _candidates(mode, w_in, w_out, _scale(w_in, w_out, align, scales[-1], dtype), align, cfg)
+    kw = _candidates(most, cfg)  # (W's)
     tile = max(1, cfg.block // kw)
-    if _tiling(cl, c, cfg.tiling) == "rows":
+    table = sum(dim[0] * dim[3] for dim in dims) + 2 * (d_in + h_in + w_in)  # (the tables' offsets)
+    if rows:
         bc = min(triton.next_power_of_2(c), cfg.max_bc)
         bw = min(triton.next_power_of_2(w_in), max(1, tile // bc))
         # a thread loads 16 bytes of channels at once where the strides let Triton prove them aligned (C a multiple
@@ -582,21 +646,53 @@ def _plan(spec: _Spec, g_stride: tuple, in_sizes: tuple, out_sizes: tuple, align
         n_tiles = n * d_in * h_in * cdiv(w_in, bw) * cdiv(c, bc)
         # 32-bit in-row index math unless an in-row offset (a masked lane's too) can pass 2^31 (row offsets are
         # int64 always)
-        reach = max(w_out * gstr[4] + (c + bc) * gstr[1], w_in * istr[4] + (c + bc) * istr[1], w_out + w_in)
-        consts = {"MODE": mode, "DIMS": spec.dims, "ALIGN": align, "KW": kw, "BW": bw, "BC": bc, "ACC": acc,
-                  "I64": reach > cfg.i32_max}
+        reach = max(w_out * gstr[4] + (c + bc) * gstr[1], w_in * istr[4] + (c + bc) * istr[1], w_out + w_in,
+                    table)
+        consts = {"KW": kw, "BW": bw, "BC": bc, "ACC": acc, "I64": reach > cfg.i32_max}
         kernel = _upsample_backward_rows_kernel
     else:
         bw, bh, warps = _plane_tile(kw, w_in, h_in, tile, cfg)
         n_tiles = n * c * d_in * cdiv(h_in, bh) * cdiv(w_in, bw)
         # 32-bit in-plane index math unless an in-plane offset can pass 2^31 (plane offsets are int64 always)
-        reach = max(h_out * gstr[3] + w_out * gstr[4], h_in * istr[3] + w_in * istr[4], h_out + h_in, w_out + w_in)
-        consts = {"MODE": mode, "DIMS": spec.dims, "ALIGN": align, "KW": kw, "BH": bh, "BW": bw, "ACC": acc,
-                  "I64": reach > cfg.i32_max}
+        reach = max(h_out * gstr[3] + w_out * gstr[4], h_in * istr[3] + w_in * istr[4], h_out + h_in, w_out + w_in,
+                    table)
+        consts = {"KW": kw, "BH": bh, "BW": bw, "ACC": acc, "I64": reach > cfg.i32_max}
         kernel = _upsample_backward_kernel
     consts = launch_consts(consts, warps)
-    args = (n_tiles, c, d_in, h_in, w_in, d_out, h_out, w_out, *gstr, *istr, *ratios)
-    return _Plan(in_sizes, out_stride if cl else None, min(n_tiles, cfg.max_programs), args, consts, kernel)
+    args = (n_tiles, c, d_in, h_in, w_in, *gstr, *istr, *(dim[3] for dim in dims))
+    return _Plan(in_sizes, out_stride if cl else None, min(n_tiles, cfg.max_programs), args, consts, kernel,
+                 tuple(dims), torch.float64 if dtype == torch.float64 else torch.float32)
+
+
+# a table kernel program's inputs, and the candidates it takes at once (one launch a dim and plan: not tuned)
+_TABLE_BLOCK = 128
+_TABLE_CHUNK = 8
+
+
+def _tables(plan: _Plan, like: torch.Tensor, device: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The plan's tables (idx, wt, mx: D's, H's, then W's, as the tile kernels read them) on device `device` (-1:
+    the CPU, under the interpreter), `like`'s, built
+    by one launch a dim the first time and kept with the plan. Under CUDA graph capture a missing one is built
+    into the graph and not kept (its memory is the graph's, valid only in replays)."""
+    tables = plan.tables.get(device)
+    if tables is not None:
+        return tables
+    n_idx = 2 * sum(dim[0] for dim in plan.dims)
+    n_w = sum(dim[0] * dim[3] for dim in plan.dims)
+    idx = torch.empty(n_idx, dtype=torch.int32, device=like.device)
+    wt = torch.empty(n_w, dtype=plan.acc, device=like.device)
+    mx = torch.empty(n_w, dtype=torch.int8, device=like.device)
+    acc = tl.float64 if plan.acc == torch.float64 else tl.float32
+    with torch.cuda.device(like.device) if like.is_cuda else contextlib.nullcontext():
+        at_i = at_w = 0
+        for n_in, n_out, bits, width, mode, align in plan.dims:
+            _table_kernel[(cdiv(n_in, _TABLE_BLOCK),)](
+                idx[at_i:], wt[at_w:], mx[at_w:], n_in, n_out, bits, width, MODE=mode, ALIGN=align, ACC=acc,
+                BI=_TABLE_BLOCK, BK=_TABLE_CHUNK)
+            at_i, at_w = at_i + 2 * n_in, at_w + n_in * width
+    if not (like.is_cuda and torch.cuda.is_current_stream_capturing()):
+        plan.tables[device] = idx, wt, mx
+    return idx, wt, mx
 
 
 # a problem (grad_output's layout, sizes, flags, scales) -> its plan, checked once
@@ -633,8 +729,11 @@ def _backward(spec: _Spec, grad_output, output_size, input_size, align_corners, 
         plan = _VALIDATED.remember(key, _plan(spec, grad_output.stride(), in_sizes, out_sizes, align_corners,
                                                tuple(scales), fmt, grad_output.dtype))
     out = empty(plan.shape, grad_output.dtype, grad_output.device, plan.stride)
+    if plan.kernel is None:
+        return out.copy_(grad_output)
     device = grad_output.get_device()
-    launch(plan.kernel, (plan.grid,), (out, grad_output), plan.args, plan.consts, device, (plan, device))
+    ptrs = (out, grad_output, *_tables(plan, grad_output, device))
+    launch(plan.kernel, (plan.grid,), ptrs, plan.args, plan.consts, device, (plan, device))
     return out
 
 
