@@ -402,8 +402,9 @@ def _same_bits_with_small_knobs(run, first, block_knob, label, launches) -> list
 def _path(tiling) -> dict:
     """Config fields that force the gather with `tiling`, or (tiling "outputs") the outputs' side."""
     if tiling == "outputs":
-        return {"outputs_side_ratio": 0, "outputs_side_min_inputs": 0}
-    return {"tiling": tiling, "outputs_side_ratio": _NEVER}
+        return {"outputs_side_ratio": 0, "outputs_side_one_ratio": 0, "outputs_side_min_inputs": 0,
+                "outputs_side_one_min_inputs": 0}
+    return {"tiling": tiling, "outputs_side_ratio": _NEVER, "outputs_side_one_ratio": _NEVER}
 
 
 _NEVER = 2**62  # an outputs_side_ratio no problem meets: the gather always
@@ -488,6 +489,13 @@ def test_outputs_side_gives_the_gathers_bits(dtype, monkeypatch):
     launches.clear()
     ops.max_pool3d_with_indices_backward(*_max3d((1, 2, 4, 6, 6), 2, 2, 0, dtype=dtype))  # (k <= s: one candidate)
     assert "CHANNELS" in launches[-1].consts
+    # one candidate an input: the outputs' side from outputs_side_one_ratio inputs an output (here 8 and 64)
+    with config.override(mp.CONFIG, outputs_side_one_min_inputs=0):
+        for shape, k, outputs_side in (((1, 2, 4, 6, 6), 2, False), ((1, 2, 4, 8, 8), 4, True)):
+            launches.clear()
+            args = _max3d(shape, k, k, 0, dtype=dtype)
+            check_case(MAX3D, args, what=f"{MAX3D} {shape} k{k}")
+            assert ("BLOCK" in launches[-1].consts) is outputs_side, (shape, k)
 
 
 # ----------------------------------------------------------------------------------------------- compile-time
@@ -549,7 +557,7 @@ def test_load_orders_and_layout_factors_give_the_same_bits(case, monkeypatch):
     for knobs in ({"eager_slots": 0}, {"eager_slots": 64}, {"min_block": 128}, {"tiling": "lines"},
                   {"tiling": "lines", "cols0": not mp.CONFIG.default.cols0},
                   {"tiling": "channels", "eager_slots": 0}):
-        with config.override(mp.CONFIG, **knobs, outputs_side_ratio=_NEVER) as cfg:  # (the gather's knobs)
+        with config.override(mp.CONFIG, **knobs, outputs_side_ratio=_NEVER, outputs_side_one_ratio=_NEVER) as cfg:
             launches.clear()
             assert_bitwise_equal(getattr(ops, op)(*args), first, f"{op} {knobs}")
         consts = launches[0].consts

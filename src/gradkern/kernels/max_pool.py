@@ -121,12 +121,19 @@ class MaxPoolConfig(GridLimits):
     #: AdaptiveMaxPool2d 64 -> 7 0.39x / 0.31x ATen -> 0.94x / 1.00x; MaxPool3d(3, 2, 1) 0.45x / 0.66x -> 0.73x /
     #: 1.57x); tests set 0 (always, where inputs have several candidates) or a huge value (never)
     outputs_side_ratio: int = 2
+    #: ... and where each input has one candidate, from this many inputs an output (the gather then reads one
+    #: index an input, the outputs' side one an output after a memset): H100, AdaptiveMaxPool2d bf16 over the
+    #: sweep, min 0.50x -> 1.01x ATen
+    outputs_side_one_ratio: int = 16
     #: outputs a program of the outputs' side (128 to 1024 by 4 to 8 warps tried: 128 by 4 the fastest or level)
     outputs_block: int = 128
     #: the outputs' side only from this many inputs: below, a step is host-bound, and its second launch (the
     #: zeroing) costs more than the gather's extra device time (adaptive 2d at 4K elements: 1.32x -> 1.78x ATen's
     #: host time a call with it)
     outputs_side_min_inputs: int = 1 << 18
+    #: ... and where each input has one candidate, from this many (MaxPool3d(8) on 1M inputs: 1.50x ATen gathering,
+    #: 0.67x from the outputs' side, whose memset is a second launch)
+    outputs_side_one_min_inputs: int = 1 << 22
 
 
 CONFIG = Tunable("max_pool", MaxPoolConfig())
@@ -614,9 +621,10 @@ def _plan(spec: _Spec, g_shape: tuple, g_stride: tuple, x_stride: tuple, shape: 
     stride = None if contiguous else out_stride
     n_out = n * c * math.prod(outs)
     n_in = n_rows * (c if channels else w_in)
-    if math.prod(ks) > 1 and n_out * cfg.outputs_side_ratio <= n_in and n_in >= cfg.outputs_side_min_inputs \
-            and n_out < cfg.max_programs:
-        # few outputs, several candidates an input: the same sums from the outputs' side (`_outputs_side_kernel`)
+    ratio, least = (cfg.outputs_side_ratio, cfg.outputs_side_min_inputs) if math.prod(ks) > 1 else \
+        (cfg.outputs_side_one_ratio, cfg.outputs_side_one_min_inputs)
+    if n_out * ratio <= n_in and n_in >= least and n_out < cfg.max_programs:
+        # few outputs: the same sums from the outputs' side (`_outputs_side_kernel`)
         consts = launch_consts({"WD": wins[0], "WH": wins[1], "WW": wins[2], "TD": ks[0], "TH": ks[1], "TW": ks[2],
                                 "MAGIC": magic, "ADAPTIVE": window is None, "ACC": acc,
                                 "BLOCK": cfg.outputs_block, "I64": i64}, cfg.warps)
