@@ -78,6 +78,9 @@ class UpsampleConfig(GridLimits):
     block: int = 2048
     #: of those, a thread's: ~80-150 registers in f32 on sm_90 (spills: none, but 20 bytes in 3-d downsampling)
     per_thread: int = 16
+    #: plane tiles: (w, h) elements a thread at least, whatever the candidates (8x upsampling, 16 candidates: 2
+    #: elements a thread share their column's table loads, 8x21x64x64 -> 512x512 f32 410 -> 343 us, H200)
+    min_elements: int = 2
     #: candidate columns taken at once at most (more, as for upsampling by more than 6: in turn)
     max_kw: int = 16
     #: columns a plane tile spans at most when it has several rows (4 columns a thread x 128 lanes; 1d problems:
@@ -277,18 +280,24 @@ def _weight(o, i, n_in, scale, MODE: tl.constexpr, ALIGN: tl.constexpr):
 
 
 # ----------------------------------------------------------------------------------------------- kernel: tables
+# a bit of a table's count entry: some term of the input is mixed. The tile kernels load the mixed flags of an
+# input's terms only where it is set (most inputs have none: loading them anyway made 8x upsampling ~1.25x slower)
+_MIXED = tl.constexpr(1 << 30)
+
+
 @triton.jit
 def _table_kernel(idx, wt, mx, n_in, n_out, r, T, MODE: tl.constexpr, ALIGN: tl.constexpr, ACC: tl.constexpr,
                   BI: tl.constexpr, BK: tl.constexpr):
-    """One dim's table: input i's readers [lo, lo + count) at idx[i] and idx[n_in + i]; the weight on i of its
-    k-th reader at wt[i * T + k] (0 past the count), and at mx[i * T + k] whether that term is mixed (`_weight`)."""
+    """One dim's table: input i's readers [lo, lo + count) at idx[i] and idx[n_in + i] (the count plus _MIXED where
+    some term of i is mixed); the weight on i of its k-th reader at wt[i * T + k] (0 past the count), and at
+    mx[i * T + k] whether that term is mixed (`_weight`)."""
     s = scalar(r, ACC)
     i = tl.program_id(0) * BI + tl.arange(0, BI)
     m = i < n_in
     i = tl.minimum(i, n_in - 1)
     lo, hi = _readers(i, n_in, n_out, s, MODE, ALIGN)
     tl.store(idx + i, lo.to(tl.int32), mask=m)
-    tl.store(idx + n_in + i, (hi - lo).to(tl.int32), mask=m)
+    some = tl.zeros([BI], dtype=tl.int32)  # whether some term of input i is mixed
     for k0 in range(0, T, BK):
         k = k0 + tl.arange(0, BK)[None, :]
         o = lo[:, None] + k
@@ -298,6 +307,8 @@ def _table_kernel(idx, wt, mx, n_in, n_out, r, T, MODE: tl.constexpr, ALIGN: tl.
         keep = m[:, None] & (k < T)
         tl.store(wt + at, tl.where(on, w, 0.0), mask=keep)
         tl.store(mx + at, (on & mixed).to(tl.int8), mask=keep)
+        some = tl.maximum(some, tl.max((on & mixed & keep).to(tl.int32), axis=1))
+    tl.store(idx + n_in + i, (hi - lo).to(tl.int32) + some * _MIXED, mask=m)
 
 
 # ----------------------------------------------------------------------------------------------- kernel: tiles
@@ -313,6 +324,17 @@ def _or(s, b):
 # (`_table_kernel`, built once a plan and device), D's, then H's, then W's, each table T{D,H,W} wide. (Computing
 # them in the tile, per row and column, was most of the work where an element has few terms: downsampling ran at
 # 0.6x ATen.)
+@triton.jit
+def _range(ix, n, i, WIDE: tl.constexpr):
+    """Input i's readers from its dim's range table `ix` (n inputs): (first, count, whether some term is mixed),
+    the first as int64 where WIDE (it multiplies a stride)."""
+    lo = tl.load(ix + i)
+    v = tl.load(ix + n + i)
+    if WIDE:
+        lo = lo.to(tl.int64)
+    return lo, v & (_MIXED - 1), v >= _MIXED
+
+
 @triton.jit
 def _table_parts(idx, wt, mx, D, H, TD, TH):
     """H's and W's range tables and weight / mixed tables, past D's (and H's)."""
@@ -353,12 +375,9 @@ def _upsample_backward_kernel(gi, go, idx, wt, mx, n_tiles, C, D, H, W, gsN, gsC
         if I64:
             w = w.to(tl.int64)
             h = h.to(tl.int64)
-        ow_lo = tl.load(iW + w)  # the outputs that read each column / row / the plane: [lo, lo + n)
-        ow_n = tl.load(iW + W + w)
-        oh_lo = tl.load(iH + h)
-        oh_n = tl.load(iH + H + h)
-        od_lo = tl.load(idx + d)
-        od_n = tl.load(idx + D + d)
+        ow_lo, ow_n, ow_x = _range(iW, W, w, I64)  # the outputs that read each column / row / the plane
+        oh_lo, oh_n, oh_x = _range(iH, H, h, I64)
+        od_lo, od_n, od_x = _range(idx, D, d, True)  # (plane offsets are int64 always)
         kh = tl.max(oh_n)  # (the tile's longest ranges: the loops' trip counts)
         kw = tl.max(ow_n)
         src = go + n * gsN + c * gsC
@@ -368,16 +387,16 @@ def _upsample_backward_kernel(gi, go, idx, wt, mx, n_tiles, C, D, H, W, gsN, gsC
             mw = (k < ow_n[:, :, None]) & cm[:, :, None]
             at = w[:, :, None] * TW + k
             ww = tl.load(wW + at, mask=mw, other=0.0)
-            xw = tl.load(xW + at, mask=mw, other=0) != 0
+            xw = tl.load(xW + at, mask=mw & ow_x[:, :, None], other=0) != 0
             cols = (ow_lo[:, :, None] + k) * gsW
             for i in range(0, od_n):
                 wd = tl.load(wt + d * TD + i)
-                xd = tl.load(mx + d * TD + i) != 0
+                xd = tl.load(mx + d * TD + i, mask=od_x, other=0) != 0
                 plane = src + (od_lo + i) * gsD
                 for j in range(0, kh):
                     mh = rm & (j < oh_n)
                     wh = tl.load(wH + h * TH + j, mask=mh, other=0.0)
-                    xh = tl.load(xH + h * TH + j, mask=mh, other=0) != 0
+                    xh = tl.load(xH + h * TH + j, mask=mh & oh_x, other=0) != 0
                     wdh = (wd * wh)[:, :, None]
                     xdh = _or(xd, xh)[:, :, None]
                     row = (plane + (oh_lo + j) * gsH)[:, :, None]
@@ -411,12 +430,9 @@ def _upsample_backward_rows_kernel(gi, go, idx, wt, mx, n_tiles, C, D, H, W, gsN
         if I64:
             w = w.to(tl.int64)
             c = c.to(tl.int64)
-        ow_lo = tl.load(iW + w)  # per column; along H and D one range
-        ow_n = tl.load(iW + W + w)
-        oh_lo = tl.load(iH + h)
-        oh_n = tl.load(iH + H + h)
-        od_lo = tl.load(idx + d)
-        od_n = tl.load(idx + D + d)
+        ow_lo, ow_n, ow_x = _range(iW, W, w, I64)  # per column; along H and D one range
+        oh_lo, oh_n, oh_x = _range(iH, H, h, True)  # (row offsets are int64 always)
+        od_lo, od_n, od_x = _range(idx, D, d, True)
         kw = tl.max(ow_n)
         src = go + n * gsN
         acc = tl.zeros([BC, BW], dtype=ACC)
@@ -425,14 +441,14 @@ def _upsample_backward_rows_kernel(gi, go, idx, wt, mx, n_tiles, C, D, H, W, gsN
             mw = (k < ow_n[:, :, None]) & m[:, :, None]
             at = w[:, :, None] * TW + k
             ww = tl.load(wW + at, mask=mw, other=0.0)
-            xw = tl.load(xW + at, mask=mw, other=0) != 0
+            xw = tl.load(xW + at, mask=mw & ow_x[:, :, None], other=0) != 0
             cols = (ow_lo[:, :, None] + k) * gsW + c[:, :, None] * gsC
             for i in range(0, od_n):
                 wd = tl.load(wt + d * TD + i)
-                xd = tl.load(mx + d * TD + i) != 0
+                xd = tl.load(mx + d * TD + i, mask=od_x, other=0) != 0
                 for j in range(0, oh_n):
                     wh = tl.load(wH + h * TH + j)
-                    xh = tl.load(xH + h * TH + j) != 0
+                    xh = tl.load(xH + h * TH + j, mask=oh_x, other=0) != 0
                     wdh = wd * wh
                     g = tl.load(src + (od_lo + i) * gsD + (oh_lo + j) * gsH + cols, mask=mw, other=0.0).to(ACC)
                     term = wdh * ww * g
@@ -577,7 +593,7 @@ def _plane_tile(kw: int, w_in: int, h_in: int, tile: int, cfg: UpsampleConfig) -
         bw = min(w2, cfg.max_bw if h_in > 1 else tile)
         bh = min(h2, max(1, tile // bw))
         return bw, bh, max(1, min(4, bw * bh // 32))  # (as many warps as the tile's elements fill: KW in threads)
-    pairs = max(1, cfg.per_thread // kw)  # (w, h) elements a thread
+    pairs = max(cfg.min_elements, cfg.per_thread // kw)  # (w, h) elements a thread
     cols = min(1 << ((pairs.bit_length() - 1) // 2), w2 // 32)
     warps = max(1, min(4, w2 // (32 * cols)))
     bw = min(32 * warps * cols, cfg.max_bw)
