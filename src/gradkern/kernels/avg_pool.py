@@ -60,8 +60,8 @@ class AvgPoolConfig(GridLimits):
     #: ... where each input has one term (kernel <= stride along every dim): AvgPool3d(2) f32 at 65% of copy, where
     #: 512 is 1.3x slower
     tile_one_term: int = 1024
-    #: ... for 16-bit dtypes (half the bytes an element): H100, bf16 over the sweep, min / geomean vs ATen 0.76x /
-    #: 1.35x at 1024, 0.83x / 1.48x at 2048, 0.69x / 1.48x at 4096 (f32 at 2048 loses 7% on AvgPool3d(2))
+    #: ... for 16-bit dtypes (half the bytes an element): H100, bf16 over the sweep, min / geomean vs ATen 0.83x /
+    #: 1.48x, against 0.76x / 1.35x at 1024
     tile_one_term_16: int = 2048
     #: columns a tile spans at most (wider rows: several column blocks)
     max_bw: int = 128

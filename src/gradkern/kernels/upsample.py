@@ -59,13 +59,13 @@ import triton
 import triton.language as tl
 
 from .._cases import Draw, describe, randn, refuse
-from .._runtime import cdiv, values_key
+from .._runtime import cdiv, math_dtype, values_key
 from ..config import GridLimits, PlanCache, Tunable, plan_builder
 from ..errors import InvalidProblem, Unsupported
 from ..launch.alloc import channels_last_format, empty
 from ..launch.checks import check_tensor
 from ..launch.launcher import launch, launch_consts, round_to_dtype, scalar_bits
-from ..launch.tl_helpers import cast_out, scalar
+from ..launch.tl_helpers import TL_MATH, cast_out, scalar
 from ..registry import Case, register_op
 
 
@@ -79,7 +79,7 @@ class UpsampleConfig(GridLimits):
     #: of those, a thread's: ~80-150 registers in f32 on sm_90 (spills: none, but 20 bytes in 3-d downsampling)
     per_thread: int = 16
     #: plane tiles: (w, h) elements a thread at least, whatever the candidates (8x upsampling, 16 candidates: 2
-    #: elements a thread share their column's table loads, 8x21x64x64 -> 512x512 f32 410 -> 343 us, H200)
+    #: elements a thread share their column's table loads, 8x21x64x64 -> 512x512 f32 390 -> 360 us against 1, H100)
     min_elements: int = 2
     #: candidate columns taken at once at most (more, as for upsampling by more than 6: in turn)
     max_kw: int = 16
@@ -281,7 +281,7 @@ def _weight(o, i, n_in, scale, MODE: tl.constexpr, ALIGN: tl.constexpr):
 
 # ----------------------------------------------------------------------------------------------- kernel: tables
 # a bit of a table's count entry: some term of the input is mixed. The tile kernels load the mixed flags of an
-# input's terms only where it is set (most inputs have none: loading them anyway made 8x upsampling ~1.25x slower)
+# input's terms only where it is set (most inputs have none)
 _MIXED = tl.constexpr(1 << 30)
 
 
@@ -321,9 +321,7 @@ def _or(s, b):
 
 
 # The tile kernels know nothing of the interpolation: every dim's readers and weights come from the plan's tables
-# (`_table_kernel`, built once a plan and device), D's, then H's, then W's, each table T{D,H,W} wide. (Computing
-# them in the tile, per row and column, was most of the work where an element has few terms: downsampling ran at
-# 0.6x ATen.)
+# (`_table_kernel`, built once a plan and device), D's, then H's, then W's, each table T{D,H,W} wide.
 @triton.jit
 def _range(ix, n, i, WIDE: tl.constexpr):
     """Input i's readers from its dim's range table `ix` (n inputs): (first, count, whether some term is mixed),
@@ -630,16 +628,15 @@ def _plan(spec: _Spec, g_stride: tuple, in_sizes: tuple, out_sizes: tuple, align
     d_out, h_out, w_out = ncdhw((0, 0, *out_sizes), 1)[2:]
     gstr, istr = ncdhw(g_stride, 0), ncdhw(out_stride, 0)
     if tuple(in_sizes[2:]) == tuple(out_sizes):  # no dim resized: ATen's CUDA kernels copy, and so does this
-        # (a copy, not the gather of one term an element, which ran at 0.5-0.7x ATen: H200, 32x64x56x56)
         return _Plan(in_sizes, out_stride if fmt is not None else None, 0, (), {}, None, (), torch.float32)
     mode = spec.mode
     rows = _tiling(fmt is not None, c, cfg.tiling) == "rows"
     if spec.dims == 1 and not rows and c > 1:
         # 1d: the channels become the rows of one plane (H, which 1d does not resize), so that a tile spans several
-        # and a thread's column work (ranges, weights) serves each (f32 x4, 8x32x16000: 0.48x ATen in 1-row tiles)
+        # and a thread's column work (ranges, weights) serves each
         c, h_in, h_out = 1, c, c
         gstr, istr = ((s[0], 0, s[2], s[1], s[4]) for s in (gstr, istr))
-    acc = tl.float64 if dtype == torch.float64 else tl.float32
+    acc = TL_MATH[math_dtype(dtype)]
     dims = []  # D, H, W: dims the op does not resize copy
     for k, (i, o, sc) in enumerate(zip((d_in, h_in, w_in), (d_out, h_out, w_out),
                                        (None,) * (3 - spec.dims) + scales, strict=True)):
@@ -677,7 +674,7 @@ def _plan(spec: _Spec, g_stride: tuple, in_sizes: tuple, out_sizes: tuple, align
     consts = launch_consts(consts, warps)
     args = (n_tiles, c, d_in, h_in, w_in, *gstr, *istr, *(dim[3] for dim in dims))
     return _Plan(in_sizes, out_stride if cl else None, min(n_tiles, cfg.max_programs), args, consts, kernel,
-                 tuple(dims), torch.float64 if dtype == torch.float64 else torch.float32)
+                 tuple(dims), math_dtype(dtype))
 
 
 # a table kernel program's inputs, and the candidates it takes at once (one launch a dim and plan: not tuned)
@@ -686,10 +683,10 @@ _TABLE_CHUNK = 8
 
 
 def _tables(plan: _Plan, like: torch.Tensor, device: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The plan's tables (idx, wt, mx: D's, H's, then W's, as the tile kernels read them) on device `device` (-1:
-    the CPU, under the interpreter), `like`'s, built
-    by one launch a dim the first time and kept with the plan. Under CUDA graph capture a missing one is built
-    into the graph and not kept (its memory is the graph's, valid only in replays)."""
+    """The plan's tables (idx, wt, mx: D's, H's, then W's, as the tile kernels read them) on `like`'s device
+    (`device`: its index, -1 for the CPU under the interpreter), built by one launch a dim the first time and kept
+    with the plan. Under CUDA graph capture a missing one is built into the graph and not kept (its memory is the
+    graph's, valid only in replays)."""
     tables = plan.tables.get(device)
     if tables is not None:
         return tables
@@ -698,7 +695,7 @@ def _tables(plan: _Plan, like: torch.Tensor, device: int) -> tuple[torch.Tensor,
     idx = torch.empty(n_idx, dtype=torch.int32, device=like.device)
     wt = torch.empty(n_w, dtype=plan.acc, device=like.device)
     mx = torch.empty(n_w, dtype=torch.int8, device=like.device)
-    acc = tl.float64 if plan.acc == torch.float64 else tl.float32
+    acc = TL_MATH[plan.acc]
     with torch.cuda.device(like.device) if like.is_cuda else contextlib.nullcontext():
         at_i = at_w = 0
         for n_in, n_out, bits, width, mode, align in plan.dims:
