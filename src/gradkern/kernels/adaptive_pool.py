@@ -26,13 +26,13 @@ import triton
 import triton.language as tl
 
 from .._cases import Draw, describe, rand_on, randn, refuse, stand_in
-from .._runtime import cdiv
+from .._runtime import cdiv, math_dtype
 from ..config import GridLimits, PlanCache, Tunable, plan_builder
 from ..errors import InvalidProblem, Unsupported
 from ..launch.alloc import channels_last_format, empty
 from ..launch.checks import check_like, check_tensor
 from ..launch.launcher import launch, launch_consts
-from ..launch.tl_helpers import cast_out
+from ..launch.tl_helpers import TL_MATH, cast_out
 from ..registry import Case, register_op
 
 
@@ -218,7 +218,7 @@ def _plan(spec: _Spec, g_shape: tuple, g_stride: tuple, x_shape: tuple, cl: bool
     n, c, d_in, h_in, w_in = size
     d_out, h_out, w_out = gsize[2:]
     kh, kw = max_outputs(h_in, h_out), max_outputs(w_in, w_out)
-    acc = tl.float64 if dtype == torch.float64 else tl.float32
+    acc = TL_MATH[math_dtype(dtype)]
     if _tiling(cl, c, cfg.tiling) == "rows":
         bc = min(triton.next_power_of_2(c), cfg.max_bc)
         bw = min(triton.next_power_of_2(w_in), max(1, cfg.tile // bc))

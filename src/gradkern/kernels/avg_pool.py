@@ -37,13 +37,13 @@ import triton
 import triton.language as tl
 
 from .._cases import Draw, describe, rand_on, randn, refuse, stand_in
-from .._runtime import cdiv, values_key
+from .._runtime import cdiv, math_dtype, values_key
 from ..config import GridLimits, PlanCache, Tunable, plan_builder
 from ..errors import InvalidProblem, Unsupported
 from ..launch.alloc import empty
 from ..launch.checks import check_like, check_tensor
 from ..launch.launcher import launch, launch_consts
-from ..launch.tl_helpers import cast_out
+from ..launch.tl_helpers import TL_MATH, cast_out
 from ..registry import Case, register_op
 
 OP = "avg_pool3d_backward"
@@ -273,7 +273,7 @@ def _plan(g_shape: tuple, g_stride: tuple, x_shape: tuple, win: _Window, mode: i
     window = {f"{name}{i}": v for name, vals in (("K", win.kernel), ("S", win.stride), ("P", win.padding))
               for i, v in enumerate(vals)}
     consts = launch_consts({**window, "BR": br, "BW": bw, "MODE": mode,
-                            "ACC": tl.float64 if dtype == torch.float64 else tl.float32, "I64": reach > cfg.i32_max},
+                            "ACC": TL_MATH[math_dtype(dtype)], "I64": reach > cfg.i32_max},
                            cfg.warps if br * bw >= cfg.warps * 32 else max(1, br * bw // 32))
     args = (n_tiles, n_cb, n_rows, c, (d_in, h_in, w_in), tuple(out), tuple(g_stride), divisor)
     return _Plan(x_shape, min(n_tiles, cfg.max_programs), args, consts)

@@ -77,13 +77,13 @@ import triton
 import triton.language as tl
 
 from .._cases import DENSE_LAYOUTS, Draw, describe, randn, refuse
-from .._runtime import I32_MAX, cdiv, values_key
+from .._runtime import I32_MAX, cdiv, math_dtype, values_key
 from ..config import GridLimits, PlanCache, Tunable, plan_builder
 from ..errors import InvalidProblem, Unsupported
 from ..launch.alloc import channels_last_format, empty
 from ..launch.checks import check_like, check_tensor
 from ..launch.launcher import launch, launch_consts
-from ..launch.tl_helpers import cast_out
+from ..launch.tl_helpers import TL_MATH, cast_out
 from ..registry import Case, register_op
 from .adaptive_pool import max_outputs
 
@@ -566,7 +566,7 @@ def _plan(spec: _Spec, g_shape: tuple, g_stride: tuple, x_stride: tuple, shape: 
     n, c, *ins = size
     outs = gsize[2:]
     wins, ks, arith = _progressions(window, ins, outs)
-    acc = tl.float64 if dtype == torch.float64 else tl.float32
+    acc = TL_MATH[math_dtype(dtype)]
     d_in, h_in, w_in = ins
     channels = _tiling(cl, c, cfg.tiling) == "channels"
     if channels:

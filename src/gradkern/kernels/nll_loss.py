@@ -38,13 +38,13 @@ import triton
 import triton.language as tl
 
 from .._cases import Draw, describe, randn, refuse
-from .._runtime import cdiv
+from .._runtime import cdiv, math_dtype
 from ..config import GridLimits, PlanCache, Tunable
 from ..errors import InvalidProblem, Unsupported
 from ..launch.alloc import empty
 from ..launch.checks import check_like, check_tensor
 from ..launch.launcher import launch, launch_consts
-from ..launch.tl_helpers import cast_out
+from ..launch.tl_helpers import TL_MATH, cast_out
 from ..registry import Case, register_op
 
 _OP = "nll_loss2d_forward"
@@ -242,8 +242,8 @@ def _plan(x_shape: tuple, x_stride: tuple, t_stride: tuple, w_shape: tuple | Non
     span = grid * steps * block
     # 32-bit index math unless a flat index or an offset into self, target or weight can pass 2^31
     i64 = max(span, _reach(x_shape, x_stride), _reach((n, h, w), t_stride), (c - 1) * swc) > cfg.i32_max
-    acc = torch.float64 if dtype == torch.float64 else torch.float32
-    tl_acc = tl.float64 if acc == torch.float64 else tl.float32
+    acc = math_dtype(dtype)
+    tl_acc = TL_MATH[acc]
     one = reduction != 0 and grid == 1
     consts = launch_consts({"BLOCK": block, "SPLIT": split, "HAS_W": w_shape is not None, "REDUCTION": reduction,
                             "ONE": one, "ACC": tl_acc, "I64": i64}, cfg.warps)

@@ -55,13 +55,13 @@ import triton.language as tl
 
 from .. import _runtime
 from .._cases import Draw, describe, rand_on, randn, refuse, stand_in
-from .._runtime import I32_MAX, cdiv, values_key
+from .._runtime import I32_MAX, cdiv, math_dtype, values_key
 from ..config import GridLimits, PlanCache, Tunable, plan_builder
 from ..errors import InvalidProblem, Unsupported
 from ..launch.alloc import empty, empty_contiguous_like
 from ..launch.checks import check_like, check_out_overlap, check_tensor
 from ..launch.launcher import launch, launch_consts
-from ..launch.tl_helpers import cast_out
+from ..launch.tl_helpers import TL_MATH, cast_out
 from ..registry import Case, register_op
 
 
@@ -705,7 +705,7 @@ def _plan(spec: _Spec, g_shape, g_strides, self_shape, pads, out_strides, dtype:
     reach = max((gsize[3] - 1) * gstr[3] + (gsize[4] - 1) * gstr[4], (h_in - 1) * istr[3] + (w_in - 1) * istr[4],
                 2 * max(gsize[3:] + isize[3:]) + max(map(abs, pads)) + 2 * max(bh, bw))
     i64 = reach > cfg.i32_max
-    acc = tl.float64 if dtype == torch.float64 else tl.float32
+    acc = TL_MATH[math_dtype(dtype)]
     crop = min(pads) < 0
     # loads unrolled (in flight together): source planes, and replicate's extra rows / columns per side
     if spec.reflect:  # at most three source planes; one mirror a side along H and W

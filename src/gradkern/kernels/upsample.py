@@ -515,7 +515,7 @@ def _check(spec: _Spec, grad_output, output_size, input_size, align_corners, sca
 
 def _scale(n_in: int, n_out: int, align_corners: bool, scale, dtype: torch.dtype) -> float:
     """ATen's area_pixel_compute_scale in the kernel's math dtype (`dtype`'s accscalar_t): a float of that dtype."""
-    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    acc = math_dtype(dtype)
 
     def r(x: float) -> float:
         return round_to_dtype(x, acc)
