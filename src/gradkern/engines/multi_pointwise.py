@@ -341,10 +341,16 @@ class MultiPointwise:
             kernel, grid, ints = _flat_kernel, (cdiv(n, block),), (n,)
             consts = launch_consts({**base, "BLOCK": block, "I64": i64}, cfg.flat_warps)
         else:
-            strides = [contiguous] * MAX_OUTPUTS
-            operands = [contiguous] + [_broadcast_strides(t, shape) if t is not None else None for t in ins]
-            live = [s for s in operands if s is not None]
-            cshape, cstr = _collapse(shape, live)
+            # results in the layout of the first input that covers B densely (ATen's TensorIterator follows its
+            # inputs' layout too), walked in that layout's order so that their stores and its loads coalesce: a
+            # channels_last or transposed problem read against contiguous results ran at 0.3x ATen (H200)
+            leader = next((t for t in present if tuple(t.shape) == shape and _dense_strides(t)), None)
+            layout = contiguous if leader is None else leader.stride()
+            strides = [layout] * MAX_OUTPUTS
+            order = sorted(range(len(shape)), key=lambda d: -layout[d])  # outermost first
+            operands = [layout] + [_broadcast_strides(t, shape) if t is not None else None for t in ins]
+            live = [tuple(s[d] for d in order) for s in operands if s is not None]
+            cshape, cstr = _collapse(tuple(shape[d] for d in order), live)
             if not cshape:  # every dim has size 1
                 cshape, cstr = (1,), [(0,)] * len(live)
             if len(cshape) > MAX_RANK:
