@@ -454,3 +454,22 @@ def test_scalar_arguments_that_are_not_numbers_are_named_errors():
                 call(bad)
         assert torch.isnan(out).all(), f"{op}: a rejected call wrote its output"
         call(torch.tensor(0.5, device=DEVICE))  # a one-element tensor is a number, as before
+
+
+@pytest.mark.parametrize("layout", ["channels_last grad", "transposed grad", "channels_last self"])
+def test_fresh_result_follows_the_first_dense_input(layout):
+    """Inputs of different layouts (the strided pass): the result takes the layout of the first input that covers
+    the shape densely, as ATen's does (stock's strides), and the pass walks it in memory order; values within
+    tolerance of stock's (its CPU kernels round differently from the CUDA ones gradkern follows). Contiguous results
+    before: one of the inputs was read across its layout either way, but strides differed from stock's."""
+    if layout == "transposed grad":
+        g, x = torch.randn(7, 5, device=DEVICE).t(), torch.randn(5, 7, device=DEVICE)
+    else:
+        a = torch.randn(2, 3, 4, 5, device=DEVICE)
+        b = torch.randn(2, 3, 4, 5, device=DEVICE).contiguous(memory_format=torch.channels_last)
+        g, x = (b, a) if layout == "channels_last grad" else (a, b)
+    for ours, stock in ((ops.hardsigmoid_backward(g, x), torch.ops.aten.hardsigmoid_backward(g, x)),
+                        (ops.elu_backward(g, 1.0, 1.0, 1.0, False, x),
+                         torch.ops.aten.elu_backward(g, 1.0, 1.0, 1.0, False, x))):
+        assert ours.stride() == g.stride() == stock.stride(), f"{layout}: {ours.stride()} (stock {stock.stride()})"
+        assert_close(ours, stock, None, layout)

@@ -167,6 +167,7 @@ class _Plan:  # relaunch cache
     shape_c: tuple = ()  # collapsed shape / strides (strided path)
     strides_c: tuple = ()  # per operand, output first
     consts: dict | None = None  # strided: the kernel's launch_consts
+    out_strides: tuple = ()  # strided: a fresh output's strides (result_layout)
 
 
 def _broadcast_strides(t: torch.Tensor, shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -176,6 +177,23 @@ def _broadcast_strides(t: torch.Tensor, shape: tuple[int, ...]) -> tuple[int, ..
         if s == 1:
             st[lead + i] = 0
     return tuple(st)
+
+
+def result_layout(shape: tuple[int, ...], ts: Sequence) -> tuple[int, ...]:
+    """The strides of a fresh result at broadcast shape `shape`: those of the first of `ts` (None skipped) that has
+    that shape and covers it densely - the layout ATen's TensorIterator gives its results there - else contiguous."""
+    for t in ts:
+        if t is not None and tuple(t.shape) == shape and _dense_strides(t):
+            return t.stride()
+    return torch.empty(shape, device="meta").stride()
+
+
+def collapse_in_order(shape: tuple[int, ...], strides: list[tuple[int, ...]]) -> tuple[tuple, list[tuple]]:
+    """`_collapse` of the dims reordered outermost first by the first operand's strides (the result's), so that a
+    walk in order of the collapsed index follows the result's memory: its stores, and the loads of inputs in its
+    layout, coalesce (a channels_last or transposed problem walked in contiguous order ran at 0.3x ATen, H200)."""
+    order = sorted(range(len(shape)), key=lambda d: -strides[0][d])
+    return _collapse(tuple(shape[d] for d in order), [tuple(st[d] for d in order) for st in strides])
 
 
 def _collapse(shape: tuple[int, ...], strides: list[tuple[int, ...]]) -> tuple[tuple, list[tuple]]:
@@ -239,9 +257,9 @@ class Pointwise:
         if same and (ts[0].is_contiguous() or _dense_strides(ts[0])):
             return _Plan(shape, out_dtype, mdt, n, True, -1 if ts[0].is_contiguous() else 0, cfg.flat_block,
                          cfg.flat_warps, n + cfg.flat_block > cfg.i32_max)
-        operands = [out.stride() if out is not None else torch.empty(shape, device="meta").stride()]
-        operands += [_broadcast_strides(t, shape) for t in ts]
-        cshape, cstr = _collapse(shape, operands)
+        out_strides = out.stride() if out is not None else result_layout(shape, ts)
+        operands = [out_strides] + [_broadcast_strides(t, shape) for t in ts]
+        cshape, cstr = collapse_in_order(shape, operands)
         if not cshape:  # every dim has size 1
             cshape, cstr = (1,), [(0,)] * len(operands)
         block = cfg.strided_block
@@ -249,7 +267,7 @@ class Pointwise:
         consts = launch_consts({"FN": self.math_fn, "NIN": len(ts), "FLAG": flag, "MATH": mdt, "RANK": len(cshape),
                                 "BLOCK": block, "I64": i64}, cfg.strided_warps)
         return _Plan(shape, out_dtype, mdt, n, False, -1, block, cfg.strided_warps, i64, len(cshape), cshape,
-                     tuple(cstr), consts)
+                     tuple(cstr), consts, out_strides)
 
     # -- the call ----------------------------------------------------------------------------------------
     def __call__(self, *ts: torch.Tensor, scalars: tuple = (), flag: int = 0,
@@ -292,8 +310,10 @@ class Pointwise:
         if fresh:
             if plan.dense_like >= 0:
                 out = torch.empty_like(ts[plan.dense_like], dtype=plan.out_dtype)
-            else:
+            elif plan.flat:
                 out = torch.empty(plan.shape, dtype=plan.out_dtype, device=ts[0].device)
+            else:
+                out = torch.empty_strided(plan.shape, plan.out_strides, dtype=plan.out_dtype, device=ts[0].device)
         if plan.n == 0:
             return out
         bits = [scalar_bits(s) for s in scalars] + [0] * (3 - len(scalars))

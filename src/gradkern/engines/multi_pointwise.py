@@ -42,7 +42,7 @@ from ..errors import InvalidProblem, RankUnsupported, Unsupported
 from ..launch.checks import _dense_strides, broadcast_shape
 from ..launch.launcher import SCALAR_PARAMS, bits_spec, launch, launch_consts, scalar_bits
 from ..launch.tl_helpers import TL_MATH, cast_out, scalar
-from .elementwise import _broadcast_strides, _collapse, strided_i64, strided_offsets
+from .elementwise import _broadcast_strides, _collapse, collapse_in_order, result_layout, strided_i64, strided_offsets
 from .reduction import plan_view, run_plan, sum_to_dims
 
 __all__ = ["MultiPointwise", "MultiPointwiseConfig", "CONFIG", "check_output_mask", "MAX_INPUTS", "MAX_OUTPUTS",
@@ -340,17 +340,12 @@ class MultiPointwise:
             i64 = n + block > cfg.i32_max
             kernel, grid, ints = _flat_kernel, (cdiv(n, block),), (n,)
             consts = launch_consts({**base, "BLOCK": block, "I64": i64}, cfg.flat_warps)
-        else:
-            # results in the layout of the first input that covers B densely (ATen's TensorIterator follows its
-            # inputs' layout too), walked in that layout's order so that their stores and its loads coalesce: a
-            # channels_last or transposed problem read against contiguous results ran at 0.3x ATen (H200)
-            leader = next((t for t in present if tuple(t.shape) == shape and _dense_strides(t)), None)
-            layout = contiguous if leader is None else leader.stride()
+        else:  # results in the layout ATen gives them, walked in its order
+            layout = result_layout(shape, present)
             strides = [layout] * MAX_OUTPUTS
-            order = sorted(range(len(shape)), key=lambda d: -layout[d])  # outermost first
             operands = [layout] + [_broadcast_strides(t, shape) if t is not None else None for t in ins]
-            live = [tuple(s[d] for d in order) for s in operands if s is not None]
-            cshape, cstr = _collapse(tuple(shape[d] for d in order), live)
+            live = [s for s in operands if s is not None]
+            cshape, cstr = collapse_in_order(shape, live)
             if not cshape:  # every dim has size 1
                 cshape, cstr = (1,), [(0,)] * len(live)
             if len(cshape) > MAX_RANK:
