@@ -4,7 +4,7 @@ ATen ops. Generated from the registry: an op is declared once, next to its kerne
 Each function is also a torch.library custom op, `torch.ops.gradkern.<name>`, whose fake (meta) implementation
 is the op's own `fake` or else its reference computation run on fake tensors; with the reference, the custom op's
 results (real and fake alike) are made contiguous, since the kernels' output layouts need not be the reference's
-(an input's layout is kept only where every input shares it) and a compiled graph asserts the fake's strides.
+and a compiled graph asserts the fake's strides.
 Inside a `torch.compile` region `gradkern.ops.<name>` calls the custom op, so compiled graphs keep gradkern's
 kernel as one opaque node (no graph break); in eager code it calls the kernel's function directly (no dispatcher
 overhead)."""
