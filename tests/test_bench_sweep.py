@@ -165,6 +165,22 @@ def test_16_bit_cases_match_stock():
         assert rec["status"] == "ok", (op, rec["status"])
 
 
+def test_f16_nll_mean_past_65504_elements_is_checked_in_float32():
+    """Stock's nll_loss2d_forward sums total_weight in the input's dtype, so an f16 mean over more than 65504
+    elements divides by inf and is 0 (CPU and CUDA alike); gradkern's is the mean. The sweep's check compares with
+    a float32 reference rounded to f16 (total_weight inf on both sides): before, every such sweep case was marked
+    wrong."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 5, 200, 200, generator=g).half().to(DEVICE)  # 80000 elements
+    t = torch.randint(0, 5, (2, 200, 200), generator=g).to(DEVICE)
+    args = (x, t, None, 1, -100)
+    case = collections.namedtuple("Case", "op dtype")("nll_loss2d_forward", torch.float16)
+    built = collections.namedtuple("Built", "args kwargs")(args, {})
+    ours = gradkern.ops.nll_loss2d_forward(*args)
+    assert float(ours[0]) != 0.0 and torch.isinf(ours[1])
+    assert bench_sweep._check(case, built, ours) is None
+
+
 def test_fallback_for_an_op_without_a_generator(monkeypatch):
     monkeypatch.delitem(bench_sweep.GENERATORS, "hardshrink")
     cases = bench_sweep.sweep_cases("hardshrink", torch.float32, False)

@@ -22,9 +22,11 @@ layouts too), and of self only the N*H*W elements the targets pick, never the C-
 
 Deviations from ATen, on purpose: the one rounding to a 16-bit dtype comes at the end (ATen rounds each product
 w * x and each block's partial weight to the dtype, and divides the rounded sums), so 16-bit results are closer to
-the exact value than ATen's. A target outside [0, C) that is not ignore_index (ATen: a device-side assert on CUDA,
-an IndexError on CPU) makes that element's loss NaN, and so the reduced loss and total_weight NaN: checking the
-values on the host would cost a device synchronisation every call, and clamping or skipping would hide the error.
+the exact value than ATen's (an f16 mean over more than 65504 elements: ATen's total_weight is inf and its mean 0;
+here total_weight is inf as well, and the mean the mean). A target outside [0, C) that is not ignore_index (ATen:
+a device-side assert on CUDA, an IndexError on CPU) makes that element's loss NaN, and so the reduced loss and
+total_weight NaN: checking the values on the host would cost a device synchronisation every call, and clamping or
+skipping would hide the error.
 Nothing outside the tensors is read for such an element. A reduction other than 0, 1 and 2 is an InvalidProblem
 (ATen sums for any value but 0 and 1)."""
 
