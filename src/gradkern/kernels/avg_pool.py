@@ -42,7 +42,7 @@ from ..config import GridLimits, PlanCache, Tunable, plan_builder
 from ..errors import InvalidProblem, Unsupported
 from ..launch.alloc import empty
 from ..launch.checks import check_like, check_tensor
-from ..launch.launcher import launch, launch_consts
+from ..launch.launcher import launch, launch_consts, tile_warps
 from ..launch.tl_helpers import TL_MATH, cast_out
 from ..registry import Case, register_op
 
@@ -274,7 +274,7 @@ def _plan(g_shape: tuple, g_stride: tuple, x_shape: tuple, win: _Window, mode: i
               for i, v in enumerate(vals)}
     consts = launch_consts({**window, "BR": br, "BW": bw, "MODE": mode,
                             "ACC": TL_MATH[math_dtype(dtype)], "I64": reach > cfg.i32_max},
-                           cfg.warps if br * bw >= cfg.warps * 32 else max(1, br * bw // 32))
+                           tile_warps(br * bw, cfg.warps))
     args = (n_tiles, n_cb, n_rows, c, (d_in, h_in, w_in), tuple(out), tuple(g_stride), divisor)
     return _Plan(x_shape, min(n_tiles, cfg.max_programs), args, consts)
 

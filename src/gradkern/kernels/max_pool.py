@@ -82,7 +82,7 @@ from ..config import GridLimits, PlanCache, Tunable, plan_builder
 from ..errors import InvalidProblem, Unsupported
 from ..launch.alloc import channels_last_format, empty
 from ..launch.checks import check_like, check_tensor
-from ..launch.launcher import launch, launch_consts
+from ..launch.launcher import launch, launch_consts, tile_warps
 from ..launch.tl_helpers import TL_MATH, cast_out
 from ..registry import Case, register_op
 from .adaptive_pool import max_outputs
@@ -615,7 +615,7 @@ def _plan(spec: _Spec, g_shape: tuple, g_stride: tuple, x_stride: tuple, shape: 
                             "EAGER": math.prod(ks) <= cfg.eager_slots,
                             "SAME": (gstr_k, aligns[1]) == (xstr_k, aligns[2]),
                             "ACC": acc, "I64": i64},
-                           cfg.warps if tile >= 32 * cfg.warps else max(1, tile // 32))
+                           tile_warps(tile, cfg.warps))
     args = (n_tiles, n_b, n_rows, (c, *ins, *outs), gstr_k, xstr_k, istr_k, mag)
     contiguous = out_stride == torch.empty(shape, device="meta").stride()
     stride = None if contiguous else out_stride

@@ -60,7 +60,7 @@ from ..config import GridLimits, PlanCache, Tunable, plan_builder
 from ..errors import InvalidProblem, Unsupported
 from ..launch.alloc import empty, empty_contiguous_like
 from ..launch.checks import check_like, check_out_overlap, check_tensor
-from ..launch.launcher import launch, launch_consts
+from ..launch.launcher import launch, launch_consts, tile_warps
 from ..launch.tl_helpers import TL_MATH, cast_out
 from ..registry import Case, register_op
 
@@ -734,8 +734,7 @@ def _plan(spec: _Spec, g_shape, g_strides, self_shape, pads, out_strides, dtype:
     edges = (spec.dims, dtype.itemsize) in cfg.edges and n_wb == 1 and (
         ws[1] - ws[0] == 1 and ws[3] - ws[2] == 1 or geom and sw == 4)
     cap = cfg.maxnreg_geom if geom else dict(cfg.maxnreg).get((spec.dims, dtype.itemsize, spec.reflect))
-    warps = cfg.warps if not cfg.min_thread_elements else \
-        max(1, min(cfg.warps, bh * bw // (32 * cfg.min_thread_elements)))
+    warps = tile_warps(bh * bw, cfg.warps, cfg.min_thread_elements) if cfg.min_thread_elements else cfg.warps
     consts = launch_consts({
         "REFLECT": spec.reflect, "CROP": crop, "BH": bh, "BW": bw, "SH": sh, "SW": sw,
         "UNROLL": (nd, nxh, nxw, sides_h, sides_w), "LOOPS": loops, "PLANES_LOOP": per_program > 1, "ACC": acc,

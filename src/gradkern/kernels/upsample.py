@@ -64,7 +64,7 @@ from ..config import GridLimits, PlanCache, Tunable, plan_builder
 from ..errors import InvalidProblem, Unsupported
 from ..launch.alloc import channels_last_format, empty
 from ..launch.checks import check_tensor
-from ..launch.launcher import launch, launch_consts, round_to_dtype, scalar_bits
+from ..launch.launcher import launch, launch_consts, round_to_dtype, scalar_bits, tile_warps
 from ..launch.tl_helpers import TL_MATH, cast_out, scalar
 from ..registry import Case, register_op
 
@@ -590,10 +590,10 @@ def _plane_tile(kw: int, w_in: int, h_in: int, tile: int, cfg: UpsampleConfig) -
     if h_in == 1 or w2 < 32:  # one row (the tile all along W), or planes narrower than a warp
         bw = min(w2, cfg.max_bw if h_in > 1 else tile)
         bh = min(h2, max(1, tile // bw))
-        return bw, bh, max(1, min(4, bw * bh // 32))  # (as many warps as the tile's elements fill: KW in threads)
+        return bw, bh, tile_warps(bw * bh, 4)  # (as many warps as the tile's elements fill: KW in threads)
     pairs = max(cfg.min_elements, cfg.per_thread // kw)  # (w, h) elements a thread
     cols = min(1 << ((pairs.bit_length() - 1) // 2), w2 // 32)
-    warps = max(1, min(4, w2 // (32 * cols)))
+    warps = tile_warps(w2, 4, cols)
     bw = min(32 * warps * cols, cfg.max_bw)
     bw = min(bw, tile)  # (a block smaller than the threads' share: tests)
     bh = min(h2, max(1, pairs // cols), max(1, tile // bw))
@@ -603,7 +603,7 @@ def _plane_tile(kw: int, w_in: int, h_in: int, tile: int, cfg: UpsampleConfig) -
             warps *= 2
         else:
             bw //= 2
-    return bw, bh, max(1, min(warps, bw * bh // 32))
+    return bw, bh, tile_warps(bw * bh, warps)
 
 
 def _tiling(cl: bool, c: int, forced: str | None) -> str:
@@ -655,7 +655,7 @@ def _plan(spec: _Spec, g_stride: tuple, in_sizes: tuple, out_sizes: tuple, align
         # of 16: every stride is); as many warps as (channel vectors x columns) fill, so that none holds a share
         # of the candidate axis (a reduction across warps, through shared memory, each (od, oh))
         vec = 16 // torch.empty((), dtype=dtype).element_size() if c % 16 == 0 else 1
-        warps = max(1, min(4, bc * bw // (vec * 32)))
+        warps = tile_warps(bc * bw, 4, vec)
         n_tiles = n * d_in * h_in * cdiv(w_in, bw) * cdiv(c, bc)
         # 32-bit in-row index math unless an in-row offset (a masked lane's too) can pass 2^31 (row offsets are
         # int64 always)

@@ -137,6 +137,12 @@ def _pdl_capable(device: int) -> bool:
     return _FAST_OK and HAS_GDC and device >= 0 and torch.cuda.get_device_capability(device)[0] >= 9
 
 
+def tile_warps(elements: int, most: int, per_thread: int = 1) -> int:
+    """Warps for a program tile of `elements`: as many as give each thread at least `per_thread` of them, at most
+    `most`, at least one (a small tile on the full count leaves threads idle and holds programs off an SM)."""
+    return max(1, min(most, elements // (32 * per_thread)))
+
+
 def launch_consts(constexprs: dict, num_warps: int, *, pdl: bool | None = None, **options) -> dict:
     """The `consts` that `launch` takes: the kernel's constexprs (in its parameter order; with `pdl` not None, its
     PDL constexpr last), their values for the direct relaunch, num_warps and other compile `options`, and
