@@ -42,7 +42,15 @@ from ..errors import InvalidProblem, RankUnsupported, Unsupported
 from ..launch.checks import _dense_strides, broadcast_shape
 from ..launch.launcher import SCALAR_PARAMS, bits_spec, launch, launch_consts, scalar_bits
 from ..launch.tl_helpers import TL_MATH, cast_out, scalar
-from .elementwise import _broadcast_strides, _collapse, collapse_in_order, result_layout, strided_i64, strided_offsets
+from .elementwise import (
+    _broadcast_strides,
+    _collapse,
+    collapse_in_order,
+    flat_split,
+    result_layout,
+    strided_i64,
+    strided_offsets,
+)
 from .reduction import plan_view, run_plan, sum_to_dims
 
 __all__ = ["MultiPointwise", "MultiPointwiseConfig", "CONFIG", "check_output_mask", "MAX_INPUTS", "MAX_OUTPUTS",
@@ -121,7 +129,11 @@ def _flat_kernel(o0, o1, o2, x0, x1, x2, x3, s0, s1, n,
         offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     else:
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    _apply(o0, o1, o2, x0, x1, x2, x3, offs, offs, offs, offs, offs, offs < n, s0, s1, FN, INS, OUTS, FLAG, MATH)
+    body, tail = flat_split(n, BLOCK)
+    _apply(o0, o1, o2, x0, x1, x2, x3, offs, offs, offs, offs, offs, offs < body, s0, s1, FN, INS, OUTS, FLAG, MATH)
+    if tail:
+        _apply(o0, o1, o2, x0, x1, x2, x3, offs, offs, offs, offs, offs, (offs >= body) & (offs < n), s0, s1, FN,
+               INS, OUTS, FLAG, MATH)
 
 
 @triton.jit(do_not_specialize=SCALAR_PARAMS[:2])
