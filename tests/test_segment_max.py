@@ -537,3 +537,25 @@ def test_large_shapes_on_gpu(dtype):
         assert_bitwise_equal(ops.segment_max_backward(g, idxs, offs, n, 0), sm._backward_composite(g, idxs, n, 0))
         (y, gx), (ys, gxs) = _both(data, g, offsets=offs)
         assert_bitwise_equal(gx, gxs, f"segment_reduce {label}")
+
+
+def test_backward_scatter_writes_only_rows_inside_each_segment():
+    """segment_max_backward zeroes its result and writes each (segment, column)'s gradient to the row its index
+    names, only where that row lies in the segment: rows the offsets do not cover (they start past 0 and end
+    before N), an empty segment's index N and an index outside its segment all leave zeros; a -0.0 gradient is
+    written as is. Lanes split over several programs (a small block) and an outer dim."""
+    n, inner = 12, 3
+    offs = torch.tensor([2, 4, 4, 9, 10], device=DEVICE)  # rows 0-1 and 10-11 in no segment; segment 1 empty
+    idxs = torch.tensor([[3, 2, 3], [n, n, n], [4, 8, 1], [9, 9, 9]], device=DEVICE)  # [2, 2]: 1 is outside 4..8
+    g = torch.tensor([[1.0, 2.0, -0.0], [5.0, 5.0, 5.0], [3.0, 4.0, 6.0], [7.0, -0.0, 8.0]], device=DEVICE)
+    expected = torch.zeros(n, inner)
+    for s in range(4):
+        for d in range(inner):
+            if offs[s] <= idxs[s, d] < offs[s + 1]:
+                expected[idxs[s, d], d] = g[s, d]
+    with config.override(sm.CONFIG, bwd_block=4):
+        for outer in (1, 2):
+            gg, ii = g.expand(outer, *g.shape), idxs.expand(outer, *idxs.shape)
+            gx = ops.segment_max_backward(gg.contiguous(), ii.contiguous(), offs, n, 1)
+            for o in range(outer):
+                assert_bitwise_equal(gx[o], expected.to(DEVICE), f"outer {o} of {outer}")

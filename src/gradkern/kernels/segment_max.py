@@ -1,11 +1,13 @@
 """segment_max: per-segment max with its first argmax, forward and backward; and `torch.segment_reduce(...,
 "max")`'s backward (`aten::_segment_reduce_backward`) with PyTorch's own tie rule.
 
-Segments are CSR offsets along `axis`: segment s holds rows offsets[s] <= j < offsets[s+1]. Every kernel runs one
-program per (outer index, segment, block of inner columns) and walks its segment's rows in tiles of
-BLOCK_L x BLOCK_D: a gather over rows, so there are no atomics and the results do not depend on the tiling (max,
-argmax and tie counts are exact). Offsets are clamped to [0, N] in the kernels, so even invalid offsets never
-read or write out of bounds.
+Segments are CSR offsets along `axis`: segment s holds rows offsets[s] <= j < offsets[s+1]. The forward and the
+segment_reduce backward run one program per (outer index, segment, block of inner columns) and walk its segment's
+rows in tiles of BLOCK_L x BLOCK_D: a gather over rows, so there are no atomics and the results do not depend on
+the tiling (max, argmax and tie counts are exact). segment_max's backward zeroes its result and writes each
+(segment, column)'s gradient to the one row its index names: segments are disjoint, so no two lanes write one
+element. Offsets are clamped to [0, N] in the kernels, so even invalid offsets never read or write out of
+bounds.
 
 Semantics of `gradkern.segment_max` (first-argmax, like torch_scatter's segment_csr):
 * values[s] = the max over the segment, as the element data[indices[s]] itself (so of two tied zeros the first
@@ -168,27 +170,27 @@ def _segment_max_fwd_kernel(x, offs, vals, idxs, S, N, INNER, n_dblk, SX, O_LO, 
 
 
 @triton.jit
-def _segment_max_bwd_kernel(g, idxs, offs, gx, S, N, INNER, n_dblk, SG, O_LO, I_LO, soff_o,
-                            BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, SPLIT_O: tl.constexpr,
-                            SPLIT_I: tl.constexpr, PDL: tl.constexpr):
-    dblk, seg, outer = _ids(n_dblk, S, PDL)
-    start, end = _segment(offs, soff_o, outer, seg, N, False)
-    d = dblk * BLOCK_D + tl.arange(0, BLOCK_D)
-    dmask = d < INNER
+def _segment_max_bwd_kernel(g, idxs, offs, gx, S, N, INNER, TOTAL, SG, O_LO, I_LO, soff_o,
+                            BLOCK: tl.constexpr, SPLIT_O: tl.constexpr, SPLIT_I: tl.constexpr, PDL: tl.constexpr):
+    """segment_max's backward into a zeroed gx: lane l = (outer * S + seg) * INNER + d writes g[outer, seg, d] to
+    row idxs[l] where that row lies in segment seg (an empty segment's N, or any index outside it, writes nothing).
+    A lane a (segment, column), whatever the segments' lengths: the rows no index names are the zeros."""
+    if PDL:
+        gdc_wait()
+    lane = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = lane < TOTAL
+    d = lane % INNER
+    t = lane // INNER
+    seg = t % S
+    outer = t // S
+    base = offs + outer * soff_o + seg
+    start = tl.minimum(tl.maximum(tl.load(base, mask=m, other=0).to(tl.int64), 0), N)
+    end = tl.minimum(tl.maximum(tl.load(base + 1, mask=m, other=0).to(tl.int64), start), N)
+    iv = tl.load(idxs + lane, mask=m, other=-1)
+    ok = m & (iv >= start) & (iv < end)
     go, gi = _offsets(outer, d, SG, O_LO, I_LO, SPLIT_O, SPLIT_I)
-    gv = tl.load(g + go + seg * SG[1] + gi, mask=dmask)
-    iv = tl.load(idxs + (outer * S + seg) * INNER + d, mask=dmask, other=-1)
-    zero = tl.zeros([BLOCK_L, BLOCK_D], gv.dtype)
-    ob = gx + outer * N * INNER
-    for r0 in range(start, end, BLOCK_L):
-        rows = r0 + tl.arange(0, BLOCK_L)
-        m = (rows < end)[:, None] & dmask[None, :]
-        out = tl.where(rows[:, None] == iv[None, :], gv[None, :], zero)
-        tl.store(ob + rows[:, None] * INNER + d[None, :], out, mask=m)
-    if seg == 0:
-        _zero_rows(ob, 0, start, d, dmask, INNER, gv.dtype, BLOCK_L, BLOCK_D)
-    if seg == S - 1:
-        _zero_rows(ob, end, N, d, dmask, INNER, gv.dtype, BLOCK_L, BLOCK_D)
+    gv = tl.load(g + go + seg * SG[1] + gi, mask=ok)
+    tl.store(gx + (outer * N + iv) * INNER + d, gv, mask=ok)
 
 
 @triton.jit
@@ -323,7 +325,9 @@ class SegmentConfig:
     large_warps: int = 4
     # a small tile's warps: the forward 1.2-3.4x faster with one than with four
     fwd_warps: int = 1
-    bwd_warps: int = 2
+    # segment_max's backward: lanes (segment, column) a program, and its warps (not tuned: written without a GPU)
+    bwd_block: int = 1024
+    bwd_warps: int = 4
     # the segment_reduce backward's, by element size: f32 1.08x faster with two than one, f16 1.8x slower
     segred_warps: tuple[tuple[int, int], ...] = ((2, 1), (4, 2), (8, 2))
     # the segment_reduce backward by tile class (small tile?, element size). Register caps, for more programs an SM:
@@ -470,19 +474,18 @@ def _bwd(grad: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor, num_r
     out_shape = (*grad.shape[:axis], num_rows, *grad.shape[axis + 1:])
     outer = math.prod(grad.shape[:axis])
     inner = math.prod(grad.shape[axis + 1:])
+    gx = torch.zeros(out_shape, dtype=grad.dtype, device=grad.device)
     if s == 0 or outer * inner == 0 or num_rows == 0:
-        return torch.zeros(out_shape, dtype=grad.dtype, device=grad.device)
-    gx = torch.empty(out_shape, dtype=grad.dtype, device=grad.device)
+        return gx
     device = grad.get_device()
     pdl = pdl_ok(device)
 
     def make():
         cfg = CONFIG.current
         strides, copies, split = _layouts((grad,), axis)
-        bl, bd, warps = _blocks(cfg, inner, num_rows, s, cfg.bwd_warps)
-        n_dblk = cdiv(inner, bd)
-        return _new_plan(outer * s * n_dblk, (s, num_rows, inner, n_dblk, *strides, _offsets_stride(offsets)),
-                         copies, {"BLOCK_L": bl, "BLOCK_D": bd, **split}, warps, pdl)
+        total = outer * s * inner
+        return _new_plan(cdiv(total, cfg.bwd_block), (s, num_rows, inner, total, *strides, _offsets_stride(offsets)),
+                         copies, {"BLOCK": cfg.bwd_block, **split}, cfg.bwd_warps, pdl)
 
     plan = _planned(("backward", grad.shape, grad.stride(), grad.dtype, offsets.shape, offsets.dtype, num_rows,
                      axis, device, pdl), make)
