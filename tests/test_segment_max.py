@@ -559,3 +559,28 @@ def test_backward_scatter_writes_only_rows_inside_each_segment():
             gx = ops.segment_max_backward(gg.contiguous(), ii.contiguous(), offs, n, 1)
             for o in range(outer):
                 assert_bitwise_equal(gx[o], expected.to(DEVICE), f"outer {o} of {outer}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=dtype_id)
+def test_forward_lane_kernel_equals_the_tile_kernel(dtype):
+    """The forward's two kernels give the same bits: the lane kernel (a lane a (segment, column); segments longer
+    than its cap taken by the whole program in turn) and the tile kernel (a program a segment). Small blocks and a
+    cap of 3 rows so that several programs run and most segments are long; ties, NaN, signed zeros, empty segments,
+    an outer dim and a strided layout."""
+    lengths = [3, 0, 5, 1, 0, 9, 2, 4, 0, 7, 1, 1, 6]
+    n = sum(lengths)
+    offs = _offsets(lengths)
+    data = _data((2, n, 3), dtype, ties=True)
+    data[0, 4, 1] = float("nan")
+    data[1, 0, :] = -0.0
+    data[1, 1, :] = 0.0
+    strided = _data((2, n, 6), dtype, seed=3, ties=True)[..., ::2]
+    for x in (data, strided):
+        outs = []
+        for knobs in ({"lanes_max_inner": 0}, {"lanes": 8, "lanes_cap": 3}, {"lanes": 4, "lanes_cap": 64}):
+            with config.override(sm.CONFIG, **knobs):
+                outs.append(ops.segment_max_forward(x, offs, 1))
+        ev, ei = _expected(x, offs, 1)
+        for vals, idxs in outs:
+            assert_bitwise_equal(vals, ev.to(DEVICE), "values")
+            assert_bitwise_equal(idxs, ei.to(DEVICE), "indices")

@@ -120,19 +120,13 @@ def _order_key(bits, W: tl.constexpr, INF: tl.constexpr, KEY: tl.constexpr):
 
 
 @triton.jit
-def _segment_max_fwd_kernel(x, offs, vals, idxs, S, N, INNER, n_dblk, SX, O_LO, I_LO, soff_o,
-                            BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, BITS: tl.constexpr, W: tl.constexpr,
-                            INF: tl.constexpr, SPLIT_O: tl.constexpr, SPLIT_I: tl.constexpr, PDL: tl.constexpr):
-    # Per tile, the largest order key (_order_key: NaN on top) and the first row holding it: for 16-bit types one
-    # int32 max of the key shifted up with BLOCK_L - 1 - row in the low bits (of equal keys the first row wins),
-    # for wider ones a max, then a min of the rows holding it (packing 32-bit keys in int64 instead was 1.1-1.4x
-    # slower on an H200).
-    dblk, seg, outer = _ids(n_dblk, S, PDL)
-    start, end = _segment(offs, soff_o, outer, seg, N, False)
-    d = dblk * BLOCK_D + tl.arange(0, BLOCK_D)
-    dmask = d < INNER
-    xo, xi = _offsets(outer, d, SX, O_LO, I_LO, SPLIT_O, SPLIT_I)
-    xb = x + xo + xi
+def _max_over_rows(xb, start, end, N, sx_n, dmask, BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, BITS: tl.constexpr,
+                   W: tl.constexpr, INF: tl.constexpr):
+    """The max of rows [start, end) of columns xb (pointers, [BLOCK_D]) and its first row, a tile of BLOCK_L rows at
+    a time: (indices, the element's bits; N and +0.0 for an empty segment). Per tile, the largest order key
+    (_order_key: NaN on top) and the first row holding it: for 16-bit types one int32 max of the key shifted up
+    with BLOCK_L - 1 - row in the low bits (of equal keys the first row wins), for wider ones a max, then a min of
+    the rows holding it (packing 32-bit keys in int64 instead was 1.1-1.4x slower on an H200)."""
     lr = tl.arange(0, BLOCK_L)
     lowest = -(1 << (W - 1))  # below every key: rows past the segment's end
     best_key = tl.full([BLOCK_D], lowest, BITS)  # the lowest: no row seen yet
@@ -140,7 +134,7 @@ def _segment_max_fwd_kernel(x, offs, vals, idxs, S, N, INNER, n_dblk, SX, O_LO, 
     best_bits = tl.zeros([BLOCK_D], BITS)  # the stored bits of the element at best_idx
     for r0 in range(start, end, BLOCK_L):
         m = (lr < end - r0)[:, None] & dmask[None, :]
-        bits = tl.load(xb[None, :] + (r0 + lr)[:, None] * SX[1], mask=m, other=0.0).to(BITS, bitcast=True)
+        bits = tl.load(xb[None, :] + (r0 + lr)[:, None] * sx_n, mask=m, other=0.0).to(BITS, bitcast=True)
         key = tl.where(m, _order_key(bits, W, INF, BITS), lowest)
         if W == 16:
             pmax = tl.max((key.to(tl.int32) << 16) | (BLOCK_L - 1 - lr)[:, None], axis=0)
@@ -162,11 +156,78 @@ def _segment_max_fwd_kernel(x, offs, vals, idxs, S, N, INNER, n_dblk, SX, O_LO, 
         best_idx = tl.where(take, r0 + crow, best_idx)
         best_bits = tl.where(take, cbits, best_bits)
     empty = best_key == lowest
-    idx = tl.where(empty, N, best_idx)
-    val = tl.where(empty, 0, best_bits).to(vals.dtype.element_ty, bitcast=True)  # empty: +0.0
+    return tl.where(empty, N, best_idx), tl.where(empty, 0, best_bits)
+
+
+@triton.jit
+def _segment_max_fwd_kernel(x, offs, vals, idxs, S, N, INNER, n_dblk, SX, O_LO, I_LO, soff_o,
+                            BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, BITS: tl.constexpr, W: tl.constexpr,
+                            INF: tl.constexpr, SPLIT_O: tl.constexpr, SPLIT_I: tl.constexpr, PDL: tl.constexpr):
+    """A program a (segment, block of columns), its rows a tile at a time."""
+    dblk, seg, outer = _ids(n_dblk, S, PDL)
+    start, end = _segment(offs, soff_o, outer, seg, N, False)
+    d = dblk * BLOCK_D + tl.arange(0, BLOCK_D)
+    dmask = d < INNER
+    xo, xi = _offsets(outer, d, SX, O_LO, I_LO, SPLIT_O, SPLIT_I)
+    idx, bits = _max_over_rows(x + xo + xi, start, end, N, SX[1], dmask, BLOCK_L, BLOCK_D, BITS, W, INF)
     o = (outer * S + seg) * INNER + d
-    tl.store(vals + o, val, mask=dmask)
+    tl.store(vals + o, bits.to(vals.dtype.element_ty, bitcast=True), mask=dmask)  # (an empty segment: +0.0)
     tl.store(idxs + o, idx, mask=dmask)
+
+
+@triton.jit
+def _segment_max_fwd_lanes_kernel(x, offs, vals, idxs, S, N, INNER, n_sblk, SX, O_LO, I_LO, soff_o,
+                                  BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, CAP: tl.constexpr,
+                                  BLOCK_L: tl.constexpr, BITS: tl.constexpr, W: tl.constexpr, INF: tl.constexpr,
+                                  SPLIT_O: tl.constexpr, SPLIT_I: tl.constexpr, PDL: tl.constexpr):
+    """A program a block of BLOCK_S segments (all BLOCK_D >= INNER columns): segments of at most CAP rows take a
+    lane a (segment, column), looping over their rows together; each longer one then takes the whole program, its
+    rows a tile of BLOCK_L at a time (_max_over_rows). The same results as the tile kernel: strictly larger keys
+    win, so of equal ones (NaN too) the first row."""
+    if PDL:
+        gdc_wait()
+    pid = tl.program_id(0).to(tl.int64)
+    sblk = pid % n_sblk
+    outer = pid // n_sblk
+    segs = sblk * BLOCK_S + tl.arange(0, BLOCK_S)
+    smask = segs < S
+    base = offs + outer * soff_o + segs
+    start = tl.minimum(tl.maximum(tl.load(base, mask=smask, other=0).to(tl.int64), 0), N)
+    end = tl.minimum(tl.maximum(tl.load(base + 1, mask=smask, other=0).to(tl.int64), start), N)
+    lens = end - start
+    short = smask & (lens <= CAP)
+    d = tl.arange(0, BLOCK_D)
+    dmask = d < INNER
+    xo, xi = _offsets(outer, d, SX, O_LO, I_LO, SPLIT_O, SPLIT_I)
+    xb = x + xo + xi
+    lowest = -(1 << (W - 1))
+    best_key = tl.full([BLOCK_S, BLOCK_D], lowest, BITS)
+    best_idx = tl.full([BLOCK_S, BLOCK_D], 0, tl.int64)
+    best_bits = tl.zeros([BLOCK_S, BLOCK_D], BITS)
+    for r in range(0, tl.max(tl.where(short, lens, 0), axis=0)):
+        m = (short & (r < lens))[:, None] & dmask[None, :]
+        bits = tl.load(xb[None, :] + (start + r)[:, None] * SX[1], mask=m, other=0.0).to(BITS, bitcast=True)
+        key = tl.where(m, _order_key(bits, W, INF, BITS), lowest)
+        take = key > best_key
+        best_key = tl.where(take, key, best_key)
+        best_idx = tl.where(take, (start + r)[:, None], best_idx)
+        best_bits = tl.where(take, bits, best_bits)
+    empty = best_key == lowest
+    o = (outer * S + segs)[:, None] * INNER + d[None, :]
+    keep = short[:, None] & dmask[None, :]
+    tl.store(vals + o, tl.where(empty, 0, best_bits).to(vals.dtype.element_ty, bitcast=True), mask=keep)
+    tl.store(idxs + o, tl.where(empty, N, best_idx), mask=keep)
+    long = smask & (lens > CAP)
+    rank = tl.cumsum(long.to(tl.int32), axis=0) - 1
+    for j in range(0, tl.sum(long.to(tl.int32), axis=0)):
+        pick = long & (rank == j)
+        seg = tl.max(tl.where(pick, segs, -1), axis=0)
+        idx, bits1 = _max_over_rows(xb, tl.max(tl.where(pick, start, -1), axis=0),
+                                    tl.max(tl.where(pick, end, -1), axis=0), N, SX[1], dmask, BLOCK_L, BLOCK_D,
+                                    BITS, W, INF)
+        o1 = (outer * S + seg) * INNER + d
+        tl.store(vals + o1, bits1.to(vals.dtype.element_ty, bitcast=True), mask=dmask)
+        tl.store(idxs + o1, idx, mask=dmask)
 
 
 @triton.jit
@@ -328,6 +389,13 @@ class SegmentConfig:
     # segment_max's backward: lanes (segment, column) a program, and its warps (not tuned: written without a GPU)
     bwd_block: int = 1024
     bwd_warps: int = 4
+    # the forward's lane kernel, for inner widths up to lanes_max_inner: lanes (segment, column) a program, the most
+    # rows a lane takes (a longer segment takes the program, a tile at a time), warps (not tuned: written without a
+    # GPU)
+    lanes_max_inner: int = 8
+    lanes: int = 1024
+    lanes_cap: int = 64
+    lanes_warps: int = 4
     # the segment_reduce backward's, by element size: f32 1.08x faster with two than one, f16 1.8x slower
     segred_warps: tuple[tuple[int, int], ...] = ((2, 1), (4, 2), (8, 2))
     # the segment_reduce backward by tile class (small tile?, element size). Register caps, for more programs an SM:
@@ -391,6 +459,7 @@ class _Plan:
     copies: tuple[bool, ...]  # the strided operands made contiguous first (layouts the kernel cannot walk)
     consts: dict
     uid: int
+    kernel: object = None  # where an op has several kernels: the one this problem runs
 
 
 _plans = PlanCache("kernels.segment_max._plans")
@@ -402,9 +471,10 @@ def _planned(key, make) -> _Plan:
     return plan if plan is not None else _plans.remember(key, make())
 
 
-def _new_plan(grid: int, ints: tuple, copies: tuple, consts: dict, warps: int, pdl: bool, **options) -> _Plan:
+def _new_plan(grid: int, ints: tuple, copies: tuple, consts: dict, warps: int, pdl: bool, kernel=None,
+              **options) -> _Plan:
     """`consts` are the kernel's constexprs before PDL (its last), in parameter order; `options` compile options."""
-    return _Plan(grid, ints, copies, launch_consts(consts, warps, pdl=pdl, **options), next(_plan_uids))
+    return _Plan(grid, ints, copies, launch_consts(consts, warps, pdl=pdl, **options), next(_plan_uids), kernel)
 
 
 def _layouts(tensors, axis: int) -> tuple[tuple, tuple[bool, ...], dict]:
@@ -456,16 +526,24 @@ def _fwd(data: torch.Tensor, offsets: torch.Tensor, axis: int, op: str):
         cfg = CONFIG.current
         strides, copies, split = _layouts((data,), axis)
         outer, inner = math.prod(data.shape[:axis]), math.prod(data.shape[axis + 1:])
+        bits = {"BITS": _BITS[data.element_size()], "W": 8 * data.element_size(), "INF": _INF_BITS[data.dtype]}
+        if inner <= cfg.lanes_max_inner:  # a lane a (segment, column); long segments a program each, in turn
+            bd = next_pow2(inner)
+            bs = max(1, cfg.lanes // bd)
+            n_sblk = cdiv(s, bs)
+            bl = max(1, min(cfg.tile // bd, cfg.bl_max))
+            return _new_plan(outer * n_sblk, (s, n, inner, n_sblk, *strides, _offsets_stride(offsets)), copies,
+                             {"BLOCK_S": bs, "BLOCK_D": bd, "CAP": cfg.lanes_cap, "BLOCK_L": bl, **bits, **split},
+                             cfg.lanes_warps, pdl, kernel=_segment_max_fwd_lanes_kernel)
         bl, bd, warps = _blocks(cfg, inner, n, s, cfg.fwd_warps)
         n_dblk = cdiv(inner, bd)
         return _new_plan(outer * s * n_dblk, (s, n, inner, n_dblk, *strides, _offsets_stride(offsets)), copies,
-                         {"BLOCK_L": bl, "BLOCK_D": bd, "BITS": _BITS[data.element_size()],
-                          "W": 8 * data.element_size(), "INF": _INF_BITS[data.dtype], **split}, warps, pdl)
+                         {"BLOCK_L": bl, "BLOCK_D": bd, **bits, **split}, warps, pdl, kernel=_segment_max_fwd_kernel)
 
     plan = _planned(("forward", data.shape, data.stride(), data.dtype, offsets.shape, offsets.dtype, axis, device,
                      pdl), make)
     (data,) = _walk((data,), plan)
-    _run(_segment_max_fwd_kernel, plan, (data, offsets.contiguous(), vals, idxs), device)
+    _run(plan.kernel, plan, (data, offsets.contiguous(), vals, idxs), device)
     return vals, idxs
 
 
