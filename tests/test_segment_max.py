@@ -577,10 +577,24 @@ def test_forward_lane_kernel_equals_the_tile_kernel(dtype):
     strided = _data((2, n, 6), dtype, seed=3, ties=True)[..., ::2]
     for x in (data, strided):
         outs = []
-        for knobs in ({"lanes_max_inner": 0}, {"lanes": 8, "lanes_cap": 3}, {"lanes": 4, "lanes_cap": 64}):
+        lanes = {"lanes_max_mean": 1 << 30}
+        for knobs in ({"lanes_max_inner": 0}, {"lanes": 8, "lanes_cap": 3, **lanes},
+                      {"lanes": 4, "lanes_cap": 64, **lanes}):
             with config.override(sm.CONFIG, **knobs):
                 outs.append(ops.segment_max_forward(x, offs, 1))
         ev, ei = _expected(x, offs, 1)
         for vals, idxs in outs:
             assert_bitwise_equal(vals, ev.to(DEVICE), "values")
             assert_bitwise_equal(idxs, ei.to(DEVICE), "indices")
+
+
+def test_forward_kernel_follows_the_mean_segment_length():
+    """The lane kernel serves narrow data whose segments are short on average (rows / segments, from the shapes:
+    a plan's choice is a function of the descriptor); longer ones take the tile kernel."""
+    def kernel(n, s, inner):
+        data = torch.randn(n, inner, device=DEVICE)
+        offs = torch.linspace(0, n, s + 1, device=DEVICE).to(torch.int64)
+        (launch,) = gradkern.plan("segment_max_forward", data, offs, 0).kernels
+        return launch.kernel
+    assert kernel(64, 64, 1) == kernel(64, 8, 3) == "_segment_max_fwd_lanes_kernel"
+    assert kernel(64, 7, 1) == kernel(64, 64, 9) == "_segment_max_fwd_kernel"

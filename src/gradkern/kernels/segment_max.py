@@ -207,7 +207,7 @@ def _segment_max_fwd_lanes_kernel(x, offs, vals, idxs, S, N, INNER, n_sblk, SX, 
     for r in range(0, tl.max(tl.where(short, lens, 0), axis=0)):
         m = (short & (r < lens))[:, None] & dmask[None, :]
         bits = tl.load(xb[None, :] + (start + r)[:, None] * SX[1], mask=m, other=0.0).to(BITS, bitcast=True)
-        key = tl.where(m, _order_key(bits, W, INF, BITS), lowest)
+        key = tl.where(m, _order_key(bits, W, INF, BITS), lowest).to(BITS)  # (lowest is an int32 literal)
         take = key > best_key
         best_key = tl.where(take, key, best_key)
         best_idx = tl.where(take, (start + r)[:, None], best_idx)
@@ -386,13 +386,17 @@ class SegmentConfig:
     large_warps: int = 4
     # a small tile's warps: the forward 1.2-3.4x faster with one than with four
     fwd_warps: int = 1
-    # segment_max's backward: lanes (segment, column) a program, and its warps (not tuned: written without a GPU)
+    # segment_max's backward: lanes (segment, column) a program, and its warps (first values, not searched; the
+    # sweep's f32 cases at 0.86-3.6x stock on an H200: docs/tuning/segment_max.md)
     bwd_block: int = 1024
     bwd_warps: int = 4
-    # the forward's lane kernel, for inner widths up to lanes_max_inner: lanes (segment, column) a program, the most
-    # rows a lane takes (a longer segment takes the program, a tile at a time), warps (not tuned: written without a
-    # GPU)
+    # the forward's lane kernel, for inner widths up to lanes_max_inner and a mean segment length (rows / segments,
+    # known from the shapes) up to lanes_max_mean: lanes (segment, column) a program, the most rows a lane takes (a
+    # longer segment takes the program, a tile at a time), warps (first values, not searched). Its lanes read rows a
+    # segment apart, so longer segments uncoalesce it: at mean 16-32 rows it ran 0.1x stock where the tile kernel
+    # runs 0.3-1.8x; at unit lengths 1.3x against 0.03x (H200 f32).
     lanes_max_inner: int = 8
+    lanes_max_mean: int = 8
     lanes: int = 1024
     lanes_cap: int = 64
     lanes_warps: int = 4
@@ -527,7 +531,8 @@ def _fwd(data: torch.Tensor, offsets: torch.Tensor, axis: int, op: str):
         strides, copies, split = _layouts((data,), axis)
         outer, inner = math.prod(data.shape[:axis]), math.prod(data.shape[axis + 1:])
         bits = {"BITS": _BITS[data.element_size()], "W": 8 * data.element_size(), "INF": _INF_BITS[data.dtype]}
-        if inner <= cfg.lanes_max_inner:  # a lane a (segment, column); long segments a program each, in turn
+        if inner <= cfg.lanes_max_inner and n <= cfg.lanes_max_mean * s:
+            # a lane a (segment, column); long segments a program each, in turn
             bd = next_pow2(inner)
             bs = max(1, cfg.lanes // bd)
             n_sblk = cdiv(s, bs)
