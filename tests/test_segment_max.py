@@ -6,6 +6,8 @@ import math
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 import gradkern
 from conftest import DEVICE, DTYPES, dtype_id, gpu_only
@@ -598,3 +600,26 @@ def test_forward_kernel_follows_the_mean_segment_length():
         return launch.kernel
     assert kernel(64, 64, 1) == kernel(64, 8, 3) == "_segment_max_fwd_lanes_kernel"
     assert kernel(64, 7, 1) == kernel(64, 64, 9) == "_segment_max_fwd_kernel"
+
+
+@triton.jit
+def _row_segments_probe(offs, out, S, N, LOG_S, BLOCK: tl.constexpr):
+    r0 = tl.program_id(0).to(tl.int64) * BLOCK
+    rows = tl.minimum(r0 + tl.arange(0, BLOCK), N - 1)
+    seg = sm._row_segments(offs, S, rows, r0, tl.minimum(r0 + BLOCK - 1, N - 1), LOG_S)
+    tl.store(out + rows, seg)
+
+
+@pytest.mark.parametrize("lengths", [[1] * 37, [0, 0, 3, 0, 5, 1, 0, 0, 0, 9, 2, 0], [40], [0] * 50 + [7] + [0] * 70,
+                                     [2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 30, 0, 1]],
+                         ids=["unit", "mixed", "one", "empty-runs", "long-empty-run"])
+def test_row_segments_is_the_last_segment_starting_at_or_before_each_row(lengths):
+    """The rows-to-segments search the row-parallel kernels share: each row's segment is the last one starting at
+    or before it (empty segments passed over), for blocks that span one segment or many, and runs of empty ones."""
+    offs = _offsets(lengths)
+    s, n = len(lengths), sum(lengths)
+    expected = torch.searchsorted(offs[:s].cpu(), torch.arange(n), right=True) - 1
+    for block in (1, 4, 16, 64):
+        out = torch.full((n,), -1, dtype=torch.int64, device=DEVICE)
+        _row_segments_probe[(triton.cdiv(n, block),)](offs, out, s, n, max(0, (s - 1).bit_length()), BLOCK=block)
+        assert out.cpu().tolist() == expected.tolist(), f"block {block}"

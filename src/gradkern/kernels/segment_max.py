@@ -100,6 +100,38 @@ def _offsets(outer, d, ST, O_LO, I_LO, SPLIT_O: tl.constexpr, SPLIT_I: tl.conste
 
 
 @triton.jit
+def _row_segments(offs, S, rows, r_first, r_last, LOG_S):
+    """The segment of each of `rows` (int64, all in [r_first, r_last]): the last s with offs[s] <= row, empty
+    segments passed over (offs: one slice's S + 1 valid offsets, non-decreasing from 0; LOG_S: steps enough to
+    search S segments, 2^LOG_S >= S). First the segments of r_first and r_last, searched over all S, then each row's
+    between those two: a block of rows shares a few segments, so that second search is short and hits the cache."""
+    two = tl.arange(0, 2)
+    q = tl.where(two == 0, r_first, r_last)
+    lo = tl.zeros([2], tl.int64)
+    hi = tl.full([2], S - 1, tl.int64)
+    for _ in range(LOG_S):
+        lo, hi = _search_step(offs, q, lo, hi)
+    s_lo = tl.min(lo, axis=0)
+    s_hi = tl.max(lo, axis=0)
+    # (one more step than the float log2 promises: a step past the answer changes nothing)
+    steps = tl.ceil(tl.log2((s_hi - s_lo + 1).to(tl.float32))).to(tl.int32) + 1
+    lo = tl.zeros_like(rows) + s_lo
+    hi = tl.zeros_like(rows) + s_hi
+    for _ in range(steps):
+        lo, hi = _search_step(offs, rows, lo, hi)
+    return lo
+
+
+@triton.jit
+def _search_step(offs, q, lo, hi):
+    """One step of the search for the last s in [lo, hi] with offs[s] <= q (elementwise; done where lo == hi)."""
+    active = lo < hi
+    mid = (lo + hi + 1) // 2
+    go = tl.load(offs + mid, mask=active, other=0).to(tl.int64) <= q
+    return tl.where(active & go, mid, lo), tl.where(active & ~go, mid - 1, hi)
+
+
+@triton.jit
 def _zero_rows(out, lo, hi, d, dmask, so_n, dtype: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr):
     """out[lo:hi, d] = 0 (rows no segment covers; empty unless the offsets skip rows)."""
     zero = tl.zeros([BLOCK_L, BLOCK_D], dtype)
