@@ -563,12 +563,13 @@ def test_backward_scatter_writes_only_rows_inside_each_segment():
                 assert_bitwise_equal(gx[o], expected.to(DEVICE), f"outer {o} of {outer}")
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=dtype_id)
-def test_forward_lane_kernel_equals_the_tile_kernel(dtype):
-    """The forward's two kernels give the same bits: the lane kernel (a lane a (segment, column); segments longer
-    than its cap taken by the whole program in turn) and the tile kernel (a program a segment). Small blocks and a
-    cap of 3 rows so that several programs run and most segments are long; ties, NaN, signed zeros, empty segments,
-    an outer dim and a strided layout."""
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=dtype_id)
+def test_forward_kernels_give_the_same_bits(dtype):
+    """The forward's three kernels give the same bits: the lane kernel (a lane a (segment, column); segments longer
+    than its cap taken by the whole program in turn), the tile kernel (a program a segment) and the row kernel (a
+    program a tile of rows, then the segments crossing tiles from their partials). Small blocks, a cap of 3 rows and
+    row tiles of 2-64 rows, so that several programs run, most segments are long and some cross many tiles; ties,
+    NaN, signed zeros, empty segments, an outer dim and a strided layout."""
     lengths = [3, 0, 5, 1, 0, 9, 2, 4, 0, 7, 1, 1, 6]
     n = sum(lengths)
     offs = _offsets(lengths)
@@ -579,9 +580,11 @@ def test_forward_lane_kernel_equals_the_tile_kernel(dtype):
     strided = _data((2, n, 6), dtype, seed=3, ties=True)[..., ::2]
     for x in (data, strided):
         outs = []
-        lanes = {"lanes_max_mean": 1 << 30}
-        for knobs in ({"lanes_max_inner": 0}, {"lanes": 8, "lanes_cap": 3, **lanes},
-                      {"lanes": 4, "lanes_cap": 64, **lanes}):
+        lanes = {"lanes_max_mean": 1 << 30, "rows_max_programs": 0}
+        rows = {"rows_max_programs": 1 << 62, "rows_min_mean": 0, "rows_bd_max": 2}
+        for knobs in ({"lanes_max_inner": 0, "rows_max_programs": 0}, {"lanes": 8, "lanes_cap": 3, **lanes},
+                      {"lanes": 4, "lanes_cap": 64, **lanes}, {"rows_tile": 4, **rows}, {"rows_tile": 16, **rows},
+                      {"rows_tile": 128, **rows}):
             with config.override(sm.CONFIG, **knobs):
                 outs.append(ops.segment_max_forward(x, offs, 1))
         ev, ei = _expected(x, offs, 1)
@@ -596,10 +599,24 @@ def test_forward_kernel_follows_the_mean_segment_length():
     def kernel(n, s, inner):
         data = torch.randn(n, inner, device=DEVICE)
         offs = torch.linspace(0, n, s + 1, device=DEVICE).to(torch.int64)
-        (launch,) = gradkern.plan("segment_max_forward", data, offs, 0).kernels
+        with config.override(sm.CONFIG, rows_max_programs=0):
+            (launch,) = gradkern.plan("segment_max_forward", data, offs, 0).kernels
         return launch.kernel
     assert kernel(64, 64, 1) == kernel(64, 8, 3) == "_segment_max_fwd_lanes_kernel"
     assert kernel(64, 7, 1) == kernel(64, 64, 9) == "_segment_max_fwd_kernel"
+
+
+def test_few_segments_take_the_row_kernel():
+    """Where the tile kernel would run fewer than rows_max_programs programs (few segments) of at least
+    rows_min_mean rows on average, the row kernel and its fix-up pass serve the problem: a plan's choice, from the
+    shapes."""
+    data = torch.randn(64, 3, device=DEVICE)
+    for s, kernels in ((2, ["_segment_max_fwd_rows_kernel", "_segment_max_fwd_fix_kernel"]),
+                       (60, ["_segment_max_fwd_kernel"])):
+        offs = torch.linspace(0, 64, s + 1, device=DEVICE).to(torch.int64)
+        with config.override(sm.CONFIG, rows_max_programs=16, rows_min_mean=16, lanes_max_inner=0):
+            got = [launch.kernel for launch in gradkern.plan("segment_max_forward", data, offs, 0).kernels]
+        assert got == kernels, s
 
 
 @triton.jit

@@ -25,6 +25,7 @@ segments give no gradient. gradkern's kernel reproduces this bit for bit.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from dataclasses import dataclass
@@ -263,6 +264,125 @@ def _segment_max_fwd_lanes_kernel(x, offs, vals, idxs, S, N, INNER, n_sblk, SX, 
 
 
 @triton.jit
+def _first_max(sa, ka, ia, sb, kb, ib):
+    """The segmented scan's step (a before b): within one segment the larger key, the earlier row of equal ones;
+    across a segment boundary b's."""
+    take = (sa != sb) | (kb > ka)
+    return sb, tl.where(take, kb, ka), tl.where(take, ib, ia)
+
+
+@triton.jit
+def _segment_max_fwd_rows_kernel(x, offs, vals, idxs, wk, wi, hs, S, N, INNER, n_rblk, n_dblk, LOG_S, SX, O_LO,
+                                 I_LO, soff_o, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, BITS: tl.constexpr,
+                                 W: tl.constexpr, INF: tl.constexpr, SPLIT_O: tl.constexpr, SPLIT_I: tl.constexpr,
+                                 PDL: tl.constexpr):
+    """A program a tile of BLOCK_R rows x BLOCK_D columns, whatever the segments: each row's segment from the
+    offsets (_row_segments), then one segmented scan down the rows (_first_max on order keys) gives each segment's
+    max and first row within the tile. A segment inside the tile is stored here; one that crosses the tile's first
+    row or its last leaves its partial result in slot 0 or 1 of the tile's workspace (wk: keys, wi: rows), and the
+    segment of the tile's first row goes to hs, for _segment_max_fwd_fix_kernel."""
+    if PDL:
+        gdc_wait()
+    pid = tl.program_id(0).to(tl.int64)
+    dblk = pid % n_dblk
+    t = pid // n_dblk
+    rblk = t % n_rblk
+    outer = t // n_rblk
+    r0 = rblk * BLOCK_R
+    r_last = tl.minimum(r0 + BLOCK_R, N) - 1
+    lr = tl.arange(0, BLOCK_R)
+    rows = tl.minimum(r0 + lr, N - 1)
+    o_offs = offs + outer * soff_o
+    seg = _row_segments(o_offs, S, rows, r0, r_last, LOG_S)
+    start = tl.minimum(tl.maximum(tl.load(o_offs + seg).to(tl.int64), 0), N)
+    end = tl.minimum(tl.maximum(tl.load(o_offs + seg + 1).to(tl.int64), start), N)
+    live = (r0 + lr < N) & (rows >= start) & (rows < end)
+    d = dblk * BLOCK_D + tl.arange(0, BLOCK_D)
+    dmask = d < INNER
+    xo, xi = _offsets(outer, d, SX, O_LO, I_LO, SPLIT_O, SPLIT_I)
+    xb = x + xo + xi
+    m = live[:, None] & dmask[None, :]
+    bits = tl.load(xb[None, :] + rows[:, None] * SX[1], mask=m, other=0.0).to(BITS, bitcast=True)
+    lowest = -(1 << (W - 1))
+    key = tl.where(m, _order_key(bits, W, INF, BITS), lowest).to(BITS)
+    s_lo = tl.min(seg, axis=0)
+    sl = tl.broadcast_to((seg - s_lo).to(tl.int32)[:, None], [BLOCK_R, BLOCK_D])
+    lr2 = tl.broadcast_to(lr[:, None], [BLOCK_R, BLOCK_D])
+    _s, best_key, best_lr = tl.associative_scan((sl, key, lr2), 0, _first_max)
+    best = r0 + best_lr.to(tl.int64)
+    last = live & ((rows == end - 1) | (rows == r_last))  # a segment's last row in this tile
+    done = last & (start >= r0) & (end <= r_last + 1)
+    head = last & (start < r0)
+    tail = live & (rows == r_last) & (end > r_last + 1)
+    dm = dmask[None, :]
+    o = (outer * S + seg)[:, None] * INNER + d[None, :]
+    won = tl.load(xb[None, :] + best * SX[1], mask=done[:, None] & dm, other=0.0)
+    tl.store(vals + o, won, mask=done[:, None] & dm)
+    tl.store(idxs + o, best, mask=done[:, None] & dm)
+    w = ((outer * n_rblk + rblk) * 2 * INNER + d)[None, :] + tl.zeros([BLOCK_R, 1], tl.int64)
+    tl.store(wk + w, best_key, mask=head[:, None] & dm)
+    tl.store(wi + w, best, mask=head[:, None] & dm)
+    tl.store(wk + w + INNER, best_key, mask=tail[:, None] & dm)
+    tl.store(wi + w + INNER, best, mask=tail[:, None] & dm)
+    if dblk == 0:
+        tl.store(hs + outer * n_rblk + rblk, s_lo)
+
+
+@triton.jit
+def _segment_max_fwd_fix_kernel(x, offs, vals, idxs, wk, wi, hs, S, N, INNER, n_rblk, n_dblk, n_jobs, SX, O_LO,
+                                I_LO, soff_o, BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_S: tl.constexpr,
+                                BLOCK_D: tl.constexpr, BITS: tl.constexpr, W: tl.constexpr,
+                                SPLIT_O: tl.constexpr, SPLIT_I: tl.constexpr, PDL: tl.constexpr):
+    """After _segment_max_fwd_rows_kernel: program j (of n_jobs) stores the result of the segment that crosses
+    into row tile j and ends there, from the partials of the tiles it spans (BLOCK_T a step), and the results of
+    the empty segments among j * BLOCK_S .. (j + 1) * BLOCK_S - 1 (value 0, index N): the segments no row tile
+    stores."""
+    if PDL:
+        gdc_wait()
+    pid = tl.program_id(0).to(tl.int64)
+    dblk = pid % n_dblk
+    t = pid // n_dblk
+    j = t % n_jobs
+    outer = t // n_jobs
+    d = dblk * BLOCK_D + tl.arange(0, BLOCK_D)
+    dmask = d < INNER
+    if (j > 0) & (j < n_rblk):
+        seg = tl.load(hs + outer * n_rblk + j)
+        start, end = _segment(offs, soff_o, outer, seg, N, False)
+        r0 = j * BLOCK_R
+        if (start < r0) & (end <= r0 + BLOCK_R):
+            lowest = -(1 << (W - 1))
+            first = start // BLOCK_R
+            w0 = (outer * n_rblk + first) * 2 * INNER + d
+            best_key = tl.load(wk + w0 + INNER, mask=dmask, other=lowest).to(BITS)
+            best = tl.load(wi + w0 + INNER, mask=dmask, other=0)
+            lt = tl.arange(0, BLOCK_T)
+            for t0 in range(first + 1, j + 1, BLOCK_T):
+                tm = (t0 + lt <= j)[:, None] & dmask[None, :]
+                w = ((outer * n_rblk + t0 + lt) * 2)[:, None] * INNER + d[None, :]
+                k = tl.load(wk + w, mask=tm, other=lowest).to(BITS)
+                r = tl.load(wi + w, mask=tm, other=0)
+                ck = tl.max(k, axis=0).to(BITS)  # (a reduction widens 16-bit integers)
+                crow = tl.min(tl.where(tm & (k == ck[None, :]), r, N), axis=0)
+                take = ck > best_key
+                best_key = tl.where(take, ck, best_key)
+                best = tl.where(take, crow, best)
+            xo, xi = _offsets(outer, d, SX, O_LO, I_LO, SPLIT_O, SPLIT_I)
+            o = (outer * S + seg) * INNER + d
+            tl.store(vals + o, tl.load(x + xo + xi + best * SX[1], mask=dmask), mask=dmask)
+            tl.store(idxs + o, best, mask=dmask)
+    segs = j * BLOCK_S + tl.arange(0, BLOCK_S)
+    smask = segs < S
+    base = offs + outer * soff_o + segs
+    a = tl.minimum(tl.maximum(tl.load(base, mask=smask, other=0).to(tl.int64), 0), N)
+    b = tl.minimum(tl.maximum(tl.load(base + 1, mask=smask, other=0).to(tl.int64), a), N)
+    em = (smask & (a == b))[:, None] & dmask[None, :]
+    o = (outer * S + segs)[:, None] * INNER + d[None, :]
+    tl.store(vals + o, tl.zeros([BLOCK_S, BLOCK_D], vals.dtype.element_ty), mask=em)
+    tl.store(idxs + o, tl.full([BLOCK_S, BLOCK_D], 0, tl.int64) + N, mask=em)
+
+
+@triton.jit
 def _segment_max_bwd_kernel(g, idxs, offs, gx, S, N, INNER, TOTAL, SG, O_LO, I_LO, soff_o,
                             BLOCK: tl.constexpr, SPLIT_O: tl.constexpr, SPLIT_I: tl.constexpr, PDL: tl.constexpr):
     """segment_max's backward into a zeroed gx: lane l = (outer * S + seg) * INNER + d writes g[outer, seg, d] to
@@ -432,6 +552,16 @@ class SegmentConfig:
     lanes: int = 1024
     lanes_cap: int = 64
     lanes_warps: int = 4
+    # the row-parallel forward (a program a tile of rows, whatever the segments) serves problems the tile kernel
+    # would give fewer than rows_max_programs programs of at least rows_min_mean rows on average (a few long
+    # segments: one program looping over each). It runs at about 135 GB/s whatever the lengths (H200): 14x the tile
+    # kernel on one segment of 1M x 64 rows, but 0.1-0.5x it where segments are many or short (48 segments of 34
+    # rows: 0.25x stock against 0.77x). Then its tile's elements, its columns at most, warps (first values)
+    rows_max_programs: int = 264
+    rows_min_mean: int = 1024
+    rows_tile: int = 2048
+    rows_bd_max: int = 64
+    rows_warps: int = 4
     # the segment_reduce backward's, by element size: f32 1.08x faster with two than one, f16 1.8x slower
     segred_warps: tuple[tuple[int, int], ...] = ((2, 1), (4, 2), (8, 2))
     # the segment_reduce backward by tile class (small tile?, element size). Register caps, for more programs an SM:
@@ -496,6 +626,8 @@ class _Plan:
     consts: dict
     uid: int
     kernel: object = None  # where an op has several kernels: the one this problem runs
+    then: _Plan | None = None  # a second launch after this one (its kernel, grid and arguments)
+    workspace: int = 0  # elements of the partial results the two launches pass (see _fwd)
 
 
 _plans = PlanCache("kernels.segment_max._plans")
@@ -563,6 +695,9 @@ def _fwd(data: torch.Tensor, offsets: torch.Tensor, axis: int, op: str):
         strides, copies, split = _layouts((data,), axis)
         outer, inner = math.prod(data.shape[:axis]), math.prod(data.shape[axis + 1:])
         bits = {"BITS": _BITS[data.element_size()], "W": 8 * data.element_size(), "INF": _INF_BITS[data.dtype]}
+        if n >= cfg.rows_min_mean * s and outer * s * cdiv(inner, min(next_pow2(inner), cfg.bd_max)) \
+                < cfg.rows_max_programs:
+            return _rows_plan(cfg, bits, strides, copies, split, outer, n, s, inner, _offsets_stride(offsets), pdl)
         if inner <= cfg.lanes_max_inner and n <= cfg.lanes_max_mean * s:
             # a lane a (segment, column); long segments a program each, in turn
             bd = next_pow2(inner)
@@ -580,8 +715,38 @@ def _fwd(data: torch.Tensor, offsets: torch.Tensor, axis: int, op: str):
     plan = _planned(("forward", data.shape, data.stride(), data.dtype, offsets.shape, offsets.dtype, axis, device,
                      pdl), make)
     (data,) = _walk((data,), plan)
-    _run(plan.kernel, plan, (data, offsets.contiguous(), vals, idxs), device)
+    offsets = offsets.contiguous()
+    if plan.then is None:
+        _run(plan.kernel, plan, (data, offsets, vals, idxs), device)
+        return vals, idxs
+    # the row tiles' partial results: keys (as the data's bits), rows; the segment of each tile's first row
+    wk = torch.empty(plan.workspace, dtype=_KEY_DTYPES[data.element_size()], device=data.device)
+    wi = torch.empty(plan.workspace, dtype=torch.int64, device=data.device)
+    hs = torch.empty(plan.then.ints[3] * math.prod(data.shape[:axis]), dtype=torch.int64, device=data.device)
+    ptrs = (data, offsets, vals, idxs, wk, wi, hs)
+    _run(plan.kernel, plan, ptrs, device)
+    _run(plan.then.kernel, plan.then, ptrs, device)
     return vals, idxs
+
+
+_KEY_DTYPES = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _rows_plan(cfg, bits: dict, strides: tuple, copies: tuple, split: dict, outer: int, n: int, s: int, inner: int,
+               soff: int, pdl: bool) -> _Plan:
+    """The row-parallel forward: _segment_max_fwd_rows_kernel over tiles of rows, then
+    _segment_max_fwd_fix_kernel for the segments that cross tiles and the empty ones."""
+    bd = min(next_pow2(max(inner, 1)), cfg.rows_bd_max)
+    br = max(1, cfg.rows_tile // bd)
+    n_rblk, n_dblk = cdiv(n, br), cdiv(inner, bd)
+    n_jobs = max(n_rblk, cdiv(s, br))
+    fix = _new_plan(outer * n_jobs * n_dblk, (s, n, inner, n_rblk, n_dblk, n_jobs, *strides, soff), copies,
+                    {"BLOCK_R": br, "BLOCK_T": br, "BLOCK_S": br, "BLOCK_D": bd, "BITS": bits["BITS"],
+                     "W": bits["W"], **split}, cfg.rows_warps, pdl, kernel=_segment_max_fwd_fix_kernel)
+    rows = _new_plan(outer * n_rblk * n_dblk, (s, n, inner, n_rblk, n_dblk, (s - 1).bit_length(), *strides, soff),
+                     copies, {"BLOCK_R": br, "BLOCK_D": bd, **bits, **split}, cfg.rows_warps, pdl,
+                     kernel=_segment_max_fwd_rows_kernel)
+    return dataclasses.replace(rows, then=fix, workspace=outer * n_rblk * 2 * inner)
 
 
 def _bwd(grad: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor, num_rows: int, axis: int):
