@@ -628,11 +628,13 @@ def _row_segments_probe(offs, out, S, N, LOG_S, BLOCK: tl.constexpr):
 
 
 @pytest.mark.parametrize("lengths", [[1] * 37, [0, 0, 3, 0, 5, 1, 0, 0, 0, 9, 2, 0], [40], [0] * 50 + [7] + [0] * 70,
-                                     [2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 30, 0, 1]],
-                         ids=["unit", "mixed", "one", "empty-runs", "long-empty-run"])
+                                     [2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 30, 0, 1],
+                                     [1] * 1500, ([0, 3, 1, 0, 2, 0, 0] * 300)[:-1]],
+                         ids=["unit", "mixed", "one", "empty-runs", "long-empty-run", "many", "many-mixed"])
 def test_row_segments_is_the_last_segment_starting_at_or_before_each_row(lengths):
     """The rows-to-segments search the row-parallel kernels share: each row's segment is the last one starting at
-    or before it (empty segments passed over), for blocks that span one segment or many, and runs of empty ones."""
+    or before it (empty segments passed over), for blocks that span one segment or many, runs of empty ones, and
+    over a thousand segments."""
     offs = _offsets(lengths)
     s, n = len(lengths), sum(lengths)
     expected = torch.searchsorted(offs[:s].cpu(), torch.arange(n), right=True) - 1
