@@ -83,6 +83,11 @@ GROUPS = {  # name: (ops, dtypes, configs); each config overrides only what it n
                  [DEFAULTS, (pad.CONFIG, {"geom": frozenset()})] * 2),
     "segment": (["_segment_reduce_backward", "segment_max_forward", "segment_max_backward"], [F32, F16],
                 [DEFAULTS, DEFAULTS]),  # the defaults twice: the spread
+    "segfwd": (["segment_max_forward"], [F32, BF16],  # the forward's kernels: as chosen, lane/tile only, no lanes,
+               [DEFAULTS, (segment_max.CONFIG, {"rows_max_programs": 0}),  # rows everywhere (tiles 2048, 512)
+                (segment_max.CONFIG, {"lanes_max_inner": 0}),
+                (segment_max.CONFIG, {"rows_max_programs": 1 << 62, "rows_min_mean": 0}),
+                (segment_max.CONFIG, {"rows_max_programs": 1 << 62, "rows_min_mean": 0, "rows_tile": 512}), DEFAULTS]),
     "segred": (["_segment_reduce_backward"], [F32, F16],
                [DEFAULTS] + [_sr(*c) for c in ((48, 32, 1, 2), (64, 40, 2, 1), (56, 48, 2, 4), (56, 40, 1, 2),
                                                 (72, 64, 1, 1), (48, 32, 2, 1), (56, 40, 1, 2))]),
