@@ -74,8 +74,9 @@ def _segment(offs, soff_o, outer, seg, N, ENDS: tl.constexpr, LENS: tl.constexpr
 
 @triton.jit
 def _ids(n_dblk, S, PDL: tl.constexpr):
-    """The program's (inner block, segment, outer index); launched as a programmatic dependent (PDL), it first
-    waits until the kernel before it (the lengths' cumsum, say) is done."""
+    """The program's (inner block, segment (or the row kernels' row block or job: S of them), outer index);
+    launched as a programmatic dependent (PDL), it first waits until the kernel before it (the lengths' cumsum, say)
+    is done."""
     if PDL:
         gdc_wait()
     pid = tl.program_id(0).to(tl.int64)
@@ -281,13 +282,7 @@ def _segment_max_fwd_rows_kernel(x, offs, vals, idxs, wk, wi, hs, S, N, INNER, n
     max and first row within the tile. A segment inside the tile is stored here; one that crosses the tile's first
     row or its last leaves its partial result in slot 0 or 1 of the tile's workspace (wk: keys, wi: rows), and the
     segment of the tile's first row goes to hs, for _segment_max_fwd_fix_kernel."""
-    if PDL:
-        gdc_wait()
-    pid = tl.program_id(0).to(tl.int64)
-    dblk = pid % n_dblk
-    t = pid // n_dblk
-    rblk = t % n_rblk
-    outer = t // n_rblk
+    dblk, rblk, outer = _ids(n_dblk, n_rblk, PDL)
     r0 = rblk * BLOCK_R
     r_last = tl.minimum(r0 + BLOCK_R, N) - 1
     lr = tl.arange(0, BLOCK_R)
@@ -337,13 +332,7 @@ def _segment_max_fwd_fix_kernel(x, offs, vals, idxs, wk, wi, hs, S, N, INNER, n_
     into row tile j and ends there, from the partials of the tiles it spans (BLOCK_T a step), and the results of
     the empty segments among j * BLOCK_S .. (j + 1) * BLOCK_S - 1 (value 0, index N): the segments no row tile
     stores."""
-    if PDL:
-        gdc_wait()
-    pid = tl.program_id(0).to(tl.int64)
-    dblk = pid % n_dblk
-    t = pid // n_dblk
-    j = t % n_jobs
-    outer = t // n_jobs
+    dblk, j, outer = _ids(n_dblk, n_jobs, PDL)
     d = dblk * BLOCK_D + tl.arange(0, BLOCK_D)
     dmask = d < INNER
     if (j > 0) & (j < n_rblk):
