@@ -1,11 +1,14 @@
 """segment_max: per-segment max with its first argmax, forward and backward; and `torch.segment_reduce(...,
 "max")`'s backward (`aten::_segment_reduce_backward`) with PyTorch's own tie rule.
 
-Segments are CSR offsets along `axis`: segment s holds rows offsets[s] <= j < offsets[s+1]. The forward and the
-segment_reduce backward run one program per (outer index, segment, block of inner columns) and walk its segment's
-rows in tiles of BLOCK_L x BLOCK_D: a gather over rows, so there are no atomics and the results do not depend on
-the tiling (max, argmax and tie counts are exact). segment_max's backward zeroes its result and writes each
-(segment, column)'s gradient to the one row its index names: segments are disjoint, so no two lanes write one
+Segments are CSR offsets along `axis`: segment s holds rows offsets[s] <= j < offsets[s+1]. The segment_reduce
+backward, and the forward's tile kernel, run one program per (outer index, segment, block of inner columns) and
+walk its segment's rows in tiles of BLOCK_L x BLOCK_D. The forward picks one of three kernels per problem, from
+its shapes (SegmentConfig): that one; a lane kernel for narrow data of short segments (a lane a (segment, column));
+or, for a few long segments, a row kernel (a program a tile of rows, with a second pass for the segments that
+cross tiles and the empty ones). All are gathers, so there are no atomics and the results do not depend on the
+kernel or the tiling (max, argmax and tie counts are exact). segment_max's backward zeroes its result and writes
+each (segment, column)'s gradient to the one row its index names: segments are disjoint, so no two lanes write one
 element. Offsets are clamped to [0, N] in the kernels, so even invalid offsets never read or write out of
 bounds.
 
