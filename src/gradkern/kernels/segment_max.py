@@ -537,8 +537,7 @@ class SegmentConfig:
     # the forward's lane kernel, for inner widths up to lanes_max_inner and a mean segment length (rows / segments,
     # known from the shapes) up to lanes_max_mean: lanes (segment, column) a program, the most rows a lane takes (a
     # longer segment takes the program, a tile at a time), warps (first values, not searched). Its lanes read rows a
-    # segment apart, so longer segments uncoalesce it: at mean 16-32 rows it ran 0.1x stock where the tile kernel
-    # runs 0.3-1.8x; at unit lengths 1.3x against 0.03x (H200 f32).
+    # segment apart, so longer segments uncoalesce it (docs/tuning/segment_max.md).
     lanes_max_inner: int = 8
     lanes_max_mean: int = 8
     lanes: int = 1024
@@ -546,9 +545,8 @@ class SegmentConfig:
     lanes_warps: int = 4
     # the row-parallel forward (a program a tile of rows, whatever the segments) serves problems the tile kernel
     # would give fewer than rows_max_programs programs of at least rows_min_mean rows on average (a few long
-    # segments: one program looping over each). It runs at about 135 GB/s whatever the lengths (H200): 14x the tile
-    # kernel on one segment of 1M x 64 rows, but 0.1-0.5x it where segments are many or short (48 segments of 34
-    # rows: 0.25x stock against 0.77x). Then its tile's elements, its columns at most, warps (first values)
+    # segments: one program looping over each); where segments are many or short it is slower than the tile
+    # kernel (docs/tuning/segment_max.md). Then its tile's elements, its columns at most, warps (first values)
     rows_max_programs: int = 264
     rows_min_mean: int = 1024
     rows_tile: int = 2048
@@ -619,7 +617,7 @@ class _Plan:
     uid: int
     kernel: object = None  # where an op has several kernels: the one this problem runs
     then: _Plan | None = None  # a second launch after this one (its kernel, grid and arguments)
-    workspace: int = 0  # elements of the partial results the two launches pass (see _fwd)
+    tiles: int = 0  # the first launch's row tiles, over every outer slice: what its workspace holds (see _fwd)
 
 
 _plans = PlanCache("kernels.segment_max._plans")
@@ -687,8 +685,9 @@ def _fwd(data: torch.Tensor, offsets: torch.Tensor, axis: int, op: str):
         strides, copies, split = _layouts((data,), axis)
         outer, inner = math.prod(data.shape[:axis]), math.prod(data.shape[axis + 1:])
         bits = {"BITS": _BITS[data.element_size()], "W": 8 * data.element_size(), "INF": _INF_BITS[data.dtype]}
-        if n >= cfg.rows_min_mean * s and outer * s * cdiv(inner, min(next_pow2(inner), cfg.bd_max)) \
-                < cfg.rows_max_programs:
+        bl, bd, warps = _blocks(cfg, inner, n, s, cfg.fwd_warps)  # the tile kernel's
+        n_dblk = cdiv(inner, bd)
+        if n >= cfg.rows_min_mean * s and outer * s * n_dblk < cfg.rows_max_programs:
             return _rows_plan(cfg, bits, strides, copies, split, outer, n, s, inner, _offsets_stride(offsets), pdl)
         if inner <= cfg.lanes_max_inner and n <= cfg.lanes_max_mean * s:
             # a lane a (segment, column); long segments a program each, in turn
@@ -699,8 +698,6 @@ def _fwd(data: torch.Tensor, offsets: torch.Tensor, axis: int, op: str):
             return _new_plan(outer * n_sblk, (s, n, inner, n_sblk, *strides, _offsets_stride(offsets)), copies,
                              {"BLOCK_S": bs, "BLOCK_D": bd, "CAP": cfg.lanes_cap, "BLOCK_L": bl, **bits, **split},
                              cfg.lanes_warps, pdl, kernel=_segment_max_fwd_lanes_kernel)
-        bl, bd, warps = _blocks(cfg, inner, n, s, cfg.fwd_warps)
-        n_dblk = cdiv(inner, bd)
         return _new_plan(outer * s * n_dblk, (s, n, inner, n_dblk, *strides, _offsets_stride(offsets)), copies,
                          {"BLOCK_L": bl, "BLOCK_D": bd, **bits, **split}, warps, pdl, kernel=_segment_max_fwd_kernel)
 
@@ -711,10 +708,12 @@ def _fwd(data: torch.Tensor, offsets: torch.Tensor, axis: int, op: str):
     if plan.then is None:
         _run(plan.kernel, plan, (data, offsets, vals, idxs), device)
         return vals, idxs
-    # the row tiles' partial results: keys (as the data's bits), rows; the segment of each tile's first row
-    wk = torch.empty(plan.workspace, dtype=_KEY_DTYPES[data.element_size()], device=data.device)
-    wi = torch.empty(plan.workspace, dtype=torch.int64, device=data.device)
-    hs = torch.empty(plan.then.ints[3] * math.prod(data.shape[:axis]), dtype=torch.int64, device=data.device)
+    # the row tiles' partial results (two a tile and column): keys (as the data's bits), rows; the segment of each
+    # tile's first row
+    partials = plan.tiles * 2 * math.prod(data.shape[axis + 1:])
+    wk = torch.empty(partials, dtype=_KEY_DTYPES[data.element_size()], device=data.device)
+    wi = torch.empty(partials, dtype=torch.int64, device=data.device)
+    hs = torch.empty(plan.tiles, dtype=torch.int64, device=data.device)
     ptrs = (data, offsets, vals, idxs, wk, wi, hs)
     _run(plan.kernel, plan, ptrs, device)
     _run(plan.then.kernel, plan.then, ptrs, device)
@@ -738,7 +737,7 @@ def _rows_plan(cfg, bits: dict, strides: tuple, copies: tuple, split: dict, oute
     rows = _new_plan(outer * n_rblk * n_dblk, (s, n, inner, n_rblk, n_dblk, (s - 1).bit_length(), *strides, soff),
                      copies, {"BLOCK_R": br, "BLOCK_D": bd, **bits, **split}, cfg.rows_warps, pdl,
                      kernel=_segment_max_fwd_rows_kernel)
-    return dataclasses.replace(rows, then=fix, workspace=outer * n_rblk * 2 * inner)
+    return dataclasses.replace(rows, then=fix, tiles=outer * n_rblk)
 
 
 def _bwd(grad: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor, num_rows: int, axis: int):
