@@ -350,10 +350,40 @@ def test_segment_reduce_backward_equals_stock(dtype, lengths_read, paths, monkey
                 assert_bitwise_equal(y, ys, f"forward {kw.keys()}")
                 assert_bitwise_equal(gx, gxs, f"backward {list(kw)}")
         assert calls, "gradkern's kernel did not run"
-        made = [p.consts for p in sm._plans.values() if "ENDS" in p.consts]  # (cleared when the override ends)
+        made = [p.consts for p in sm._plans.values() if "SKIP_EMPTY" in p.consts]  # (cleared after the override)
     assert {c["LENS"] > 0 for c in made if c["ENDS"]} == {lengths_read}
     assert {(c["TWO_PASS"], c["SKIP_EMPTY"]) for c in made} == {paths}
     assert max(c["BLOCK_L"] for c in made) < 40, "a segment spans tiles"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_segment_reduce_lane_kernel_equals_stock(dtype, monkeypatch):
+    """The segment_reduce backward's lane kernel (a lane a (segment, column) counting its ties, then writing; a
+    segment longer than its cap taken by the whole program, as the tile kernel takes one): stock's gradients bit for
+    bit, over ties with g > 0 (divided) and g < 0, NaN, empty segments, segments past the cap, several programs,
+    lengths (their cumsum) and offsets, and an outer dim with one row of lengths a slice."""
+    lengths = [3, 0, 1, 1, 9, 2, 0, 0, 4, 1, 2]
+    n = sum(lengths)
+    data = _data((n, 3), dtype, ties=True)
+    data[0, 0] = math.nan
+    data[2, 0] = math.nan
+    data[5:9, 1] = 7.0  # a four-way tie in the segment past the cap
+    data[0:3, 2] = 1.5  # and a three-way one in a short segment
+    L = torch.tensor(lengths, device=DEVICE)
+    calls = _spy(monkeypatch)
+    with config.override(sm.CONFIG, lanes_max_mean=1 << 30, lanes=8, lanes_cap=4, lens_max_s=0):
+        for g in (_data((len(lengths), 3), dtype, seed=3), torch.full((len(lengths), 3), 3.0, dtype=dtype,
+                                                                      device=DEVICE)):
+            for kw in ({"lengths": L}, {"offsets": _offsets(lengths)}, {"lengths": L.int()}):
+                (y, gx), (ys, gxs) = _both(data, g, **kw)
+                assert_bitwise_equal(gx, gxs, f"backward {list(kw)}")
+        data2 = _data((2, 9, 3), dtype, ties=True)
+        lengths2 = torch.tensor([[2, 0, 7], [4, 5, 0]], device=DEVICE)
+        (_, gx), (_, gxs) = _both(data2, _data((2, 3, 3), dtype, seed=1), lengths=lengths2, axis=1)
+        assert_bitwise_equal(gx, gxs, "outer dim")
+        kernels = {p.kernel.__name__ for p in sm._plans.values() if p.kernel is not None}
+    assert calls, "gradkern's kernel did not run"
+    assert kernels == {"_segment_reduce_max_bwd_lanes_kernel"}
 
 
 def test_segment_reduce_tie_count_rounding_in_bf16_and_f16():

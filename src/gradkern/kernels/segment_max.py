@@ -414,10 +414,8 @@ def _segment_reduce_max_bwd_kernel(g, o, x, offs, gx, S, N, INNER, n_dblk, SG, S
                                    ENDS: tl.constexpr, LENS: tl.constexpr, TWO_PASS: tl.constexpr,
                                    SKIP_EMPTY: tl.constexpr, SPLIT_O: tl.constexpr, SPLIT_I: tl.constexpr,
                                    PDL: tl.constexpr):
-    """One program a (segment, inner block). A segment longer than a tile: with TWO_PASS, one pass counts the ties
-    and a second (from L2) writes; without, one pass writes g where selected while counting, and only columns whose
-    ties divide g are rewritten. TWO_PASS holds fewer registers (the short-tile path runs more programs an SM);
-    SKIP_EMPTY branches over empty segments (without, their masks do)."""
+    """One program a (segment, inner block): _segred_segment. SKIP_EMPTY branches over empty segments (without,
+    their masks do)."""
     dblk, seg, outer = _ids(n_dblk, S, PDL)
     start, end = _segment(offs, soff_o, outer, seg, N, ENDS, LENS)
     d = dblk * BLOCK_D + tl.arange(0, BLOCK_D)
@@ -426,44 +424,122 @@ def _segment_reduce_max_bwd_kernel(g, o, x, offs, gx, S, N, INNER, n_dblk, SG, S
     xo, xi = _offsets(outer, d, SX, O_LO, I_LO, SPLIT_O, SPLIT_I)
     xb = x + xo + xi
     if (end > start) or (not SKIP_EMPTY):
-        oo, oi = _offsets(outer, d, SO, O_LO, I_LO, SPLIT_O, SPLIT_I)
-        ov = tl.load(o + oo + seg * SO[1] + oi, mask=dmask).to(MATH)
-        go, gi = _offsets(outer, d, SG, O_LO, I_LO, SPLIT_O, SPLIT_I)
-        gv = tl.load(g + go + seg * SG[1] + gi, mask=dmask).to(MATH)
-        zero = tl.zeros([BLOCK_L, BLOCK_D], gx.dtype.element_ty)
-        if end - start <= BLOCK_L:  # one tile: load it once
-            rows, m, sel = _selected(xb, ov, start, end, dmask, SX[1], BLOCK_L, MATH)
-            cnt = tl.sum(sel.to(tl.int32), axis=0)
-            q = _tie_grad(gv, cnt, gx.dtype.element_ty, MATH)
-            tl.store(ob + rows[:, None] * INNER + d[None, :], tl.where(sel, q[None, :], zero), mask=m)
-        elif TWO_PASS:
-            cnt = tl.zeros([BLOCK_D], tl.int32)
-            for r0 in range(start, end, BLOCK_L):
-                _rows, _m, sel = _selected(xb, ov, r0, end, dmask, SX[1], BLOCK_L, MATH)
-                cnt += tl.sum(sel.to(tl.int32), axis=0)
-            q = _tie_grad(gv, cnt, gx.dtype.element_ty, MATH)
-            for r0 in range(start, end, BLOCK_L):
-                rows, m, sel = _selected(xb, ov, r0, end, dmask, SX[1], BLOCK_L, MATH)
-                tl.store(ob + rows[:, None] * INNER + d[None, :], tl.where(sel, q[None, :], zero), mask=m)
-        else:  # write g where selected while counting the ties; where a column has ties that divide g (k >= 2
-            # and g > 0, rare in real data), rewrite its selected elements with g / k (a second read, from L2)
-            g1 = cast_out(gv, gx.dtype.element_ty)
-            cnt = tl.zeros([BLOCK_D], tl.int32)
-            for r0 in range(start, end, BLOCK_L):
-                rows, m, sel = _selected(xb, ov, r0, end, dmask, SX[1], BLOCK_L, MATH)
-                cnt += tl.sum(sel.to(tl.int32), axis=0)
-                tl.store(ob + rows[:, None] * INNER + d[None, :], tl.where(sel, g1[None, :], zero), mask=m)
-            fix = (cnt >= 2) & (gv > 0)
-            if tl.max(fix.to(tl.int32), axis=0) > 0:
-                q = _tie_grad(gv, cnt, gx.dtype.element_ty, MATH)
-                tl.debug_barrier()  # every first-pass store of this program is done before its rewrite
-                for r0 in range(start, end, BLOCK_L):
-                    rows, _m, sel = _selected(xb, ov, r0, end, dmask & fix, SX[1], BLOCK_L, MATH)
-                    tl.store(ob + rows[:, None] * INNER + d[None, :], q[None, :] + zero, mask=sel)
+        _segred_segment(g, o, xb, ob, outer, seg, start, end, d, dmask, SG, SO, SX[1], O_LO, I_LO, INNER, BLOCK_L,
+                        BLOCK_D, MATH, TWO_PASS, SPLIT_O, SPLIT_I)
     if seg == 0:
         _zero_rows(ob, 0, start, d, dmask, INNER, gx.dtype.element_ty, BLOCK_L, BLOCK_D)
     if seg == S - 1:
         _zero_rows(ob, end, N, d, dmask, INNER, gx.dtype.element_ty, BLOCK_L, BLOCK_D)
+
+
+@triton.jit
+def _segment_reduce_max_bwd_lanes_kernel(g, o, x, offs, gx, S, N, INNER, n_sblk, SG, SO, SX, O_LO, I_LO, soff_o,
+                                         BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, CAP: tl.constexpr,
+                                         BLOCK_L: tl.constexpr, MATH: tl.constexpr, ENDS: tl.constexpr,
+                                         TWO_PASS: tl.constexpr, SPLIT_O: tl.constexpr, SPLIT_I: tl.constexpr,
+                                         PDL: tl.constexpr):
+    """A program a block of BLOCK_S segments (all BLOCK_D >= INNER columns): segments of at most CAP rows take a
+    lane a (segment, column), which counts its ties over the segment's rows, then writes them; each longer one then
+    takes the whole program, a tile of BLOCK_L rows at a time (_segred_segment). The first and last blocks zero the
+    rows before the first segment and after the last. The same results as _segment_reduce_max_bwd_kernel."""
+    if PDL:
+        gdc_wait()
+    pid = tl.program_id(0).to(tl.int64)
+    sblk = pid % n_sblk
+    outer = pid // n_sblk
+    segs = sblk * BLOCK_S + tl.arange(0, BLOCK_S)
+    smask = segs < S
+    base = offs + outer * soff_o + segs
+    if ENDS:  # the lengths' cumulative sums: a segment starts where the one before ends
+        start = tl.load(base - 1, mask=smask & (segs > 0), other=0).to(tl.int64)
+        end = tl.load(base, mask=smask, other=0).to(tl.int64)
+    else:
+        start = tl.load(base, mask=smask, other=0).to(tl.int64)
+        end = tl.load(base + 1, mask=smask, other=0).to(tl.int64)
+    start = tl.minimum(tl.maximum(start, 0), N)
+    end = tl.minimum(tl.maximum(end, start), N)
+    lens = end - start
+    short = smask & (lens <= CAP)
+    d = tl.arange(0, BLOCK_D)
+    dmask = d < INNER
+    ob = gx + outer * N * INNER
+    xo, xi = _offsets(outer, d, SX, O_LO, I_LO, SPLIT_O, SPLIT_I)
+    xb = x + xo + xi
+    oo, oi = _offsets(outer, d, SO, O_LO, I_LO, SPLIT_O, SPLIT_I)
+    go, gi = _offsets(outer, d, SG, O_LO, I_LO, SPLIT_O, SPLIT_I)
+    sd = short[:, None] & dmask[None, :]
+    ov = tl.load(o + oo + (segs * SO[1])[:, None] + oi[None, :], mask=sd, other=0.0).to(MATH)
+    gv = tl.load(g + go + (segs * SG[1])[:, None] + gi[None, :], mask=sd, other=0.0).to(MATH)
+    rows = tl.max(tl.where(short, lens, 0), axis=0)
+    cnt = tl.zeros([BLOCK_S, BLOCK_D], tl.int32)
+    for r in range(0, rows):
+        m = (short & (r < lens))[:, None] & dmask[None, :]
+        v = tl.load(xb[None, :] + (start + r)[:, None] * SX[1], mask=m, other=0.0).to(MATH)
+        cnt += (((v != v) | (v == ov)) & m).to(tl.int32)
+    q = _tie_grad(gv, cnt, gx.dtype.element_ty, MATH)
+    zero = tl.zeros([BLOCK_S, BLOCK_D], gx.dtype.element_ty)
+    for r in range(0, rows):
+        m = (short & (r < lens))[:, None] & dmask[None, :]
+        v = tl.load(xb[None, :] + (start + r)[:, None] * SX[1], mask=m, other=0.0).to(MATH)
+        sel = ((v != v) | (v == ov)) & m
+        tl.store(ob + ((start + r) * INNER)[:, None] + d[None, :], tl.where(sel, q, zero), mask=m)
+    long = smask & (lens > CAP)
+    rank = tl.cumsum(long.to(tl.int32), axis=0) - 1
+    for j in range(0, tl.sum(long.to(tl.int32), axis=0)):
+        pick = long & (rank == j)
+        _segred_segment(g, o, xb, ob, outer, tl.max(tl.where(pick, segs, -1), axis=0),
+                        tl.max(tl.where(pick, start, -1), axis=0), tl.max(tl.where(pick, end, -1), axis=0), d, dmask,
+                        SG, SO, SX[1], O_LO, I_LO, INNER, BLOCK_L, BLOCK_D, MATH, TWO_PASS, SPLIT_O, SPLIT_I)
+    if sblk == 0:
+        _zero_rows(ob, 0, tl.sum(tl.where(segs == 0, start, 0), axis=0), d, dmask, INNER, gx.dtype.element_ty,
+                   BLOCK_L, BLOCK_D)
+    if sblk == n_sblk - 1:
+        _zero_rows(ob, tl.sum(tl.where(segs == S - 1, end, 0), axis=0), N, d, dmask, INNER, gx.dtype.element_ty,
+                   BLOCK_L, BLOCK_D)
+
+
+@triton.jit
+def _segred_segment(g, o, xb, ob, outer, seg, start, end, d, dmask, SG, SO, sx_n, O_LO, I_LO, INNER,
+                    BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, MATH: tl.constexpr, TWO_PASS: tl.constexpr,
+                    SPLIT_O: tl.constexpr, SPLIT_I: tl.constexpr):
+    """The segment_reduce backward of rows [start, end) of segment `seg` (columns d: of x at xb, of the result at
+    ob), a tile of BLOCK_L rows at a time. A segment longer than a tile: with TWO_PASS, one pass counts the ties and
+    a second (from L2) writes; without, one pass writes g where selected while counting, and only columns whose
+    ties divide g are rewritten. TWO_PASS holds fewer registers (the short-tile path runs more programs an SM)."""
+    oo, oi = _offsets(outer, d, SO, O_LO, I_LO, SPLIT_O, SPLIT_I)
+    ov = tl.load(o + oo + seg * SO[1] + oi, mask=dmask).to(MATH)
+    go, gi = _offsets(outer, d, SG, O_LO, I_LO, SPLIT_O, SPLIT_I)
+    gv = tl.load(g + go + seg * SG[1] + gi, mask=dmask).to(MATH)
+    zero = tl.zeros([BLOCK_L, BLOCK_D], ob.dtype.element_ty)
+    if end - start <= BLOCK_L:  # one tile: load it once
+        rows, m, sel = _selected(xb, ov, start, end, dmask, sx_n, BLOCK_L, MATH)
+        cnt = tl.sum(sel.to(tl.int32), axis=0)
+        q = _tie_grad(gv, cnt, ob.dtype.element_ty, MATH)
+        tl.store(ob + rows[:, None] * INNER + d[None, :], tl.where(sel, q[None, :], zero), mask=m)
+    elif TWO_PASS:
+        cnt = tl.zeros([BLOCK_D], tl.int32)
+        for r0 in range(start, end, BLOCK_L):
+            _rows, _m, sel = _selected(xb, ov, r0, end, dmask, sx_n, BLOCK_L, MATH)
+            cnt += tl.sum(sel.to(tl.int32), axis=0)
+        q = _tie_grad(gv, cnt, ob.dtype.element_ty, MATH)
+        for r0 in range(start, end, BLOCK_L):
+            rows, m, sel = _selected(xb, ov, r0, end, dmask, sx_n, BLOCK_L, MATH)
+            tl.store(ob + rows[:, None] * INNER + d[None, :], tl.where(sel, q[None, :], zero), mask=m)
+    else:  # write g where selected while counting the ties; where a column has ties that divide g (k >= 2
+        # and g > 0, rare in real data), rewrite its selected elements with g / k (a second read, from L2)
+        g1 = cast_out(gv, ob.dtype.element_ty)
+        cnt = tl.zeros([BLOCK_D], tl.int32)
+        for r0 in range(start, end, BLOCK_L):
+            rows, m, sel = _selected(xb, ov, r0, end, dmask, sx_n, BLOCK_L, MATH)
+            cnt += tl.sum(sel.to(tl.int32), axis=0)
+            tl.store(ob + rows[:, None] * INNER + d[None, :], tl.where(sel, g1[None, :], zero), mask=m)
+        fix = (cnt >= 2) & (gv > 0)
+        if tl.max(fix.to(tl.int32), axis=0) > 0:
+            q = _tie_grad(gv, cnt, ob.dtype.element_ty, MATH)
+            tl.debug_barrier()  # every first-pass store of this program is done before its rewrite
+            for r0 in range(start, end, BLOCK_L):
+                rows, _m, sel = _selected(xb, ov, r0, end, dmask & fix, sx_n, BLOCK_L, MATH)
+                tl.store(ob + rows[:, None] * INNER + d[None, :], q[None, :] + zero, mask=sel)
 
 
 @triton.jit
@@ -537,7 +613,8 @@ class SegmentConfig:
     # the forward's lane kernel, for inner widths up to lanes_max_inner and a mean segment length (rows / segments,
     # known from the shapes) up to lanes_max_mean: lanes (segment, column) a program, the most rows a lane takes (a
     # longer segment takes the program, a tile at a time), warps (first values, not searched). Its lanes read rows a
-    # segment apart, so longer segments uncoalesce it (docs/tuning/segment_max.md).
+    # segment apart, so longer segments uncoalesce it (docs/tuning/segment_max.md). The segment_reduce backward's
+    # lane kernel takes the same fields where it reads no lengths itself (not measured: written without device time).
     lanes_max_inner: int = 8
     lanes_max_mean: int = 8
     lanes: int = 1024
@@ -829,10 +906,10 @@ def _segment_reduce_backward(grad: torch.Tensor, output: torch.Tensor, data: tor
     axis = seg.dim() - 1  # as ATen: the segments run along lengths/offsets' last dim (axis itself is not read)
     gx = torch.empty(data.shape, dtype=data.dtype, device=data.device)
     grad, output, data = _walk((grad, output, data), plan)
-    if ends and not plan.consts["LENS"]:  # lengths the kernel does not read itself: it reads their cumsum
+    if ends and not plan.consts.get("LENS"):  # lengths the kernel does not read itself: it reads their cumsum
         seg = lengths.cumsum(-1)
     seg = (seg.reshape(-1, seg.shape[-1]) if axis else seg).contiguous()
-    _run(_segment_reduce_max_bwd_kernel, plan, (grad, output, data, seg, gx), device)
+    _run(plan.kernel, plan, (grad, output, data, seg, gx), device)
     return gx
 
 
@@ -874,13 +951,24 @@ def _segment_reduce_plan(data, seg, s: int, ends: bool, grad, output, pdl: bool)
     bl, bd, warps = _blocks(cfg, inner, n, s, dict(cfg.segred_warps)[esize])
     n_dblk = cdiv(inner, bd)
     lens = ends and _reads_lengths(cfg, data, axis, s)
+    math_dt = TL_MATH[_runtime.math_dtype(data.dtype)]
+    if not lens and inner <= cfg.lanes_max_inner and n <= cfg.lanes_max_mean * s:
+        # a lane a (segment, column), as the forward's lane kernel; long segments a program each, in turn
+        bd = next_pow2(inner)
+        bl = max(1, min(cfg.tile // bd, cfg.bl_max))
+        n_sblk = cdiv(s, max(1, cfg.lanes // bd))
+        consts = {"BLOCK_S": max(1, cfg.lanes // bd), "BLOCK_D": bd, "CAP": cfg.lanes_cap, "BLOCK_L": bl,
+                  "MATH": math_dt, "ENDS": ends, "TWO_PASS": (bl * bd <= cfg.small_tile, esize) not in
+                  cfg.segred_one_pass, **split}
+        return _new_plan(outer * n_sblk, (s, n, inner, n_sblk, *strides, _offsets_stride(seg)), copies, consts,
+                         cfg.lanes_warps, pdl, kernel=_segment_reduce_max_bwd_lanes_kernel)
     tiles = (bl * bd <= cfg.small_tile, esize)  # the tile class
-    consts = {"BLOCK_L": bl, "BLOCK_D": bd, "MATH": TL_MATH[_runtime.math_dtype(data.dtype)], "ENDS": ends,
+    consts = {"BLOCK_L": bl, "BLOCK_D": bd, "MATH": math_dt, "ENDS": ends,
               "LENS": next_pow2(s) if lens else 0, "TWO_PASS": tiles not in cfg.segred_one_pass,
               "SKIP_EMPTY": tiles not in cfg.segred_no_skip, **split}
     cap = dict(cfg.segred_maxnreg).get(tiles)
     return _new_plan(outer * s * n_dblk, (s, n, inner, n_dblk, *strides, _offsets_stride(seg)), copies, consts,
-                     warps, pdl, **({"maxnreg": cap} if cap else {}))
+                     warps, pdl, kernel=_segment_reduce_max_bwd_kernel, **({"maxnreg": cap} if cap else {}))
 
 
 def _reads_lengths(cfg: SegmentConfig, data: torch.Tensor, axis: int, s: int) -> bool:
