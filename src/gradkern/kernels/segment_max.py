@@ -614,7 +614,7 @@ class SegmentConfig:
     # known from the shapes) up to lanes_max_mean: lanes (segment, column) a program, the most rows a lane takes (a
     # longer segment takes the program, a tile at a time), warps (first values, not searched). Its lanes read rows a
     # segment apart, so longer segments uncoalesce it (docs/tuning/segment_max.md). The segment_reduce backward's
-    # lane kernel takes the same fields where it reads no lengths itself (not measured: written without device time).
+    # lane kernel takes the same fields where it reads no lengths itself (its A/B is in the same doc).
     lanes_max_inner: int = 8
     lanes_max_mean: int = 8
     lanes: int = 1024
