@@ -100,7 +100,7 @@ def plan(op_name: str, *args, **kwargs) -> Plan:
     found = _plans.get(key)
     if found is not None:
         return found
-    with _lock:  # (one validating run at a time: it swaps Triton's launch entry point while it records)
+    with _lock:  # (one validating run at a time)
         found = _plans.get(key)
         if found is None:
             launches, result = _recorded(lambda: _validate(info.fn, args, kwargs))
@@ -149,28 +149,14 @@ def _validate(fn: Callable, args: tuple, kwargs: Mapping):
 def _recorded(run: Callable) -> tuple[list[Launch], object]:
     """`run()`'s result and the Triton launches it made (each through the JIT, not the direct relaunch)."""
     launches: list[Launch] = []
-    me = threading.get_ident()  # (other threads' launches meanwhile pass through unrecorded)
-    classes = _jit_classes()
-    originals = {cls: cls.run for cls in classes}
 
-    def recorder(original):
-        def run_recorded(self, *a, grid, warmup, **kw):
-            if not warmup and threading.get_ident() == me:
-                g = tuple(grid(kw) if callable(grid) else grid)
-                config = {k: getattr(v, "__name__", None) or _name(v) for k, v in kw.items()}
-                launches.append(Launch(_name(self), g, config))
-            return original(self, *a, grid=grid, warmup=warmup, **kw)
-        return run_recorded
+    def note(jit, args, kwargs, grid, compiled):
+        g = tuple(grid(kwargs) if callable(grid) else grid)
+        config = {k: getattr(v, "__name__", None) or _name(v) for k, v in kwargs.items()}
+        launches.append(Launch(_name(jit), g, config))
 
-    launcher.RECORDING = True  # (the direct relaunch paths stand aside: every launch goes through `run`)
-    for cls in classes:
-        cls.run = recorder(originals[cls])
-    try:
+    with launcher.observe_launches(note):
         result = run()
-    finally:
-        for cls in classes:
-            cls.run = originals[cls]
-        launcher.RECORDING = False
     return launches, result
 
 
@@ -179,19 +165,6 @@ def _name(v) -> object:
     if fn is not None and hasattr(fn, "__name__"):
         return fn.__name__
     return v if isinstance(v, (Number, str, bool, type(None), tuple)) else str(v)
-
-
-def _jit_classes() -> list[type]:
-    from triton.runtime.jit import JITFunction
-
-    classes = [JITFunction]
-    try:
-        from triton.runtime.interpreter import InterpretedFunction
-
-        classes.append(InterpretedFunction)
-    except ImportError:  # (a Triton without the interpreter)
-        pass
-    return classes
 
 
 def _bytes(info: OpInfo, args: tuple, kwargs: Mapping, result) -> int:

@@ -3,10 +3,12 @@ the direct relaunch of a compiled kernel (after the first launch of a specialisa
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import struct
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 import triton
@@ -83,8 +85,9 @@ _FAST_OK = not _runtime.INTERPRET
 _KNOBS = getattr(getattr(triton, "knobs", None), "runtime", None)
 
 
-#: set while gradkern.plan records a run's launches: every launch then goes through Triton's JIT entry point
-RECORDING = False
+#: how many threads are observing their launches (observe_launches): while any is, every launch goes through
+#: Triton's JIT entry point, where the observer sees it
+RECORDING = 0
 
 
 def hooks_idle() -> bool:
@@ -179,3 +182,59 @@ def launch(kernel, grid: tuple[int, ...], ptrs: Sequence[torch.Tensor], ints: Se
     ck = kernel[grid](*ptrs, *ints, **kw)
     if spec_key is not None and relaunchable(ck):
         _fast_cache.remember(spec_key, direct_launcher(ck))  # built once per specialisation, not per call
+
+
+# ----------------------------------------------------------------------------------------------- observing launches
+_observer = threading.local()  # .fn: this thread's observer (observe_launches)
+_observe_lock = threading.Lock()
+_patched: dict[type, Callable] = {}  # a Triton JIT class -> its own `run`, while any thread observes
+
+
+def _jit_classes() -> list[type]:
+    from triton.runtime.jit import JITFunction
+
+    classes = [JITFunction]
+    try:
+        from triton.runtime.interpreter import InterpretedFunction
+
+        classes.append(InterpretedFunction)
+    except ImportError:  # (a Triton without the interpreter)
+        pass
+    return classes
+
+
+def _observed(original: Callable) -> Callable:
+    def run(self, *args, grid, warmup, **kwargs):
+        compiled = original(self, *args, grid=grid, warmup=warmup, **kwargs)
+        fn = getattr(_observer, "fn", None)
+        if fn is not None and not warmup:
+            fn(self, args, kwargs, grid, compiled)
+        return compiled
+    return run
+
+
+@contextlib.contextmanager
+def observe_launches(fn: Callable) -> Iterator[None]:
+    """Within the block, `fn(jit_function, args, kwargs, grid, compiled)` is called after each Triton launch this
+    thread makes (`compiled`: what the launch returned, a CompiledKernel when compiled). The direct relaunch paths
+    stand aside meanwhile, for every thread (hooks_idle is false), so no launch escapes; other threads' launches
+    are not observed. Blocks nest and may overlap across threads."""
+    global RECORDING
+    with _observe_lock:
+        if not _patched:
+            for cls in _jit_classes():
+                _patched[cls] = cls.run
+                cls.run = _observed(cls.run)
+        RECORDING += 1
+    previous = getattr(_observer, "fn", None)
+    _observer.fn = fn
+    try:
+        yield
+    finally:
+        _observer.fn = previous
+        with _observe_lock:
+            RECORDING -= 1
+            if not RECORDING:
+                for cls, run in _patched.items():
+                    cls.run = run
+                _patched.clear()
