@@ -16,6 +16,7 @@ from gradkern import (
     _runtime,  # noqa: E402
     config,
 )
+from gradkern.routing import native  # noqa: E402
 
 DEVICE = _runtime.DEVICE_TYPE
 #: the size class of registry cases the tests run: small under the interpreter, larger on a GPU;
@@ -30,6 +31,7 @@ gpu_only = pytest.mark.skipif(_runtime.INTERPRET, reason="needs a CUDA GPU (comp
 def _stock_routing_after_each_test():
     yield
     gradkern.disable()
+    native.clear()  # (a test may swap an op's implementation: no program recorded before may replay it)
 
 
 def dtype_id(d: torch.dtype) -> str:

@@ -15,7 +15,7 @@ from conftest import DEVICE, DTYPES
 from gradkern import _runtime, ops
 from gradkern.kernels import prelu as prelu_mod
 from gradkern.registry import REGISTRY
-from gradkern.routing import dispatch
+from gradkern.routing import dispatch, native
 from gradkern.testing import assert_bitwise_equal
 
 FUSED_OPS = ("where_backward", "lerp_backward", "prelu_backward")
@@ -141,7 +141,7 @@ def test_flaggems_1971_no_backend_registration_of_a_composite_op():
     registration may do that, and every autograd-key registration must override an op autograd differentiates
     (ATen's kernel on the Autograd alias key, which is also what a declined call runs)."""
     for overload, name in dispatch.routed_overloads().items():
-        schema = dispatch._overload(overload).name()
+        schema = native.aten_overload(overload).name()
         composite = torch._C._dispatch_has_kernel_for_dispatch_key(schema, "CompositeImplicitAutograd")
         if REGISTRY[name].dispatch == "backend":
             assert not composite, f"{overload} is CompositeImplicitAutograd: a backend kernel would bypass autograd"

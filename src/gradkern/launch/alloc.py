@@ -8,11 +8,13 @@ own kernels allocate below that check; `empty` here does the same, through a sto
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import threading
 
 import torch
 
-__all__ = ["empty", "empty_contiguous_like", "channels_last_format"]
+__all__ = ["empty", "empty_contiguous_like", "channels_last_format", "recording"]
 
 _deterministic = torch._C._get_deterministic_algorithms
 _fills = torch._C._get_deterministic_fill_uninitialized_memory
@@ -24,8 +26,32 @@ def empty(shape, dtype: torch.dtype, device: torch.device, stride=None) -> torch
         return torch.empty(shape, dtype=dtype, device=device) if stride is None else \
             torch.empty_strided(shape, stride, dtype=dtype, device=device)
     stride, span = _layout(tuple(shape), None if stride is None else tuple(stride))
-    storage = torch.UntypedStorage(span * dtype.itemsize, device=device)
-    return torch.empty(0, dtype=dtype, device=device).set_(storage, 0, shape, stride)
+    rec = getattr(_recorder, "current", None)
+    if rec is not None:
+        rec.quiet += 1  # (the steps below are one allocation to the native router's recording)
+    try:
+        storage = torch.UntypedStorage(span * dtype.itemsize, device=device)
+        out = torch.empty(0, dtype=dtype, device=device).set_(storage, 0, shape, stride)
+    finally:
+        if rec is not None:
+            rec.quiet -= 1
+    if rec is not None:
+        rec.allocated(out)
+    return out
+
+
+_recorder = threading.local()  # .current: the native router's recording on this thread (routing/native.py)
+
+
+@contextlib.contextmanager
+def recording(rec):
+    """Within the block, this thread's unfilled allocations are noted by `rec.allocated(tensor)`."""
+    previous = getattr(_recorder, "current", None)
+    _recorder.current = rec
+    try:
+        yield
+    finally:
+        _recorder.current = previous
 
 
 @functools.lru_cache(maxsize=4096)

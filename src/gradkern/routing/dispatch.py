@@ -25,6 +25,7 @@ import torch
 from .. import _runtime
 from ..errors import InvalidProblem, RankUnsupported
 from ..registry import REGISTRY, OpInfo
+from . import native
 
 __all__ = ["enable", "disable", "use", "is_enabled", "mode", "stock_call", "routed_overloads", "intercept",
            "unregister"]
@@ -36,14 +37,9 @@ _tls = threading.local()  # .depth: an override of this thread is running (neste
 _lock = threading.RLock()  # taken to switch, register, or capture a stock kernel
 
 
-def _overload(name: str) -> torch._ops.OpOverload:
-    packet, _, overload = name.partition(".")
-    return getattr(getattr(torch.ops.aten, packet), overload or "default")
-
-
 def stock_call(info: OpInfo, overload: str) -> Callable:
     """A callable that runs stock PyTorch for `overload`, bypassing gradkern's registration of it."""
-    op = _overload(overload)
+    op = native.aten_overload(overload)
     if info.dispatch == "autograd":
         # ATen's own autograd kernel for the op, called directly (it stays registered on the alias key while ours
         # overrides the runtime key): a declined or nested call gets stock autograd, graph included. (Redispatching
@@ -71,10 +67,11 @@ def _aten_kernel(overload: str) -> torch._C._SafeKernelFunction:
     return kernel
 
 
-def _router(info: OpInfo, overload: str, stock: Callable) -> Callable:
+def _router(info: OpInfo, overload: str, stock: Callable, recording: bool = False) -> Callable:
     """The kernel registered for `overload`: the op's implementation of it (read from the registry at each call)
     while routing is on, this thread is not already inside an override and the op's route sends these arguments
-    to gradkern (always, in mode "always"), else `stock`."""
+    to gradkern (always, in mode "always"), else `stock`. With `recording`, the twin the native router calls to
+    record a descriptor: the same choice, and it commits what it did (routing/native.py)."""
     impls = info.aten
     # (an autograd-key op's override applies its route itself, from ATen's arguments)
     route = None if info.dispatch != "backend" else (lambda *a, **k: False) if info.route is False else info.route
@@ -82,10 +79,13 @@ def _router(info: OpInfo, overload: str, stock: Callable) -> Callable:
     def router(*args, **kwargs):
         if not _enabled or getattr(_tls, "depth", 0) or (
                 route is not None and not _always and not route(*args, **kwargs)):
+            if recording and _enabled and not getattr(_tls, "depth", 0):
+                native.commit_stock()
             return stock(*args, **kwargs)
         _tls.depth = 1
         try:
-            out = impls[overload](*args, **kwargs)
+            out = impls[overload](*args, **kwargs) if not recording else \
+                native.recorded(overload, impls[overload], args, kwargs)
         except RankUnsupported:
             # more dims than the kernels index, found before any launch (nothing written): stock runs it. (Other
             # errors propagate, as stock's own checks would raise them.)
@@ -96,7 +96,7 @@ def _router(info: OpInfo, overload: str, stock: Callable) -> Callable:
             return stock(*args, **kwargs)
         return out
 
-    router.__name__ = f"gradkern_{overload.replace('.', '_')}"
+    router.__name__ = f"gradkern_{'record_' if recording else ''}{overload.replace('.', '_')}"
     return router
 
 
@@ -124,7 +124,12 @@ def _register(always: bool) -> None:
             for overload in info.aten:
                 if overload not in _registered:
                     stock = stock_call(info, overload)  # (captured before this overload's router is in place)
+                    fast = info.dispatch == "backend" and native.available() and native.eligible(overload)
+                    if fast:
+                        native.capture_stock(overload)
                     _lib.impl(overload, _router(info, overload, stock), key)
+                    if fast:  # (over the Python router: see routing/native.py)
+                        native.attach(overload, _router(info, overload, stock, recording=True))
                     _registered.add(overload)
     _covered[always] = len(REGISTRY)
 
@@ -191,6 +196,7 @@ def _set(on: bool, always: bool) -> None:
         if on != _enabled:
             _enabled = on
             _set_interceptions(on)
+        native.set_state(on, always)
 
 
 def _check_mode(mode: str) -> bool:
@@ -219,6 +225,7 @@ def unregister() -> None:
     global _lib
     disable()
     with _lock:
+        native.detach_all()
         if _lib is not None:
             _lib._destroy()
             _lib = None

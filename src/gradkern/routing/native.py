@@ -1,0 +1,424 @@
+"""The native router: a C++ kernel (native.cpp) over the Python router of each backend-key overload, so that a
+repeated call does not enter Python.
+
+A descriptor's first call goes to the Python router as before (it warms the op's own caches). Its second call
+runs the Python router under a recording: every ATen op the implementation calls (allocations, views, fills,
+copies) and every Triton launch it makes, with each pointer argument traced to the tensor it points into. Where
+all of it is of kinds the C++ side replays, the recording becomes the descriptor's program, and later calls of the
+descriptor replay it: allocations through ATen, launches straight to the driver on the current stream, no Python.
+A descriptor that `enable()`'s route sends to stock gets a program too: ATen's kernel, called from C++. Anything
+else (an op the recording does not know, a data-dependent call, a launch that needs Triton's scratch memory) keeps
+the descriptor on the Python router. The descriptor (native.cpp's `make_key`) is every argument's dtype, device,
+sizes, strides, 16-byte alignment and storage sharing, every scalar's bits, the routing mode and the deterministic
+switches; programs are dropped by `gradkern.clear_plans()`.
+
+The extension is compiled once per machine at the first `enable()` on CUDA (torch.utils.cpp_extension; tens of
+seconds, then cached). Where that fails, or with GRADKERN_NATIVE=0, routing stays in Python; `status()` says
+which."""
+
+from __future__ import annotations
+
+import os
+import struct
+import threading
+import warnings
+from collections.abc import Callable
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from .. import _runtime
+from ..config import PlanCache
+from ..launch import alloc, launcher
+
+__all__ = ["status", "available", "programs"]
+
+_SOURCE = os.path.join(os.path.dirname(__file__), "native.cpp")
+_ops = None  # torch.ops.gradkern_native once loaded
+_status = "not loaded"
+_load_lock = threading.Lock()
+
+
+def status() -> str:
+    """Whether the native router is in use, and if not, why."""
+    return _status
+
+
+def available() -> bool:
+    """Load the extension (once; compiled at the first call on a machine) and say whether it is in use."""
+    global _ops, _status
+    if _ops is not None:
+        return True
+    if _status != "not loaded":
+        return False
+    with _load_lock:
+        if _ops is None and _status == "not loaded":
+            if os.environ.get("GRADKERN_NATIVE", "1") in ("0", ""):
+                _status = "off (GRADKERN_NATIVE=0)"
+            elif _runtime.INTERPRET or not torch.cuda.is_available():
+                _status = "off (no CUDA device)"
+            else:
+                try:
+                    _build()
+                    _ops = torch.ops.gradkern_native
+                    _status = "on"
+                except Exception as e:  # (no compiler, no CUDA headers: routing stays in Python)
+                    _status = f"off (the build failed: {type(e).__name__}: {str(e)[:300]})"
+                    warnings.warn(f"gradkern: the native router is {_status}; routing stays in Python", stacklevel=3)
+    return _ops is not None
+
+
+def _include_dirs() -> list[str]:
+    """Where cuda.h and cuda_runtime_api.h are: the CUDA toolkit's, else the pip packages' (nvidia/*/include)."""
+    from torch.utils import cpp_extension
+
+    dirs = []
+    if cpp_extension.CUDA_HOME:
+        dirs.append(os.path.join(cpp_extension.CUDA_HOME, "include"))
+    try:
+        import nvidia
+
+        for base in nvidia.__path__:
+            for sub in sorted(os.listdir(base)):
+                dirs.append(os.path.join(base, sub, "include"))
+    except ImportError:
+        pass
+    return [d for d in dirs if os.path.exists(os.path.join(d, "cuda_runtime_api.h"))][:1] + \
+        [d for d in dirs if os.path.exists(os.path.join(d, "cuda.h"))][:1]
+
+
+def _build() -> None:
+    import hashlib
+
+    from torch.utils import cpp_extension
+
+    with open(_SOURCE, "rb") as f:
+        digest = hashlib.sha1(f.read() + torch.__version__.encode()).hexdigest()[:12]
+    cpp_extension.load(name=f"gradkern_native_{digest}", sources=[_SOURCE], extra_include_paths=_include_dirs(),
+                       extra_ldflags=["-lc10_cuda", "-ltorch_cuda"], extra_cflags=["-O2"], is_python_module=False,
+                       verbose=False)
+
+
+# ----------------------------------------------------------------------------------------------- registration
+def eligible(overload: str) -> bool:
+    """Whether an ATen overload can have programs: functional (no argument written or aliased) and returning
+    tensors only."""
+    schema = aten_overload(overload)._schema
+    return all(a.alias_info is None for a in schema.arguments) and bool(schema.returns) and \
+        all(str(r.type) == "Tensor" and r.alias_info is None for r in schema.returns)
+
+
+def aten_overload(overload: str) -> torch._ops.OpOverload:
+    """torch.ops.aten's OpOverload for "name" or "name.overload"."""
+    packet, _, name = overload.partition(".")
+    return getattr(getattr(torch.ops.aten, packet), name or "default")
+
+
+def op_schema(overload: str):
+    return aten_overload(overload)._schema
+
+
+def capture_stock(overload: str) -> None:
+    """Keep ATen's kernel of `overload` (before gradkern registers over it)."""
+    _ops.capture_stock(_qualname(overload))
+
+
+_recorders: torch.library.Library | None = None
+
+
+def attach(overload: str, router: Callable) -> None:
+    """Put the C++ router over the Python one now registered for `overload`; `router` is the Python router's
+    recording twin (`dispatch._router(..., recording=True)`), registered as the op gradkern_rec::<overload> that
+    the C++ router calls to record."""
+    global _recorders
+    if _recorders is None:
+        _recorders = torch.library.Library("gradkern_rec", "DEF")
+    schema = str(op_schema(overload))
+    name = overload.replace(".", "__")
+    _recorders.define(name + schema[schema.index("("):])
+    _recorders.impl(name, router, _runtime.BACKEND_KEY)
+    _ops.attach(_qualname(overload), f"gradkern_rec::{name}")
+
+
+def detach_all() -> None:
+    """Remove the C++ routers (the Python ones stay registered) and the recorder ops."""
+    global _recorders
+    if _ops is not None:
+        _ops.detach_all()
+    if _recorders is not None:
+        _recorders._destroy()
+        _recorders = None
+
+
+def set_state(enabled: bool, always: bool) -> None:
+    if _ops is not None:
+        _ops.set_state(enabled, always)
+
+
+def programs() -> int:
+    """How many descriptors replay a recorded program (0 without the native router)."""
+    return int(_ops.programs()) if _ops is not None else 0
+
+
+def _qualname(overload: str) -> str:
+    return "aten::" + overload
+
+
+class _Programs(PlanCache):
+    """Registers the C++ programs with clear_plans() (a config change drops them with every other plan)."""
+
+    def clear(self) -> None:
+        super().clear()
+        if _ops is not None:
+            _ops.clear()
+
+
+_programs = _Programs("routing.native (C++ programs)")
+
+# ----------------------------------------------------------------------------------------------- recording
+PYTHON, STOCK, REPLAY = 0, 1, 2
+EMPTY, VIEW, ZERO, FILL, COPY, LAUNCH, RETURN = 1, 2, 3, 4, 5, 6, 7
+AS_EMPTY, NEVER, ZEROS, VALUE = 0, 1, 2, 3
+SLOT_PTR, CONST_PTR, IMMEDIATE = 0, 1, 2
+
+
+def commit_stock() -> None:
+    """The recording descriptor goes to ATen's kernel (its route)."""
+    _ops.commit(STOCK, [], [])
+
+
+def recorded(overload: str, fn: Callable, args: tuple, kwargs: dict):
+    """`fn(*args, **kwargs)` (the op's implementation of `overload`), recorded; commits the descriptor's program,
+    or PYTHON where the run cannot be replayed (the reason kept in `refusals()`)."""
+    if torch.cuda.is_current_stream_capturing():
+        return fn(*args, **kwargs)  # (nothing committed: a later call records outside the capture)
+    rec = _Recording(op_schema(overload), args, kwargs)
+    with rec, launcher.observe_launches(rec.launched), alloc.recording(rec):
+        out = fn(*args, **kwargs)
+    words = rec.finish(out) if out is not NotImplemented else None
+    if words is None:
+        _refusals[overload] = rec.refused or "the op declined the problem, or returned what the run did not make"
+    _ops.commit(REPLAY if words is not None else PYTHON, words or [], rec.consts)
+    return out
+
+
+_refusals: dict[str, str] = {}
+
+
+def refusals() -> dict[str, str]:
+    """ATen overload -> why its last recording did not become a program."""
+    return dict(_refusals)
+
+
+def clear() -> None:
+    """Drop every program (the next calls of each descriptor record again)."""
+    _programs.clear()
+
+
+class _Refused(Exception):
+    """A step of the run that a program cannot replay."""
+
+
+_FACTORIES = {  # ATen factory overloads -> (fill, the index of their fill value among the args or None)
+    **{op: (AS_EMPTY, None) for op in ("empty.memory_format", "empty_strided.default", "empty_like.default",
+                                       "new_empty.default", "new_empty_strided.default")},
+    **{op: (ZEROS, None) for op in ("zeros.default", "zeros_like.default", "new_zeros.default")},
+    **{op: (VALUE, None) for op in ("ones.default", "ones_like.default", "new_ones.default")},
+    "full.default": (VALUE, 1), "full_like.default": (VALUE, 1), "new_full.default": (VALUE, 2),
+}
+_COPIES = ("clone.default", "_to_copy.default")
+_INT_SIZES = {"i1": 1, "i8": 1, "u8": 1, "i16": 2, "u16": 2, "i32": 4, "u32": 4, "i64": 8, "u64": 8}
+
+
+def _bits(value: float) -> int:
+    return struct.unpack("<q", struct.pack("<d", float(value)))[0]
+
+
+class _Recording(TorchDispatchMode):
+    """What a run did, as a program (see native.cpp's `Op`): every tensor it touches is a slot (the call's tensor
+    arguments first), every step an instruction."""
+
+    def __init__(self, schema, args: tuple, kwargs: dict):
+        super().__init__()
+        self.slots: list[torch.Tensor] = []
+        self.index: dict[int, int] = {}  # id(tensor) -> slot
+        self.words: list[int] = []
+        self.consts: list[torch.Tensor] = []
+        self.kernels: list = []  # the compiled kernels launched (kept with the program)
+        self.refused: str | None = None
+        self.quiet = 0  # >0 inside an allocation noted whole (alloc.empty's)
+        for i, a in enumerate(schema.arguments):  # (a slot for each tensor argument, as native.cpp counts them,
+            v = args[i] if i < len(args) else kwargs.get(a.name)  # even one passed twice)
+            if isinstance(v, torch.Tensor):
+                self._add(v)
+        self.device = next((t.device for t in self.slots), None)
+
+    # -- slots
+    def _add(self, t: torch.Tensor) -> int:
+        self.index.setdefault(id(t), len(self.slots))
+        self.slots.append(t)
+        return len(self.slots) - 1
+
+    def _slot_of(self, t: torch.Tensor, new: bool = False) -> int:
+        """`t`'s slot; with `new`, a new one where `t` has none (a tensor an op made)."""
+        i = self.index.get(id(t))
+        if i is not None and self.slots[i] is t:
+            return i
+        if not new:
+            raise _Refused(f"a tensor the run did not make ({tuple(t.shape)})")
+        self.index[id(t)] = len(self.slots)
+        self.slots.append(t)
+        return len(self.slots) - 1
+
+    def _pointer(self, value) -> tuple[int, int, int]:
+        """A launch's pointer argument as (kind, a, b): a slot or a kept tensor and a byte offset."""
+        if value is None:
+            return IMMEDIATE, 0, 8
+        if isinstance(value, torch.Tensor):
+            i = self.index.get(id(value))
+            if i is not None and self.slots[i] is value:
+                return SLOT_PTR, i, 0
+            address = value.data_ptr()
+        else:
+            address, value = int(value), None
+        for i, t in enumerate(self.slots):  # (an address inside a slot's storage, a view's for instance)
+            base = t.untyped_storage().data_ptr()
+            if base <= address < base + max(1, t.untyped_storage().nbytes()):
+                return SLOT_PTR, i, address - t.data_ptr()
+        if value is None:
+            raise _Refused("a pointer into memory the run did not make")
+        self.consts.append(value)  # a tensor made before the run (a table a plan keeps): kept with the program
+        return CONST_PTR, len(self.consts) - 1, 0
+
+    def _emit(self, *words: int) -> None:
+        self.words.extend(int(w) for w in words)
+
+    # -- ATen ops
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if self.refused is None and not self.quiet:
+            try:
+                self._note(func, args, kwargs, out)
+            except Exception as e:  # noqa: BLE001 - anything not understood keeps the descriptor in Python
+                self.refused = f"{type(e).__name__}: {e}"
+        return out
+
+    def _note(self, func, args, kwargs, out) -> None:
+        flat = [a for a in (*args, *kwargs.values(), *(out if isinstance(out, (tuple, list)) else (out,)))
+                if isinstance(a, torch.Tensor)]
+        if all(t.device.type == "meta" for t in flat):
+            return  # (layout arithmetic on meta tensors)
+        name = f"{func._schema.name.split('::')[-1]}.{func._overloadname}"
+        if any(t.device != self.device for t in flat):
+            raise _Refused(f"{name} on another device")
+        if name == "zero_.default":
+            self._emit(ZERO, self._slot_of(args[0]))
+        elif name == "fill_.Scalar":
+            self._emit(FILL, self._slot_of(args[0]), _bits(args[1]))
+        elif name == "copy_.default":
+            self._emit(COPY, self._slot_of(args[0]), self._slot_of(args[1]))
+        elif name in _FACTORIES:
+            fill, at = _FACTORIES[name]
+            value = 1.0 if fill == VALUE and at is None else args[at] if fill == VALUE else None
+            self._new(out, fill, value)
+        elif name in _COPIES:
+            self._new(out, NEVER, None)
+            self._emit(COPY, self._slot_of(out), self._slot_of(args[0]))
+        elif any(r.alias_info is not None for r in func._schema.returns) and not func._schema.is_mutable:
+            base = self._slot_of(args[0])
+            for o in out if isinstance(out, (tuple, list)) else (out,):
+                b = self.slots[base]
+                if o.dtype != b.dtype or o.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+                    raise _Refused(f"{name}: a view of another dtype or storage")
+                self._emit(VIEW, base, o.dim(), *o.shape, *o.stride(), o.storage_offset() - b.storage_offset())
+                self._slot_of(o, new=True)
+        else:
+            raise _Refused(f"{name} is not replayed")
+
+    def _new(self, t: torch.Tensor, fill: int, value) -> None:
+        if not isinstance(t, torch.Tensor) or t.dtype not in _SCALAR_TYPES:
+            raise _Refused("a factory of no tensor, or of a dtype not keyed")
+        self._emit(EMPTY, fill, _SCALAR_TYPES[t.dtype], t.dim(), *t.shape, *t.stride(),
+                   *([_bits(value)] if fill == VALUE else []))
+        self._slot_of(t, new=True)
+
+    def allocated(self, t: torch.Tensor) -> None:
+        """alloc.empty's tensor, made without the fill deterministic mode gives torch.empty."""
+        if self.refused is None:
+            self._new(t, NEVER, None)
+
+    # -- Triton launches
+    def launched(self, jit, args: tuple, kwargs: dict, grid, compiled) -> None:
+        if self.refused is not None:
+            return
+        try:
+            self._launch(jit, args, kwargs, grid, compiled)
+        except Exception as e:  # noqa: BLE001 - anything not understood keeps the descriptor in Python
+            self.refused = f"{type(e).__name__}: {e}"
+
+    def _launch(self, jit, args, kwargs, grid, ck) -> None:
+        meta = getattr(ck, "metadata", None)
+        function = getattr(ck, "function", None)
+        if meta is None or not function:
+            raise _Refused("a launch of no compiled kernel")
+        if getattr(meta, "global_scratch_size", 0) or getattr(meta, "profile_scratch_size", 0) or \
+                getattr(meta, "num_ctas", 1) != 1 or getattr(meta, "launch_cooperative_grid", False):
+            raise _Refused("a launch with scratch memory, clusters or a cooperative grid")
+        names = list(jit.arg_names)
+        bound = dict(zip(names, args))
+        bound.update({k: v for k, v in kwargs.items() if k in names})
+        for p in getattr(jit, "params", ()):
+            if p.name not in bound and getattr(p, "has_default", False):
+                bound[p.name] = p.default
+        if callable(grid):
+            grid = grid(bound)
+        grid = (*grid, 1, 1)[:3]
+        signature = ck.src.signature
+        params: list[tuple[int, int, int]] = []
+        for i, name in enumerate(names):
+            ty = signature.get(name, signature.get(i)) if isinstance(signature, dict) else None
+            if ty is None:
+                raise _Refused(f"no signature for {name}")
+            self._param(ty, bound[name], params)
+        self.kernels.append(ck)
+        self._emit(LAUNCH, function, *grid, 32 * meta.num_warps, meta.shared, bool(getattr(meta, "launch_pdl", False)),
+                   len(params), *[w for p in params for w in p])
+
+    def _param(self, ty, value, params: list) -> None:
+        """Append the kernel parameters of an argument of Triton type `ty` (a tuple type takes one per element,
+        as Triton flattens it)."""
+        if isinstance(ty, tuple):
+            for t, v in zip(ty, value, strict=True):
+                self._param(t, v, params)
+        elif ty == "constexpr":
+            return
+        elif ty.startswith("*"):
+            params.append(self._pointer(value))
+        elif ty in _INT_SIZES:
+            params.append((IMMEDIATE, int(value), _INT_SIZES[ty]))
+        elif ty in ("fp32", "fp64"):
+            raw = struct.pack("<f" if ty == "fp32" else "<d", float(value)).ljust(8, b"\0")
+            params.append((IMMEDIATE, struct.unpack("<q", raw)[0], 4 if ty == "fp32" else 8))
+        else:
+            raise _Refused(f"a parameter of type {ty}")
+
+    # -- the end
+    def finish(self, out) -> list[int] | None:
+        if self.refused is not None:
+            return None
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        try:
+            slots = [self._slot_of(o) for o in outs]
+        except (_Refused, TypeError):
+            return None
+        _kept.update((id(ck), ck) for ck in self.kernels)  # (loaded while a program may launch them)
+        return [*self.words, RETURN, len(slots), *slots]
+
+
+_kept: dict[int, object] = {}  # the compiled kernels programs launch, by identity
+
+_SCALAR_TYPES = {  # torch dtype -> c10::ScalarType's value
+    torch.uint8: 0, torch.int8: 1, torch.int16: 2, torch.int32: 3, torch.int64: 4, torch.float16: 5,
+    torch.float32: 6, torch.float64: 7, torch.bool: 11, torch.bfloat16: 15,
+}

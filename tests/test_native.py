@@ -1,0 +1,270 @@
+"""The native router (routing/native.py): a descriptor's third call replays its recorded program, and what it
+returns is the Python router's result bit for bit, strides included; descriptors that route to stock get ATen's
+result; replays run on the autograd engine's threads and under CUDA graph capture."""
+
+import struct
+import threading
+
+import pytest
+import torch
+
+import gradkern
+from conftest import DEVICE, gpu_only
+from gradkern.plan import _copy
+from gradkern.registry import REGISTRY
+from gradkern.routing import dispatch, native
+from gradkern.testing import assert_bitwise_equal
+
+
+def _problems(dtype):
+    """(overload, args, kwargs) for every overload the native router serves, from the registry's examples."""
+    out = []
+    for overload, name in sorted(dispatch.routed_overloads().items()):
+        info = REGISTRY[name]
+        if info.dispatch != "backend" or not native.eligible(overload) or dtype not in info.dtypes:
+            continue
+        if info.aten[overload] is info.fn:
+            for case in info.cases(DEVICE, dtype, "tiny"):
+                out.append((overload, case.args, dict(case.kwargs)))
+        elif info.aten_examples is not None:
+            examples = info.aten_examples(DEVICE, dtype)
+            if overload in examples:
+                out.append((overload, *examples[overload]))
+    return out
+
+
+def _fresh(a, seed: int):
+    """A copy of an argument with the same layout and new floating values (integer tensors keep theirs: they are
+    indices, lengths or targets)."""
+    c = _copy(a)
+    if isinstance(c, torch.Tensor) and c.is_floating_point() and c.numel():
+        g = torch.Generator(device=c.device).manual_seed(seed)
+        span = c.as_strided((c.untyped_storage().nbytes() // c.element_size() - c.storage_offset(),), (1,))
+        span.copy_(torch.randn(span.shape, generator=g, device=c.device, dtype=torch.float32) * 3)
+    return c
+
+
+def _aten(overload):
+    return native.aten_overload(overload)
+
+
+def _record(fn, *args):
+    """A `_Recording` of `fn(*args)` (elu_backward's schema numbers the tensor arguments) and fn's result."""
+    rec = native._Recording(torch.ops.aten.elu_backward.default._schema, args, {})
+    with rec:
+        out = fn(*args)
+    return rec, out
+
+
+_DTYPES = {v: k for k, v in native._SCALAR_TYPES.items()}
+
+
+def _replay(words: list[int], inputs: list[torch.Tensor]):
+    """native.cpp's replay of a program without launches, in Python: what the test checks the encoding against."""
+    slots, i, n = list(inputs), 0, native
+    while True:
+        op = words[i]
+        if op == n.EMPTY:
+            fill, dtype, nd = words[i + 1:i + 4]
+            sizes, strides = words[i + 4:i + 4 + nd], words[i + 4 + nd:i + 4 + 2 * nd]
+            t = torch.empty_strided(sizes, strides, dtype=_DTYPES[dtype], device=inputs[0].device)
+            if fill == n.ZEROS:
+                t.zero_()
+            if fill == n.VALUE:
+                t.fill_(struct.unpack("<d", struct.pack("<q", words[i + 4 + 2 * nd]))[0])
+            slots.append(t)
+            i += 4 + 2 * nd + (fill == n.VALUE)
+        elif op == n.VIEW:
+            base, nd = words[i + 1:i + 3]
+            b = slots[base]
+            slots.append(b.as_strided(words[i + 3:i + 3 + nd], words[i + 3 + nd:i + 3 + 2 * nd],
+                                      b.storage_offset() + words[i + 3 + 2 * nd]))
+            i += 4 + 2 * nd
+        elif op == n.COPY:
+            slots[words[i + 1]].copy_(slots[words[i + 2]])
+            i += 3
+        elif op == n.FILL:
+            slots[words[i + 1]].fill_(struct.unpack("<d", struct.pack("<q", words[i + 2]))[0])
+            i += 3
+        elif op == n.ZERO:
+            slots[words[i + 1]].zero_()
+            i += 2
+        else:
+            assert op == n.RETURN and i + 2 + words[i + 1] == len(words)
+            return [slots[k] for k in words[i + 2:]]
+
+
+def test_recording_encodes_allocations_views_copies_and_fills():
+    """What a program holds, on any device: factories by the layout they made, views relative to their base's
+    storage offset (an input's offset differs between calls of one descriptor), copies and fills by slot. Replayed
+    on new inputs at another storage offset, the program gives what the function gives."""
+
+    def run(g, a, b, c, d, x):
+        out = torch.full((4, 6), 2.0, device=DEVICE)
+        out[1:3, 2:].copy_(g[:, :4])
+        out[0].fill_(0.5)
+        out[3].zero_()
+        return out, torch.zeros_like(x).t()
+
+    def inputs(offset):
+        g = torch.randn(offset + 2, 8, device=DEVICE)[offset:]
+        return g, 1.0, 1.0, 1.0, False, torch.randn(2, 8, device=DEVICE)
+
+    args = inputs(1)
+    rec, out = _record(run, *args)
+    words = rec.finish(out)
+    assert rec.refused is None and words is not None
+    args = inputs(3)
+    for got, want in zip(_replay(words, [args[0], args[5]]), run(*args), strict=True):
+        assert got.stride() == want.stride()
+        assert_bitwise_equal(got, want, "replayed")
+
+
+def test_recording_refuses_host_reads_and_foreign_tensors():
+    g, x = torch.randn(5, device=DEVICE), torch.randn(5, device=DEVICE)
+    rec, out = _record(lambda g, a, b, c, d, x: g * (1 if g.sum().item() > 0 else 2), g, 1.0, 1.0, 1.0, False, x)
+    assert rec.finish(out) is None and "not replayed" in rec.refused
+    outside = torch.randn(5, device=DEVICE)
+    rec, out = _record(lambda g, a, b, c, d, x: outside.view(5, 1), g, 1.0, 1.0, 1.0, False, x)
+    assert rec.finish(out) is None and "did not make" in rec.refused
+
+
+def test_a_tensor_passed_twice_numbers_two_slots():
+    """native.cpp gives every tensor argument a slot, one tensor passed twice included; so does the recording."""
+    g = torch.randn(5, device=DEVICE)
+    rec, out = _record(lambda g, a, b, c, d, x: x.t(), g, 1.0, 1.0, 1.0, False, g)
+    assert rec.finish(out)[:2] == [native.VIEW, 0] and len(rec.slots) == 3  # (g, g, and the view of the first)
+
+
+@gpu_only
+def test_the_native_router_is_built_on_the_gpu():
+    assert native.available(), native.status()
+
+
+@gpu_only
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_replays_equal_the_python_router(dtype):
+    """Three calls per descriptor (Python router, recording, replay), each on new data: every result equals the
+    op's implementation called directly, with the same strides. Most overloads must get a program."""
+    problems = _problems(dtype)
+    assert problems
+    with_program = set()
+    for k, (overload, args, kwargs) in enumerate(problems):
+        impl = REGISTRY[dispatch.routed_overloads()[overload]].aten[overload]
+        with gradkern.use(mode="always"):
+            for call in range(3):
+                a = [_fresh(x, 1000 * k + call) for x in args]
+                kw = {n: _fresh(v, 1000 * k + call) for n, v in kwargs.items()}
+                before = native.programs()
+                got = _aten(overload)(*a, **kw)
+                if native.programs() > before:
+                    with_program.add(overload)
+                expected = impl(*a, **kw)
+                what = f"{overload} call {call}"
+                assert_bitwise_equal(got, expected, what)
+                for g, e in zip(got if isinstance(got, tuple) else (got,),
+                                expected if isinstance(expected, tuple) else (expected,), strict=True):
+                    assert g.stride() == e.stride(), what
+    missing = sorted({o for o, _, _ in problems} - with_program)
+    # (ops whose implementation reads data on the host cannot have programs; none of those is served here)
+    assert len(missing) <= len({o for o, _, _ in problems}) // 4, (missing, native.refusals())
+
+
+@gpu_only
+def test_descriptors_routed_to_stock_get_atens_result():
+    """In mode "auto", a descriptor the op's route sends to stock replays ATen's kernel (from C++)."""
+    g = torch.randn(64, device=DEVICE)
+    x = torch.randn(64, device=DEVICE) * 4
+    expected = torch.ops.aten.hardsigmoid_backward(g, x)  # stock
+    with gradkern.use():
+        for _ in range(4):
+            assert_bitwise_equal(torch.ops.aten.hardsigmoid_backward(g, x), expected, "routed to stock")
+
+
+@gpu_only
+def test_replays_on_the_autograd_threads_and_other_threads():
+    """A program recorded on the main thread replays in a backward (the autograd engine's CUDA thread) and in
+    other threads at once, each with its own results."""
+    x = torch.randn(4, 3, 17, 19, device=DEVICE, requires_grad=True)
+    pad = torch.nn.ReflectionPad2d((2, 3, 1, 4))
+    reference = torch.autograd.grad(pad(x).square().sum(), x)[0]
+    with gradkern.use(mode="always"):
+        for _ in range(4):
+            got = torch.autograd.grad(pad(x).square().sum(), x)[0]
+            assert_bitwise_equal(got, reference, "backward on the autograd thread")
+        errors = []
+
+        def work(seed):
+            try:
+                g = torch.Generator(device=DEVICE).manual_seed(seed)
+                xs = torch.randn(4, 3, 17, 19, device=DEVICE, generator=g)
+                gs = torch.randn(4, 3, 22, 24, device=DEVICE, generator=g)
+                for _ in range(20):
+                    got = torch.ops.aten.reflection_pad2d_backward(gs, xs, [2, 3, 1, 4])
+                want = REGISTRY["reflection_pad2d_backward"].fn(gs, xs, [2, 3, 1, 4])
+                torch.cuda.synchronize()
+                assert torch.equal(got, want)
+            except Exception as e:  # noqa: BLE001 - reported by the main thread
+                errors.append(e)
+
+        threads = [threading.Thread(target=work, args=(s,)) for s in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert not errors, errors
+    assert native.programs() > 0
+
+
+@gpu_only
+def test_replays_under_cuda_graph_capture():
+    g = torch.randn(8, 64, device=DEVICE)
+    x = torch.randn(8, 64, device=DEVICE)
+    with gradkern.use(mode="always"):
+        for _ in range(3):
+            torch.ops.aten.elu_backward(g, 1.0, 1.0, 1.0, False, x)
+        assert native.programs() > 0
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(stream), torch.cuda.graph(graph):
+            out = torch.ops.aten.elu_backward(g, 1.0, 1.0, 1.0, False, x)
+        g.copy_(torch.randn_like(g))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_bitwise_equal(out, REGISTRY["elu_backward"].fn(g, 1.0, 1.0, 1.0, False, x), "graph replay")
+
+
+@gpu_only
+def test_deterministic_mode_is_part_of_the_descriptor():
+    """A program recorded outside deterministic mode is not replayed inside it (allocations differ there)."""
+    g = torch.randn(2, 3, 9, 9, device=DEVICE)
+    x = torch.randn(2, 3, 6, 6, device=DEVICE)
+    with gradkern.use(mode="always"):
+        for _ in range(3):
+            torch.ops.aten.replication_pad2d_backward(g, x, [1, 2, 0, 3])
+        n = native.programs()
+        torch.use_deterministic_algorithms(True)
+        try:
+            for _ in range(3):
+                got = torch.ops.aten.replication_pad2d_backward(g, x, [1, 2, 0, 3])
+        finally:
+            torch.use_deterministic_algorithms(False)
+        assert native.programs() == n + 1
+    assert_bitwise_equal(got, REGISTRY["replication_pad2d_backward"].fn(g, x, [1, 2, 0, 3]), "deterministic mode")
+
+
+@gpu_only
+def test_a_tensor_passed_twice_is_two_slots():
+    """A descriptor whose tensor arguments share storage (here: one tensor passed twice) is its own descriptor, and
+    its program numbers both arguments, as the C++ side does."""
+    x = torch.randn(33, 7, device=DEVICE)
+    y = torch.randn(33, 7, device=DEVICE)
+    impl = REGISTRY["elu_backward"].fn
+    with gradkern.use(mode="always"):
+        for _ in range(3):
+            shared = torch.ops.aten.elu_backward(x, 1.0, 1.0, 1.0, False, x)
+            apart = torch.ops.aten.elu_backward(y, 1.0, 1.0, 1.0, False, x)
+            assert_bitwise_equal(shared, impl(x, 1.0, 1.0, 1.0, False, x), "one tensor twice")
+            assert_bitwise_equal(apart, impl(y, 1.0, 1.0, 1.0, False, x), "two tensors")
+    assert native.programs() == 2
