@@ -268,3 +268,30 @@ def test_a_tensor_passed_twice_is_two_slots():
             assert_bitwise_equal(shared, impl(x, 1.0, 1.0, 1.0, False, x), "one tensor twice")
             assert_bitwise_equal(apart, impl(y, 1.0, 1.0, 1.0, False, x), "two tensors")
     assert native.programs() == 2
+
+
+class _Commits:
+    """native's C++ ops where the test needs only what `recorded` commits."""
+
+    def __init__(self):
+        self.commits = []
+
+    def commit(self, kind, words, consts):
+        self.commits.append((kind, list(words)))
+
+
+def test_a_run_that_raises_commits_the_python_router(monkeypatch):
+    """A descriptor whose run raises (a declined or invalid problem) is kept on the Python router, so that its later
+    calls do not record again each time; a run that completes commits its program."""
+    ops = _Commits()
+    monkeypatch.setattr(native, "_ops", ops)
+    g, x = torch.randn(5, device=DEVICE), torch.randn(5, device=DEVICE)
+
+    def fails(*args):
+        raise gradkern.RankUnsupported("elu_backward", "self", "at most 8 dims", 9)
+
+    with pytest.raises(gradkern.RankUnsupported):
+        native.recorded("elu_backward", fails, (g, 1.0, 1.0, 1.0, False, x), {})
+    assert ops.commits == [(native.PYTHON, [])]
+    native.recorded("elu_backward", lambda *a: torch.empty_like(a[0]), (g, 1.0, 1.0, 1.0, False, x), {})
+    assert ops.commits[-1][0] == native.REPLAY

@@ -190,11 +190,16 @@ def commit_stock() -> None:
 def recorded(overload: str, fn: Callable, args: tuple, kwargs: dict):
     """`fn(*args, **kwargs)` (the op's implementation of `overload`), recorded; commits the descriptor's program,
     or PYTHON where the run cannot be replayed (the reason kept in `refusals()`)."""
-    if torch.cuda.is_current_stream_capturing():
-        return fn(*args, **kwargs)  # (nothing committed: a later call records outside the capture)
     rec = _Recording(op_schema(overload), args, kwargs)
-    with rec, launcher.observe_launches(rec.launched), alloc.recording(rec):
-        out = fn(*args, **kwargs)
+    if rec.device is not None and rec.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return fn(*args, **kwargs)  # (nothing committed: a later call records outside the capture)
+    try:
+        with rec, launcher.observe_launches(rec.launched), alloc.recording(rec):
+            out = fn(*args, **kwargs)
+    except BaseException as e:  # (a declined or invalid problem: the Python router, which raises it again, keeps it)
+        _refusals[overload] = f"the run raised {type(e).__name__}"
+        _ops.commit(PYTHON, [], [])
+        raise
     words = rec.finish(out) if out is not NotImplemented else None
     if words is None:
         _refusals[overload] = rec.refused or "the op declined the problem, or returned what the run did not make"
