@@ -77,7 +77,8 @@ def _segment(offs, soff_o, outer, seg, N, ENDS: tl.constexpr, LENS: tl.constexpr
 
 @triton.jit
 def _ids(n_dblk, S, PDL: tl.constexpr):
-    """The program's (inner block, segment (or the row kernels' row block or job: S of them), outer index);
+    """The program's (inner block, segment (or the row kernels' row block or job: S of them), outer index), or with
+    S = 1 the lane kernels' (segment block, 0, outer index);
     launched as a programmatic dependent (PDL), it first waits until the kernel before it (the lengths' cumsum, say)
     is done."""
     if PDL:
@@ -221,11 +222,7 @@ def _segment_max_fwd_lanes_kernel(x, offs, vals, idxs, S, N, INNER, n_sblk, SX, 
     lane a (segment, column), looping over their rows together; each longer one then takes the whole program, its
     rows a tile of BLOCK_L at a time (_max_over_rows). The same results as the tile kernel: strictly larger keys
     win, so of equal ones (NaN too) the first row."""
-    if PDL:
-        gdc_wait()
-    pid = tl.program_id(0).to(tl.int64)
-    sblk = pid % n_sblk
-    outer = pid // n_sblk
+    sblk, _, outer = _ids(n_sblk, 1, PDL)
     segs = sblk * BLOCK_S + tl.arange(0, BLOCK_S)
     smask = segs < S
     base = offs + outer * soff_o + segs
@@ -442,11 +439,7 @@ def _segment_reduce_max_bwd_lanes_kernel(g, o, x, offs, gx, S, N, INNER, n_sblk,
     lane a (segment, column), which counts its ties over the segment's rows, then writes them; each longer one then
     takes the whole program, a tile of BLOCK_L rows at a time (_segred_segment). The first and last blocks zero the
     rows before the first segment and after the last. The same results as _segment_reduce_max_bwd_kernel."""
-    if PDL:
-        gdc_wait()
-    pid = tl.program_id(0).to(tl.int64)
-    sblk = pid % n_sblk
-    outer = pid // n_sblk
+    sblk, _, outer = _ids(n_sblk, 1, PDL)
     segs = sblk * BLOCK_S + tl.arange(0, BLOCK_S)
     smask = segs < S
     base = offs + outer * soff_o + segs
