@@ -2,11 +2,14 @@
 returns is the Python router's result bit for bit, strides included; descriptors that route to stock get ATen's
 result; replays run on the autograd engine's threads and under CUDA graph capture."""
 
+import os
 import struct
 import threading
+import time
 
 import pytest
 import torch
+from torch.utils import cpp_extension
 
 import gradkern
 from conftest import DEVICE, gpu_only
@@ -295,3 +298,17 @@ def test_a_run_that_raises_commits_the_python_router(monkeypatch):
     assert ops.commits == [(native.PYTHON, [])]
     native.recorded("elu_backward", lambda *a: torch.empty_like(a[0]), (g, 1.0, 1.0, 1.0, False, x), {})
     assert ops.commits[-1][0] == native.REPLAY
+
+
+def test_a_killed_builds_lock_is_removed(tmp_path, monkeypatch):
+    """torch.utils.cpp_extension waits forever on the lock a killed build leaves; an old one is removed, a fresh one
+    (a build in progress in another process) is not."""
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    lock = os.path.join(cpp_extension._get_build_directory("gradkern_native_test", False), "lock")
+    open(lock, "w").close()
+    native._clear_stale_lock("gradkern_native_test")
+    assert os.path.exists(lock)
+    old = time.time() - 2 * native._STALE_LOCK_S
+    os.utime(lock, (old, old))
+    native._clear_stale_lock("gradkern_native_test")
+    assert not os.path.exists(lock)

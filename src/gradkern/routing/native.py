@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import struct
 import threading
+import time
 import warnings
 from collections.abc import Callable
 
@@ -87,6 +88,23 @@ def _include_dirs() -> list[str]:
         [d for d in dirs if os.path.exists(os.path.join(d, "cuda.h"))][:1]
 
 
+# a build lock older than this is a killed build's (a build takes about 15 s on a 16-core machine)
+_STALE_LOCK_S = 600
+
+
+def _clear_stale_lock(name: str) -> None:
+    """Remove the build lock of extension `name` if it is older than _STALE_LOCK_S: a build killed midway leaves
+    it, and torch.utils.cpp_extension would wait on it forever."""
+    from torch.utils import cpp_extension
+
+    try:
+        lock = os.path.join(cpp_extension._get_build_directory(name, False), "lock")
+        if os.path.exists(lock) and time.time() - os.path.getmtime(lock) > _STALE_LOCK_S:
+            os.remove(lock)
+    except (AttributeError, OSError):  # (a torch without that helper: its own behaviour)
+        pass
+
+
 def _build() -> None:
     import hashlib
 
@@ -94,7 +112,9 @@ def _build() -> None:
 
     with open(_SOURCE, "rb") as f:
         digest = hashlib.sha1(f.read() + torch.__version__.encode()).hexdigest()[:12]
-    cpp_extension.load(name=f"gradkern_native_{digest}", sources=[_SOURCE], extra_include_paths=_include_dirs(),
+    name = f"gradkern_native_{digest}"
+    _clear_stale_lock(name)
+    cpp_extension.load(name=name, sources=[_SOURCE], extra_include_paths=_include_dirs(),
                        extra_ldflags=["-lc10_cuda", "-ltorch_cuda"], extra_cflags=["-O2"], is_python_module=False,
                        verbose=False)
 
