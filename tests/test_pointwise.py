@@ -12,6 +12,7 @@ from conftest import DEVICE, DTYPES, dtype_id
 from gradkern import config, ops
 from gradkern.engines import elementwise
 from gradkern.kernels import pointwise as pointwise_mod
+from gradkern.launch.checks import contiguous_strides
 from gradkern.testing import (
     assert_bitwise_equal,
     assert_close,
@@ -473,3 +474,10 @@ def test_fresh_result_follows_the_first_dense_input(layout):
                          torch.ops.aten.elu_backward(g, 1.0, 1.0, 1.0, False, x))):
         assert ours.stride() == g.stride() == stock.stride(), f"{layout}: {ours.stride()} (stock {stock.stride()})"
         assert_close(ours, stock, None, layout)
+
+
+@pytest.mark.parametrize("shape", [(), (0,), (5,), (3, 0, 4), (2, 1, 7), (4, 3, 2, 1, 6), (1, 1), (0, 0, 3)])
+def test_contiguous_strides_are_torchs(shape):
+    """launch.checks.contiguous_strides, which the engines, pads, pools and allocations take a fresh result's
+    layout from, gives c10's strides (a size-0 dim counts as 1)."""
+    assert contiguous_strides(shape) == torch.empty(shape, device="meta").stride()

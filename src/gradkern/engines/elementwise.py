@@ -28,7 +28,14 @@ from .. import _runtime
 from .._runtime import I32_MAX, cdiv
 from ..config import PlanCache, Tunable
 from ..errors import InvalidProblem, RankUnsupported, Unsupported
-from ..launch.checks import _dense_strides, broadcast_shape, check_out_overlap, check_tensor, result_dtype
+from ..launch.checks import (
+    _dense_strides,
+    broadcast_shape,
+    check_out_overlap,
+    check_tensor,
+    contiguous_strides,
+    result_dtype,
+)
 from ..launch.launcher import (
     SCALAR_PARAMS,
     _empty_like,
@@ -198,7 +205,7 @@ def result_layout(shape: tuple[int, ...], ts: Sequence) -> tuple[int, ...]:
     for t in ts:
         if t is not None and tuple(t.shape) == shape and _dense_strides(t):
             return t.stride()
-    return torch.empty(shape, device="meta").stride()
+    return contiguous_strides(shape)
 
 
 def collapse_in_order(shape: tuple[int, ...], strides: list[tuple[int, ...]]) -> tuple[tuple, list[tuple]]:

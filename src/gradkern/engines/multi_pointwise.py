@@ -39,7 +39,7 @@ import triton.language as tl
 from .._runtime import I32_MAX, cdiv
 from ..config import PlanCache, Tunable
 from ..errors import InvalidProblem, RankUnsupported, Unsupported
-from ..launch.checks import _dense_strides, broadcast_shape
+from ..launch.checks import _dense_strides, broadcast_shape, contiguous_strides
 from ..launch.launcher import SCALAR_PARAMS, bits_spec, launch, launch_consts, scalar_bits
 from ..launch.tl_helpers import TL_MATH, cast_out, scalar
 from .elementwise import (
@@ -336,7 +336,7 @@ class MultiPointwise:
         n = math.prod(shape)
         present = [t for _, t in given]
         same = all(tuple(t.shape) == shape for t in present) and len({t.stride() for t in present}) == 1
-        contiguous = torch.empty(shape, device="meta").stride()
+        contiguous = contiguous_strides(shape)
         base = {"FN": self.math_fn, "INS": ins_mask, "OUTS": outs_mask, "FLAG": flag, "MATH": mdt}
         device = ins[0].get_device()
         cfg = CONFIG.current

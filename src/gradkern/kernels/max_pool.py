@@ -81,7 +81,7 @@ from .._runtime import I32_MAX, cdiv, math_dtype, values_key
 from ..config import GridLimits, PlanCache, Tunable, plan_builder
 from ..errors import InvalidProblem, Unsupported
 from ..launch.alloc import channels_last_format, empty
-from ..launch.checks import check_like, check_tensor
+from ..launch.checks import check_like, check_tensor, contiguous_strides
 from ..launch.launcher import launch, launch_consts, tile_warps
 from ..launch.tl_helpers import TL_MATH, cast_out
 from ..registry import Case, register_op
@@ -617,7 +617,7 @@ def _plan(spec: _Spec, g_shape: tuple, g_stride: tuple, x_stride: tuple, shape: 
                             "ACC": acc, "I64": i64},
                            tile_warps(tile, cfg.warps))
     args = (n_tiles, n_b, n_rows, (c, *ins, *outs), gstr_k, xstr_k, istr_k, mag)
-    contiguous = out_stride == torch.empty(shape, device="meta").stride()
+    contiguous = out_stride == contiguous_strides(shape)
     stride = None if contiguous else out_stride
     n_out = n * c * math.prod(outs)
     n_in = n_rows * (c if channels else w_in)

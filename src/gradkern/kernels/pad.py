@@ -59,7 +59,7 @@ from .._runtime import I32_MAX, cdiv, math_dtype, values_key
 from ..config import GridLimits, PlanCache, Tunable, plan_builder
 from ..errors import InvalidProblem, Unsupported
 from ..launch.alloc import empty, empty_contiguous_like
-from ..launch.checks import check_like, check_out_overlap, check_tensor
+from ..launch.checks import check_like, check_out_overlap, check_tensor, contiguous_strides
 from ..launch.launcher import launch, launch_consts, tile_warps
 from ..launch.tl_helpers import TL_MATH, cast_out
 from ..registry import Case, register_op
@@ -760,7 +760,7 @@ def _check_out(spec: _Spec, out, self: torch.Tensor, grad_output: torch.Tensor, 
         # resize_ keeps the storage where it is large enough, the offset, and makes the strides contiguous: check
         # that layout first, and resize only once every check has passed (a rejected call changes nothing)
         if (out.storage_offset() + math.prod(self.shape)) * out.element_size() <= out.untyped_storage().nbytes():
-            after = out.as_strided(self.shape, torch.empty(self.shape, device="meta").stride())
+            after = out.as_strided(self.shape, contiguous_strides(self.shape))
         else:  # (new memory: what else shares the storage cannot overlap the part resize_ adds)
             after = None
     elif out.shape != self.shape:

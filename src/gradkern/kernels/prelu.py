@@ -33,7 +33,7 @@ from ..config import PlanCache, Tunable
 from ..engines.multi_pointwise import MultiPointwise, check_output_mask
 from ..engines.reduction import plan_view, run_plan
 from ..errors import InvalidProblem, Unsupported
-from ..launch.checks import _dense_strides, broadcast_shape, check_tensor
+from ..launch.checks import _dense_strides, broadcast_shape, check_tensor, contiguous_strides
 from ..launch.launcher import launch, launch_consts
 from ..launch.tl_helpers import TL_MATH, cast_out
 from ..registry import Case, register_op
@@ -367,7 +367,7 @@ def _launch_consts(plan: _Fused, dtype: torch.dtype, need_input: bool, need_weig
     consts = launch_consts({"MATH": TL_MATH[mdt], "HAS_GI": need_input, "HAS_GW": need_weight,
                             "BA": plan.block[0], ("BL" if plan.rows else "BK"): plan.block[1], "I64": plan.i64},
                            plan.warps)
-    strides = torch.empty(plan.part_shape, device="meta").stride()
+    strides = contiguous_strides(plan.part_shape)
     rplan = plan_view(plan.part_shape, strides, mdt, plan.part_dims, op=_OP, out_dtype=dtype) if need_weight else None
     return consts, rplan
 

@@ -52,7 +52,7 @@ from .._runtime import I32_MAX, cdiv, next_pow2
 from ..config import Tunable, plan_builder
 from ..engines.elementwise import _collapse
 from ..errors import InvalidProblem, Unsupported
-from ..launch.checks import _dense_strides, check_tensor
+from ..launch.checks import _dense_strides, check_tensor, contiguous_strides
 from ..launch.launcher import launch, launch_consts
 from ..launch.tl_helpers import TL_MATH, cast_out
 from ..registry import Case, register_op
@@ -488,17 +488,9 @@ def _norm_dim(op: str, t: torch.Tensor, dim) -> int:
 
 
 
-def _contiguous_strides(shape) -> tuple[int, ...]:
-    out, acc = [], 1
-    for size in reversed(shape):
-        out.append(acc)
-        acc *= max(size, 1)
-    return tuple(reversed(out))
-
-
 def _out_strides(t: torch.Tensor) -> tuple[int, ...]:
     """The result's layout: the input's where that is dense (no gaps, no overlap), else contiguous."""
-    return tuple(t.stride()) if _dense_strides(t) else _contiguous_strides(t.shape)
+    return tuple(t.stride()) if _dense_strides(t) else contiguous_strides(t.shape)
 
 
 @plan_builder

@@ -102,6 +102,16 @@ def _span_bytes(t: torch.Tensor) -> int:
     return (1 + sum((d - 1) * st for d, st in zip(t.shape, t.stride(), strict=True))) * t.element_size()
 
 
+def contiguous_strides(shape) -> tuple[int, ...]:
+    """The strides of a contiguous tensor of `shape`, as c10 computes them (a size-0 dim counts as 1), without
+    making a meta tensor for them (several us a call)."""
+    out, acc = [], 1
+    for size in reversed(shape):
+        out.append(acc)
+        acc *= max(size, 1)
+    return tuple(reversed(out))
+
+
 def _dense_strides(t: torch.Tensor) -> bool:
     """True if `t` covers its storage span exactly once (no gaps, no overlap), in some dim order."""
     expected = 1

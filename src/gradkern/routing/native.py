@@ -10,7 +10,8 @@ A descriptor that `enable()`'s route sends to stock gets a program too: ATen's k
 else (an op the recording does not know, a data-dependent call, a launch that needs Triton's scratch memory) keeps
 the descriptor on the Python router. The descriptor (native.cpp's `make_key`) is every argument's dtype, device,
 sizes, strides, 16-byte alignment and storage sharing, every scalar's bits, the routing mode and the deterministic
-switches; programs are dropped by `gradkern.clear_plans()`.
+switches; programs are dropped by `gradkern.clear_plans()`. Triton's launch hooks (a profiler's) do not see replayed
+launches (the CUDA profilers do); GRADKERN_NATIVE=0 keeps every launch in Triton's.
 
 The extension is compiled once per machine at the first `enable()` on CUDA (torch.utils.cpp_extension; tens of
 seconds, then cached). Where that fails, or with GRADKERN_NATIVE=0, routing stays in Python; `status()` says
