@@ -36,11 +36,19 @@ def _problems(dtype):
     return out
 
 
-def _fresh(a, seed: int):
-    """A copy of an argument with the same layout and new floating values (integer tensors keep theirs: they are
-    indices, lengths or targets)."""
+def _fresh(a, seed: int, shift: int = 0):
+    """A copy of an argument with the same layout, `shift` 16-byte steps further into its storage (the same
+    descriptor: alignment is keyed, the storage offset is not), and new floating values (integer tensors keep
+    theirs: they are indices, lengths or targets)."""
+    if not isinstance(a, torch.Tensor):
+        return a
     c = _copy(a)
-    if isinstance(c, torch.Tensor) and c.is_floating_point() and c.numel():
+    step = shift * max(1, 16 // c.element_size())
+    if step and c.numel():
+        room = torch.empty(c.untyped_storage().nbytes() // c.element_size() + step, dtype=c.dtype, device=c.device)
+        room[step:].copy_(c.as_strided((room.numel() - step,), (1,), 0))
+        c = room.as_strided(c.shape, c.stride(), step + c.storage_offset())
+    if c.is_floating_point() and c.numel():
         g = torch.Generator(device=c.device).manual_seed(seed)
         span = c.as_strided((c.untyped_storage().nbytes() // c.element_size() - c.storage_offset(),), (1,))
         span.copy_(torch.randn(span.shape, generator=g, device=c.device, dtype=torch.float32) * 3)
@@ -147,17 +155,19 @@ def test_the_native_router_is_built_on_the_gpu():
 @gpu_only
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
 def test_replays_equal_the_python_router(dtype):
-    """Three calls per descriptor (Python router, recording, replay), each on new data: every result equals the
-    op's implementation called directly, with the same strides. Most overloads must get a program."""
+    """Three calls per descriptor (Python router, recording, replay), each on new data at another storage offset:
+    every result equals the op's implementation called directly, with the same strides. Most overloads must get a
+    program. (Bug, found in review: the replay took a view's storage offset as absolute, where the recording gives
+    it relative to its base's.)"""
     problems = _problems(dtype)
     assert problems
     with_program = set()
     for k, (overload, args, kwargs) in enumerate(problems):
         impl = REGISTRY[dispatch.routed_overloads()[overload]].aten[overload]
         with gradkern.use(mode="always"):
-            for call in range(3):
-                a = [_fresh(x, 1000 * k + call) for x in args]
-                kw = {n: _fresh(v, 1000 * k + call) for n, v in kwargs.items()}
+            for call in range(3):  # (each call's tensors at another storage offset: views replay relative to it)
+                a = [_fresh(x, 1000 * k + call, call) for x in args]
+                kw = {n: _fresh(v, 1000 * k + call, call) for n, v in kwargs.items()}
                 before = native.programs()
                 got = _aten(overload)(*a, **kw)
                 if native.programs() > before:

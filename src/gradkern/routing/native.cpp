@@ -44,7 +44,7 @@ void* driver_symbol(const char* name) {
 // schema order, then each tensor an instruction makes, in order.
 enum Op : int64_t {
   EMPTY = 1,   // fill, dtype, ndim, sizes..., strides...          -> a new slot (on the call's device)
-  VIEW = 2,    // base slot, ndim, sizes..., strides..., offset    -> a new slot
+  VIEW = 2,    // base slot, ndim, sizes..., strides..., offset from the base's storage offset -> a new slot
   ZERO = 3,    // slot
   FILL = 4,    // slot, bits of a double
   COPY = 5,    // destination slot, source slot
@@ -245,6 +245,7 @@ bool make_key(const torch::jit::Stack& stack, size_t n, std::vector<int64_t>& ke
 }
 
 // ------------------------------------------------------------------------------------------------ replay
+// (slots and consts are read with at(): a program that names one it does not have raises instead of reading past)
 void replay(const Program& p, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const size_t n_args = op.schema().arguments().size();
   std::vector<at::Tensor> slots;
@@ -271,16 +272,17 @@ void replay(const Program& p, const c10::OperatorHandle& op, torch::jit::Stack* 
         i += 4 + 2 * nd + (fill == VALUE ? 1 : 0);
         break;
       }
-      case VIEW: {
+      case VIEW: {  // (the offset is relative to the base's: an input's differs between calls of a descriptor)
         int64_t nd = w[i + 2];
-        slots.push_back(at::as_strided(slots[w[i + 1]], c10::IntArrayRef(&w[i + 3], nd),
-                                       c10::IntArrayRef(&w[i + 3 + nd], nd), w[i + 3 + 2 * nd]));
+        const at::Tensor& base = slots.at(w[i + 1]);
+        slots.push_back(at::as_strided(base, c10::IntArrayRef(&w[i + 3], nd), c10::IntArrayRef(&w[i + 3 + nd], nd),
+                                       base.storage_offset() + w[i + 3 + 2 * nd]));
         i += 4 + 2 * nd;
         break;
       }
-      case ZERO: slots[w[i + 1]].zero_(); i += 2; break;
-      case FILL: slots[w[i + 1]].fill_(as_double(w[i + 2])); i += 3; break;
-      case COPY: slots[w[i + 1]].copy_(slots[w[i + 2]]); i += 3; break;
+      case ZERO: slots.at(w[i + 1]).zero_(); i += 2; break;
+      case FILL: slots.at(w[i + 1]).fill_(as_double(w[i + 2])); i += 3; break;
+      case COPY: slots.at(w[i + 1]).copy_(slots.at(w[i + 2])); i += 3; break;
       case LAUNCH: {
         const Launch& l = p.launches[launch++];
         void* params[64];
@@ -290,9 +292,9 @@ void replay(const Program& p, const c10::OperatorHandle& op, torch::jit::Stack* 
           int64_t value = l.as[k];
           size_t size = 8;
           if (l.kinds[k] == SLOT_PTR) {
-            value = reinterpret_cast<int64_t>(slots[l.as[k]].data_ptr()) + l.bs[k];
+            value = reinterpret_cast<int64_t>(slots.at(l.as[k]).data_ptr()) + l.bs[k];
           } else if (l.kinds[k] == CONST_PTR) {
-            value = reinterpret_cast<int64_t>(p.consts[l.as[k]].data_ptr()) + l.bs[k];
+            value = reinterpret_cast<int64_t>(p.consts.at(l.as[k]).data_ptr()) + l.bs[k];
           } else {
             size = static_cast<size_t>(l.bs[k]);
           }
@@ -323,7 +325,7 @@ void replay(const Program& p, const c10::OperatorHandle& op, torch::jit::Stack* 
         break;
       }
       case RETURN: {
-        for (int64_t k = 0; k < w[i + 1]; ++k) results.push_back(slots[w[i + 2 + k]]);
+        for (int64_t k = 0; k < w[i + 1]; ++k) results.push_back(slots.at(w[i + 2 + k]));
         i += 2 + w[i + 1];
         break;
       }
