@@ -217,7 +217,7 @@ def recorded(overload: str, fn: Callable, args: tuple, kwargs: dict):
     try:
         with rec, launcher.observe_launches(rec.launched), alloc.recording(rec):
             out = fn(*args, **kwargs)
-    except BaseException as e:  # (a declined or invalid problem: the Python router, which raises it again, keeps it)
+    except Exception as e:  # (a declined or invalid problem: the Python router, which raises it again, keeps it)
         _refusals[overload] = f"the run raised {type(e).__name__}"
         _ops.commit(PYTHON, [], [])
         raise
