@@ -2,8 +2,10 @@
 
 Registration is derived from the registry and happens once, at the first `enable()` or `use()`: every overload
 an op lists gets a router with torch.library on the backend key (CUDA, or CPU under the interpreter) or, for ops
-that bring their own autograd formula, on the autograd key. After that, turning routing on or off only flips a
-process-wide flag that each router reads: off, a router calls the stock kernel it captured before registering
+that bring their own autograd formula, on the autograd key; where the native router is built, a functional
+backend overload also gets its C++ kernel over the Python router, which replays a descriptor's recorded calls without
+entering Python (routing/native.py). After that, turning routing on or off only flips a process-wide flag that each
+router reads: off, a router calls the stock kernel it captured before registering
 (ATen's own, so stock results are ATen's bit for bit). Routers never re-enter themselves: while an override
 runs, a nested call of a gradkern-routed op in the same thread (from gradkern's host code or from Triton's
 interpreter) goes to stock PyTorch. What an override declines, or finds has more dims than the kernels index
