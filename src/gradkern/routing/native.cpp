@@ -427,10 +427,21 @@ void attach(std::string qualname, std::string recorder) {
   g_library->impl(name.c_str(), torch::CppFunction::makeFromBoxedFunctor(std::make_unique<Router>(&e)));
 }
 
+// Entries are retired, not freed: a call another thread is making through a router may still read its entry.
+std::vector<std::unique_ptr<Entry>> g_retired;
+
 void detach_all() {
   g_enabled = false;
   g_library.reset();
   std::lock_guard<std::mutex> lock(g_entries_mutex);
+  for (auto& [name, e] : g_entries) {
+    {
+      std::unique_lock<std::shared_mutex> l(e->mutex);  // (a replay in flight holds its own reference)
+      e->programs.clear();
+      e->seen.clear();
+    }
+    g_retired.push_back(std::move(e));
+  }
   g_entries.clear();
 }
 
