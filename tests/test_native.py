@@ -131,6 +131,41 @@ def test_recording_encodes_allocations_views_copies_and_fills():
         assert_bitwise_equal(got, want, "replayed")
 
 
+class _Meta:
+    num_warps, shared, launch_pdl, num_ctas = 4, 128, True, 1
+
+
+class _Src:
+    signature = {"x": "*fp32", "t": ("*fp32", "i32"), "n": "i32", "s": "fp32", "big": "i64", "B": "constexpr"}
+
+
+class _Compiled:
+    """What a recording reads of a CompiledKernel."""
+    metadata, src, function = _Meta(), _Src(), 0x1234
+
+
+class _Jit:
+    arg_names, params = ["x", "t", "n", "s", "big", "B"], ()
+
+
+def test_recording_encodes_a_launchs_parameters():
+    """A launch as native.cpp replays it: the grid padded to 3-D, threads, shared memory and the PDL flag; pointers
+    as (slot, byte offset), found by identity or inside a slot's storage (a view made outside the dispatcher's
+    sight); a tuple argument flattened as Triton passes it; constexprs left out; ints and fp32 by their bits."""
+    g, x = torch.randn(5, device=DEVICE), torch.randn(8, device=DEVICE)
+    rec, _ = _record(lambda *a: None, g, 1.0, 1.0, 1.0, False, x)
+    rec.launched(_Jit(), (g, (x[1:], 7), -3, 0.1), {"big": 2**40, "B": 64, "num_warps": 4}, (5,), _Compiled())
+    assert rec.refused is None
+    n = native
+    fp32 = struct.unpack("<q", struct.pack("<f", 0.1).ljust(8, b"\0"))[0]
+    assert rec.words == [n.LAUNCH, 0x1234, 5, 1, 1, 128, 128, 1, 6,
+                         n.SLOT_PTR, 0, 0, n.SLOT_PTR, 1, 4, n.IMMEDIATE, 7, 4, n.IMMEDIATE, -3, 4,
+                         n.IMMEDIATE, fp32, 4, n.IMMEDIATE, 2**40, 8]
+    rec.launched(_Jit(), (torch.randn(3, device=DEVICE), (x, 1), 0, 0.0), {"big": 0, "B": 1}, (1,), _Compiled())
+    assert rec.words[-3 * 6 - 9:-3 * 6 - 9 + 1] == [n.LAUNCH]
+    assert rec.consts and rec.words[-3 * 6 + 0] == n.CONST_PTR  # (a tensor made before the run: kept)
+
+
 def test_recording_refuses_host_reads_and_foreign_tensors():
     g, x = torch.randn(5, device=DEVICE), torch.randn(5, device=DEVICE)
     rec, out = _record(lambda g, a, b, c, d, x: g * (1 if g.sum().item() > 0 else 2), g, 1.0, 1.0, 1.0, False, x)
