@@ -79,9 +79,9 @@ def _router(info: OpInfo, overload: str, stock: Callable, recording: bool = Fals
     route = None if info.dispatch != "backend" else (lambda *a, **k: False) if info.route is False else info.route
 
     def router(*args, **kwargs):
-        if not _enabled or getattr(_tls, "depth", 0) or (
-                route is not None and not _always and not route(*args, **kwargs)):
-            if recording and _enabled and not getattr(_tls, "depth", 0):
+        nested = getattr(_tls, "depth", 0)
+        if not _enabled or nested or (route is not None and not _always and not route(*args, **kwargs)):
+            if recording and _enabled and not nested:
                 native.commit_stock()
             return stock(*args, **kwargs)
         _tls.depth = 1

@@ -394,16 +394,20 @@ struct Router final : c10::OperatorKernel {
   }
 };
 
+// The operator "ns::name" or "ns::name.overload" ("default" is the unnamed overload).
+c10::OperatorHandle find_op(const std::string& qualname) {
+  auto dot = qualname.find('.');
+  std::string name = qualname.substr(0, dot), overload = dot == std::string::npos ? "" : qualname.substr(dot + 1);
+  if (overload == "default") overload = "";
+  return c10::Dispatcher::singleton().findSchemaOrThrow(name.c_str(), overload.c_str());
+}
+
 Entry& entry_of(const std::string& qualname) {
   std::lock_guard<std::mutex> lock(g_entries_mutex);
   auto it = g_entries.find(qualname);
   if (it != g_entries.end()) return *it->second;
-  auto dot = qualname.find('.');
-  std::string name = qualname.substr(0, dot), overload = dot == std::string::npos ? "" : qualname.substr(dot + 1);
-  if (overload == "default") overload = "";
-  auto handle = c10::Dispatcher::singleton().findSchemaOrThrow(name.c_str(), overload.c_str());
   auto& e = g_entries[qualname];
-  e = std::make_unique<Entry>(handle);
+  e = std::make_unique<Entry>(find_op(qualname));
   return *e;
 }
 
@@ -417,9 +421,7 @@ void attach(std::string qualname, std::string recorder) {
   Entry& e = entry_of(qualname);
   TORCH_CHECK(e.stock, "gradkern native: ATen's kernel for ", qualname, " was not captured");
   e.python = e.op.getComputedKernelForDispatchKey(c10::DispatchKey::CUDA);
-  auto dot = recorder.find('.');
-  e.recorder = c10::Dispatcher::singleton().findSchemaOrThrow(recorder.substr(0, dot).c_str(),
-                                                               dot == std::string::npos ? "" : recorder.substr(dot + 1).c_str());
+  e.recorder = find_op(recorder);
   if (!g_library)
     g_library = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", c10::DispatchKey::CUDA, __FILE__, __LINE__);
   auto name = qualname.substr(qualname.find("::") + 2);

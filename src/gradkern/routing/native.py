@@ -256,10 +256,6 @@ _COPIES = ("clone.default", "_to_copy.default")
 _INT_SIZES = {"i1": 1, "i8": 1, "u8": 1, "i16": 2, "u16": 2, "i32": 4, "u32": 4, "i64": 8, "u64": 8}
 
 
-def _bits(value: float) -> int:
-    return struct.unpack("<q", struct.pack("<d", float(value)))[0]
-
-
 class _Recording(TorchDispatchMode):
     """What a run did, as a program (see native.cpp's `Op`): every tensor it touches is a slot (the call's tensor
     arguments first), every step an instruction."""
@@ -292,9 +288,7 @@ class _Recording(TorchDispatchMode):
             return i
         if not new:
             raise _Refused(f"a tensor the run did not make ({tuple(t.shape)})")
-        self.index[id(t)] = len(self.slots)
-        self.slots.append(t)
-        return len(self.slots) - 1
+        return self._add(t)
 
     def _pointer(self, value) -> tuple[int, int, int]:
         """A launch's pointer argument as (kind, a, b): a slot or a kept tensor and a byte offset."""
@@ -341,7 +335,7 @@ class _Recording(TorchDispatchMode):
         if name == "zero_.default":
             self._emit(ZERO, self._slot_of(args[0]))
         elif name == "fill_.Scalar":
-            self._emit(FILL, self._slot_of(args[0]), _bits(args[1]))
+            self._emit(FILL, self._slot_of(args[0]), launcher.scalar_bits(args[1]))
         elif name == "copy_.default":
             self._emit(COPY, self._slot_of(args[0]), self._slot_of(args[1]))
         elif name in _FACTORIES:
@@ -366,7 +360,7 @@ class _Recording(TorchDispatchMode):
         if not isinstance(t, torch.Tensor) or t.dtype not in _SCALAR_TYPES:
             raise _Refused("a factory of no tensor, or of a dtype not keyed")
         self._emit(EMPTY, fill, _SCALAR_TYPES[t.dtype], t.dim(), *t.shape, *t.stride(),
-                   *([_bits(value)] if fill == VALUE else []))
+                   *([launcher.scalar_bits(value)] if fill == VALUE else []))
         self._slot_of(t, new=True)
 
     def allocated(self, t: torch.Tensor) -> None:
