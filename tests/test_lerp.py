@@ -91,6 +91,17 @@ def test_lerp_backward_zero_dim_weight_of_another_dtype():
     assert_close((gs, ge, gw), run_reference(REGISTRY["lerp_backward"].reference, (g, a, b, w)), torch.float32)
 
 
+def test_lerp_backward_reference_keeps_each_inputs_dtype_when_all_are_0d():
+    """Bug: with 0-d self, end and grad and a 0-d float64 weight, the reference's grad * (1 - weight) promoted to
+    float64 (0-d operands promote among themselves), where stock autograd returns each gradient in its input's dtype;
+    the compiled sample test caught it in float16."""
+    a, b, g = (rand((), torch.float16) for _ in range(3))
+    w = torch.tensor(0.3, device=DEVICE, dtype=torch.float64)
+    want = [t.dtype for t in (a, b, w)]
+    assert [t.dtype for t in REGISTRY["lerp_backward"].reference(g, a, b, w)] == want
+    assert [t.dtype for t in ops.lerp_backward(g, a, b, w)] == want
+
+
 def test_lerp_backward_computes_in_float64_when_its_inputs_are():
     """Bug: the fused kernels took their math dtype from grad alone, so an f32 grad with f64 self/end/weight
     (f64 results, as ATen promotes) was computed in f32: errors of 1e-8 to 1e-7 against an f64 reference."""

@@ -57,8 +57,9 @@ def _spec(t) -> tuple:
 def _lerp_backward_reference(grad, self, end, weight, output_mask=(True, True, True)):
     """What stock autograd computes (derivatives.yaml), each gradient summed back to its input's shape."""
     if isinstance(weight, torch.Tensor):
-        gs = (grad * (1 - weight)).sum_to_size(self.shape) if output_mask[0] else None
-        ge = (grad * weight).sum_to_size(end.shape) if output_mask[1] else None
+        # .to: 0-d operands promote among themselves (an f16 grad times a 0-d f64 weight is f64); autograd casts back
+        gs = (grad * (1 - weight)).sum_to_size(self.shape).to(self.dtype) if output_mask[0] else None
+        ge = (grad * weight).sum_to_size(end.shape).to(end.dtype) if output_mask[1] else None
         gw = (grad * (end - self)).sum_to_size(weight.shape).to(weight.dtype) if output_mask[2] else None
         return gs, ge, gw
     w = float(weight)
