@@ -357,3 +357,25 @@ def test_a_killed_builds_lock_is_removed(tmp_path, monkeypatch):
     os.utime(lock, (old, old))
     native._clear_stale_lock("gradkern_native_test")
     assert not os.path.exists(lock)
+
+
+@gpu_only
+def test_gradkern_ops_functions_replay_through_the_native_router():
+    """Once the native router is loaded, gradkern.ops.<name> of a backend op taking ATen's arguments goes through
+    it (gradkern's kernel whatever the switch: no stock route): from its third call a replay, equal bit for bit to
+    the function's own result; out= calls keep the Python path."""
+    assert native.available(), native.status()
+    g = torch.randn(33, 65, device=DEVICE)
+    x = torch.randn(33, 65, device=DEVICE)
+    want = REGISTRY["elu_backward"].fn(g, 1.0, 1.0, 1.0, False, x)
+    before = native.programs()
+    for _ in range(3):
+        got = gradkern.ops.elu_backward(g, 1.0, 1.0, 1.0, False, x)
+    assert native.programs() == before + 1
+    assert_bitwise_equal(got, want, "gradkern.ops through the native router")
+    out = torch.empty_like(g)
+    assert gradkern.ops.elu_backward(g, 1.0, 1.0, 1.0, False, x, grad_input=out) is out
+    assert_bitwise_equal(out, want, "out=")
+    x.requires_grad_(True)
+    with pytest.raises(gradkern.Unsupported, match="require grad"):
+        gradkern.ops.elu_backward(g, 1.0, 1.0, 1.0, False, x)

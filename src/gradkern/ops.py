@@ -6,8 +6,9 @@ is the op's own `fake` or else its reference computation run on fake tensors; wi
 results (real and fake alike) are made contiguous, since the kernels' output layouts need not be the reference's
 and a compiled graph asserts the fake's strides.
 Inside a `torch.compile` region `gradkern.ops.<name>` calls the custom op, so compiled graphs keep gradkern's
-kernel as one opaque node (no graph break); in eager code it calls the kernel's function directly (no dispatcher
-overhead)."""
+kernel as one opaque node (no graph break); in eager code it calls the kernel's function directly, or, once the
+native router is loaded (routing/native.py), a backend op taking ATen's arguments goes through it: a repeated call
+replays from C++."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from . import kernels as _kernels  # noqa: F401  (importing declares every op)
 from .errors import Unsupported
 from .registry import REGISTRY as _REGISTRY
 from .registry import OpInfo
+from .routing.native import eager_call as _eager_call
 
 _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 
@@ -209,6 +211,10 @@ def _public(info: OpInfo) -> tuple[Callable, object]:
             # the eager path, inlined (one Python frame less a call): refuse inputs that require grad
             if _grad_enabled():
                 _refuse_requires_grad(info.name, names, args, kwargs)
+            if not kwargs:
+                fast = _eager_call(info.name)  # (the native router's, once loaded: routing/native.py)
+                if fast is not None:
+                    return fast(*args)
             return fn(*args, **kwargs)
         outs = {k: kwargs.pop(k) for k in out_names if kwargs.get(k) is not None}
         for k in out_names:

@@ -163,6 +163,7 @@ struct Entry {
   std::shared_mutex mutex;
   std::unordered_map<std::vector<int64_t>, std::shared_ptr<const Program>, KeyHash> programs;
   std::unordered_set<std::vector<int64_t>, KeyHash> seen;  // descriptors called once (the next call records)
+  bool always = false;  // a gradkern.ops op: gradkern's whatever the switch and the mode (no stock route)
   explicit Entry(c10::OperatorHandle h) : op(std::move(h)) {}
 };
 
@@ -171,7 +172,7 @@ constexpr size_t kMaxPrograms = 4096;
 
 std::mutex g_entries_mutex;
 std::unordered_map<std::string, std::unique_ptr<Entry>> g_entries;  // "aten::name.overload" -> its entry
-std::unique_ptr<torch::Library> g_library;
+std::unordered_map<std::string, std::unique_ptr<torch::Library>> g_libraries;  // namespace -> its CUDA kernels
 
 struct Pending {
   Entry* entry = nullptr;
@@ -184,9 +185,9 @@ thread_local Pending t_pending;  // the descriptor the recorder now running on t
 // The descriptor of a call: every argument (a tensor's dtype, device, sizes, strides, 16-byte alignment and the
 // earlier argument it shares storage with; a scalar's type and bits) and the global switches a program depends on.
 // False where an argument is of a kind not keyed (the Python router serves the call).
-bool make_key(const torch::jit::Stack& stack, size_t n, std::vector<int64_t>& key, int& device) {
+bool make_key(const torch::jit::Stack& stack, size_t n, bool always, std::vector<int64_t>& key, int& device) {
   const auto& ctx = at::globalContext();
-  key.push_back(g_always.load(std::memory_order_relaxed));
+  key.push_back(always ? 2 : g_always.load(std::memory_order_relaxed));
   key.push_back(ctx.deterministicAlgorithms() * 4 + ctx.deterministicAlgorithmsWarnOnly() * 2 +
                 ctx.deterministicFillUninitializedMemory());
   std::vector<const void*> storages;
@@ -354,11 +355,13 @@ struct Router final : c10::OperatorKernel {
   }
 
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
-    if (!g_enabled.load(std::memory_order_relaxed) || t_depth > 0) return call_python(op, ks, stack);
+    if ((!entry->always && !g_enabled.load(std::memory_order_relaxed)) || t_depth > 0)
+      return call_python(op, ks, stack);
     std::vector<int64_t> key;
     key.reserve(48);
     int device = -1;
-    if (!make_key(*stack, op.schema().arguments().size(), key, device)) return call_python(op, ks, stack);
+    if (!make_key(*stack, op.schema().arguments().size(), entry->always, key, device))
+      return call_python(op, ks, stack);
     std::shared_ptr<const Program> program;
     bool record = false;
     {
@@ -417,16 +420,21 @@ void capture_stock(std::string qualname) {
   if (!e.stock) e.stock = e.op.getComputedKernelForDispatchKey(c10::DispatchKey::CUDA);
 }
 
-void attach(std::string qualname, std::string recorder) {
+// Registers the router over the CUDA kernel `qualname` now has (gradkern's Python). `always`: a gradkern.ops op,
+// gradkern's whatever the switch (an ATen op needs its stock kernel captured first).
+void attach(std::string qualname, std::string recorder, bool always) {
   Entry& e = entry_of(qualname);
-  TORCH_CHECK(e.stock, "gradkern native: ATen's kernel for ", qualname, " was not captured");
+  e.always = always;
+  TORCH_CHECK(always || e.stock, "gradkern native: ATen's kernel for ", qualname, " was not captured");
   e.python = e.op.getComputedKernelForDispatchKey(c10::DispatchKey::CUDA);
   e.recorder = find_op(recorder);
-  if (!g_library)
-    g_library = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", c10::DispatchKey::CUDA, __FILE__, __LINE__);
+  auto ns = qualname.substr(0, qualname.find("::"));
+  auto& library = g_libraries[ns];
+  if (!library)
+    library = std::make_unique<torch::Library>(torch::Library::IMPL, ns, c10::DispatchKey::CUDA, __FILE__, __LINE__);
   auto name = qualname.substr(qualname.find("::") + 2);
   if (name.size() > 8 && name.compare(name.size() - 8, 8, ".default") == 0) name.resize(name.size() - 8);
-  g_library->impl(name.c_str(), torch::CppFunction::makeFromBoxedFunctor(std::make_unique<Router>(&e)));
+  library->impl(name.c_str(), torch::CppFunction::makeFromBoxedFunctor(std::make_unique<Router>(&e)));
 }
 
 // Entries are retired, not freed: a call another thread is making through a router may still read its entry.
@@ -434,7 +442,7 @@ std::vector<std::unique_ptr<Entry>> g_retired;
 
 void detach_all() {
   g_enabled = false;
-  g_library.reset();
+  g_libraries.clear();
   std::lock_guard<std::mutex> lock(g_entries_mutex);
   for (auto& [name, e] : g_entries) {
     {
@@ -494,7 +502,7 @@ int64_t programs() {
 
 TORCH_LIBRARY(gradkern_native, m) {
   m.def("capture_stock(str qualname) -> ()", &capture_stock);
-  m.def("attach(str qualname, str recorder) -> ()", &attach);
+  m.def("attach(str qualname, str recorder, bool always) -> ()", &attach);
   m.def("detach_all() -> ()", &detach_all);
   m.def("set_state(bool enabled, bool always) -> ()", &set_state);
   m.def("clear() -> ()", &clear);

@@ -19,6 +19,7 @@ which."""
 
 from __future__ import annotations
 
+import functools
 import os
 import struct
 import threading
@@ -151,14 +152,64 @@ def attach(overload: str, router: Callable) -> None:
     """Put the C++ router over the Python one now registered for `overload`; `router` is the Python router's
     recording twin (`dispatch._router(..., recording=True)`), registered as the op gradkern_rec::<overload> that
     the C++ router calls to record."""
+    name = overload.replace(".", "__")
+    _define(_recorder_lib(), name, overload, router)
+    _ops.attach(_qualname(overload), f"gradkern_rec::{name}", False)
+
+
+def _recorder_lib() -> torch.library.Library:
     global _recorders
     if _recorders is None:
         _recorders = torch.library.Library("gradkern_rec", "DEF")
+    return _recorders
+
+
+def _define(lib: torch.library.Library, name: str, overload: str, impl: Callable) -> None:
+    """Define op `name` in `lib`'s namespace with ATen `overload`'s schema, `impl` its kernel on the backend key."""
     schema = str(op_schema(overload))
-    name = overload.replace(".", "__")
-    _recorders.define(name + schema[schema.index("("):])
-    _recorders.impl(name, router, _runtime.BACKEND_KEY)
-    _ops.attach(_qualname(overload), f"gradkern_rec::{name}")
+    lib.define(name + schema[schema.index("("):])
+    lib.impl(name, impl, _runtime.BACKEND_KEY)
+
+
+# ----------------------------------------------------------------------------------------------- gradkern.ops
+# A gradkern op taking ATen's arguments (a backend-key op whose function serves its ATen overload) gets a twin,
+# gradkern_eager::<name>, whose CUDA kernel is the C++ router over the op's function, gradkern's whatever the
+# switch: gradkern.ops.<name> calls it below autograd (it refuses inputs that require grad itself), so that a
+# repeated call is one dispatcher entry and a replay.
+_eager_lib: torch.library.Library | None = None
+_eager_defined: set[str] = set()  # ops defined in gradkern_eager (kept across unregister)
+_eager_calls: dict[str, Callable | None] = {}  # op -> its call through the router (None: the op has none)
+
+
+def eager_call(name: str) -> Callable | None:
+    """`gradkern.ops.<name>`'s call through the native router for positional arguments, or None (the native router
+    not loaded, or the op without a twin)."""
+    if _ops is None:
+        return None
+    call = _eager_calls.get(name, False)
+    if call is not False:
+        return call
+    with _load_lock:
+        if name not in _eager_calls:
+            _eager_calls[name] = _attach_eager(name)
+    return _eager_calls[name]
+
+
+def _attach_eager(name: str) -> Callable | None:
+    global _eager_lib
+    from ..registry import REGISTRY
+
+    info = REGISTRY.get(name)
+    if info is None or info.dispatch != "backend" or info.aten.get(name) is not info.fn or not eligible(name):
+        return None
+    if _eager_lib is None:
+        _eager_lib = torch.library.Library("gradkern_eager", "DEF")
+    if name not in _eager_defined:
+        _define(_eager_lib, name, name, info.fn)
+        _eager_defined.add(name)
+    _define(_recorder_lib(), f"{name}__eager", name, lambda *a, **k: recorded(name, info.fn, a, k))
+    _ops.attach(f"gradkern_eager::{name}", f"gradkern_rec::{name}__eager", True)
+    return functools.partial(getattr(torch.ops.gradkern_eager, name).default._op_dk, torch._C.DispatchKey.CUDA)
 
 
 def detach_all() -> None:
@@ -166,6 +217,7 @@ def detach_all() -> None:
     global _recorders
     if _ops is not None:
         _ops.detach_all()
+    _eager_calls.clear()  # (the gradkern_eager ops stay defined, their kernel gradkern's Python, until re-attached)
     if _recorders is not None:
         _recorders._destroy()
         _recorders = None
