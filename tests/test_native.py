@@ -327,6 +327,9 @@ class _Commits:
     def commit(self, kind, words, consts):
         self.commits.append((kind, list(words)))
 
+    def clear(self):  # (the suite drops programs after each test)
+        pass
+
 
 def test_a_run_that_raises_commits_the_python_router(monkeypatch):
     """A descriptor whose run raises (a declined or invalid problem) is kept on the Python router, so that its later
@@ -360,11 +363,12 @@ def test_a_killed_builds_lock_is_removed(tmp_path, monkeypatch):
 
 
 @gpu_only
-def test_gradkern_ops_functions_replay_through_the_native_router():
+def test_gradkern_ops_functions_replay_through_the_native_router(monkeypatch):
     """Once the native router is loaded, gradkern.ops.<name> of a backend op taking ATen's arguments goes through
     it (gradkern's kernel whatever the switch: no stock route): from its third call a replay, equal bit for bit to
     the function's own result; out= calls keep the Python path."""
     assert native.available(), native.status()
+    monkeypatch.setattr(native, "OPS_FAST", True)
     g = torch.randn(33, 65, device=DEVICE)
     x = torch.randn(33, 65, device=DEVICE)
     want = REGISTRY["elu_backward"].fn(g, 1.0, 1.0, 1.0, False, x)
@@ -379,3 +383,26 @@ def test_gradkern_ops_functions_replay_through_the_native_router():
     x.requires_grad_(True)
     with pytest.raises(gradkern.Unsupported, match="require grad"):
         gradkern.ops.elu_backward(g, 1.0, 1.0, 1.0, False, x)
+
+
+@gpu_only
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_gradkern_ops_replays_equal_the_functions(dtype, monkeypatch):
+    """Every gradkern.ops function the native router serves, three calls per example on new data at another storage
+    offset: each equal to the function called directly, strides included."""
+    assert native.available(), native.status()
+    monkeypatch.setattr(native, "OPS_FAST", True)
+    served = 0
+    for overload, args, kwargs in _problems(dtype):
+        info = REGISTRY[dispatch.routed_overloads()[overload]]
+        if overload != info.name or info.aten[overload] is not info.fn or kwargs:
+            continue
+        served += 1
+        for call in range(3):
+            a = [_fresh(x, 7 * call, call) for x in args]
+            got, expected = getattr(gradkern.ops, info.name)(*a), info.fn(*a)
+            assert_bitwise_equal(got, expected, f"gradkern.ops.{info.name} call {call}")
+            for g, e in zip(got if isinstance(got, tuple) else (got,),
+                            expected if isinstance(expected, tuple) else (expected,), strict=True):
+                assert g.stride() == e.stride(), info.name
+    assert served and native.programs() > 0

@@ -176,6 +176,9 @@ def _define(lib: torch.library.Library, name: str, overload: str, impl: Callable
 # gradkern_eager::<name>, whose CUDA kernel is the C++ router over the op's function, gradkern's whatever the
 # switch: gradkern.ops.<name> calls it below autograd (it refuses inputs that require grad itself), so that a
 # repeated call is one dispatcher entry and a replay.
+#: gradkern.ops through the router (on by default; the test suite turns it off but where a test asks for it, since
+#: tests that spy on a module's launches expect every call to reach Python)
+OPS_FAST = True
 _eager_lib: torch.library.Library | None = None
 _eager_defined: set[str] = set()  # ops defined in gradkern_eager (kept across unregister)
 _eager_calls: dict[str, Callable | None] = {}  # op -> its call through the router (None: the op has none)
@@ -184,7 +187,7 @@ _eager_calls: dict[str, Callable | None] = {}  # op -> its call through the rout
 def eager_call(name: str) -> Callable | None:
     """`gradkern.ops.<name>`'s call through the native router for positional arguments, or None (the native router
     not loaded, or the op without a twin)."""
-    if _ops is None:
+    if _ops is None or not OPS_FAST:
         return None
     call = _eager_calls.get(name, False)
     if call is not False:
