@@ -48,3 +48,18 @@ def test_check_passes_and_fails_with_the_exit_status(capfd, monkeypatch):
     assert cli.main(argv) == 1
     out = capfd.readouterr().out
     assert "FAIL" in out and "0 passed, 1 failed" in out
+
+
+def test_host_table_times_each_autograd_overload_itself(monkeypatch):
+    """Bug: the host table called the overload packet (torch.ops.aten.lerp), whose resolution tries lerp.Scalar
+    first and formats the tensor arguments into the error it discards: about 2 ms a call, stock and gradkern alike,
+    in the lerp.Tensor row."""
+    from gradkern.tools import bench
+
+    seen = []
+    real = bench._forward_backward
+    monkeypatch.setattr(bench, "_forward_backward", lambda op, a, k: (seen.append(op), real(op, a, k))[1])
+    monkeypatch.setattr(bench, "host_overhead_us", lambda fn, calls: 1.0)
+    rows = bench._overheads(["lerp_backward"], torch.device(gradkern._runtime.DEVICE_TYPE), False)
+    assert [r["path"].split()[0] for r in rows if "fwd+bwd" in r["path"]] == ["lerp.Scalar", "lerp.Tensor"]
+    assert [str(op) for op in seen] == ["aten.lerp.Scalar", "aten.lerp.Tensor"]

@@ -16,7 +16,7 @@ import torch
 
 from .. import _runtime, ops
 from ..registry import REGISTRY
-from ..routing import dispatch
+from ..routing import dispatch, native
 from ..routing.dispatch import use
 from .cli import print_table
 
@@ -159,7 +159,7 @@ def _overheads(names: list[str], device, gpu: bool) -> list[dict]:
             out.append(_host_row(name, "routed", case.label, lambda: aten_op(*a, **kw), None, calls))
         if info.dispatch == "autograd" and info.aten_examples is not None:
             for overload, (ea, ekw) in info.aten_examples(device, torch.float32).items():
-                step, path = _forward_backward(getattr(torch.ops.aten, overload.split(".")[0]), ea, ekw)
+                step, path = _forward_backward(native.aten_overload(overload), ea, ekw)
                 out.append(_host_row(name, f"{overload} {path}", "example", step, None, calls))
     return out
 
