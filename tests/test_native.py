@@ -406,3 +406,38 @@ def test_gradkern_ops_replays_equal_the_functions(dtype, monkeypatch):
                             expected if isinstance(expected, tuple) else (expected,), strict=True):
                 assert g.stride() == e.stride(), info.name
     assert served and native.programs() > 0
+
+
+def test_twin_schemas_of_gradkern_ops():
+    """gradkern.ops' twins: ATen's schema where the op's function serves its ATen overload, the op's own custom op's
+    for ops without one, none for ops split by argument kind or returning lists."""
+    schema = lambda name: native._eager_schema(REGISTRY[name])  # noqa: E731
+    assert schema("elu_backward").startswith("aten::elu_backward(")
+    assert schema("segment_max_forward").startswith("gradkern::segment_max_forward(Tensor data, Tensor offsets")
+    assert schema("repeat_backward").startswith("gradkern::repeat_backward(")
+    assert schema("lerp_backward") is None and schema("where_backward") is None
+
+
+_GRADKERN_ONLY = ("repeat_backward", "segment_max_forward", "segment_max_backward", "sparsemax_forward",
+                  "sparsemax_backward")
+
+
+@gpu_only
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("name", _GRADKERN_ONLY)
+def test_gradkern_only_ops_replay_equal_the_functions(name, dtype, monkeypatch):
+    """The ops without an ATen overload of their own, through their custom op's schema: three calls per tiny case
+    on new data at another storage offset, each equal to the function called directly, strides included."""
+    assert native.available(), native.status()
+    monkeypatch.setattr(native, "OPS_FAST", True)
+    info, before = REGISTRY[name], native.programs()
+    for case in info.cases(DEVICE, dtype, "tiny"):
+        assert not case.kwargs
+        for call in range(3):
+            a = [_fresh(x, 7 * call, call) for x in case.args]
+            got, expected = getattr(gradkern.ops, name)(*a), info.fn(*a)
+            assert_bitwise_equal(got, expected, f"gradkern.ops.{name} {case.label} call {call}")
+            for g, e in zip(got if isinstance(got, tuple) else (got,),
+                            expected if isinstance(expected, tuple) else (expected,), strict=True):
+                assert g.stride() == e.stride(), name
+    assert native.programs() > before

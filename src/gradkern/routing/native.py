@@ -125,7 +125,10 @@ def _build() -> None:
 def eligible(overload: str) -> bool:
     """Whether an ATen overload can have programs: functional (no argument written or aliased) and returning
     tensors only."""
-    schema = aten_overload(overload)._schema
+    return _functional(aten_overload(overload)._schema)
+
+
+def _functional(schema) -> bool:
     return all(a.alias_info is None for a in schema.arguments) and bool(schema.returns) and \
         all(str(r.type) == "Tensor" and r.alias_info is None for r in schema.returns)
 
@@ -153,7 +156,7 @@ def attach(overload: str, router: Callable) -> None:
     recording twin (`dispatch._router(..., recording=True)`), registered as the op gradkern_rec::<overload> that
     the C++ router calls to record."""
     name = overload.replace(".", "__")
-    _define(_recorder_lib(), name, overload, router)
+    _define(_recorder_lib(), name, str(op_schema(overload)), router)
     _ops.attach(_qualname(overload), f"gradkern_rec::{name}", False)
 
 
@@ -164,18 +167,20 @@ def _recorder_lib() -> torch.library.Library:
     return _recorders
 
 
-def _define(lib: torch.library.Library, name: str, overload: str, impl: Callable) -> None:
-    """Define op `name` in `lib`'s namespace with ATen `overload`'s schema, `impl` its kernel on the backend key."""
-    schema = str(op_schema(overload))
+def _define(lib: torch.library.Library, name: str, schema: str, impl: Callable) -> None:
+    """Define op `name` in `lib`'s namespace with `schema`'s arguments and returns, `impl` its kernel on the backend
+    key."""
     lib.define(name + schema[schema.index("("):])
     lib.impl(name, impl, _runtime.BACKEND_KEY)
 
 
 # ----------------------------------------------------------------------------------------------- gradkern.ops
-# A gradkern op taking ATen's arguments (a backend-key op whose function serves its ATen overload) gets a twin,
-# gradkern_eager::<name>, whose CUDA kernel is the C++ router over the op's function, gradkern's whatever the
-# switch: gradkern.ops.<name> calls it below autograd (it refuses inputs that require grad itself), so that a
-# repeated call is one dispatcher entry and a replay.
+# A gradkern op gets a twin, gradkern_eager::<name>, whose CUDA kernel is the C++ router over the op's function,
+# gradkern's whatever the switch: gradkern.ops.<name> calls it below autograd (it refuses inputs that require grad
+# itself), so that a repeated call is one dispatcher entry and a replay. The twin's schema is ATen's for an op whose
+# function serves its ATen overload of the same name, else the op's own custom op's (torch.ops.gradkern.<name>:
+# segment_max, sparsemax, repeat_backward); ops with neither (split by argument kind, or results that are not all
+# tensors) keep the Python call.
 #: gradkern.ops through the router (on by default; the test suite turns it off but where a test asks for it, since
 #: tests that spy on a module's launches expect every call to reach Python)
 OPS_FAST = True
@@ -203,16 +208,29 @@ def _attach_eager(name: str) -> Callable | None:
     from ..registry import REGISTRY
 
     info = REGISTRY.get(name)
-    if info is None or info.dispatch != "backend" or info.aten.get(name) is not info.fn or not eligible(name):
+    schema = None if info is None else _eager_schema(info)
+    if schema is None:
         return None
     if _eager_lib is None:
         _eager_lib = torch.library.Library("gradkern_eager", "DEF")
     if name not in _eager_defined:
-        _define(_eager_lib, name, name, info.fn)
+        _define(_eager_lib, name, schema, info.fn)
         _eager_defined.add(name)
-    _define(_recorder_lib(), f"{name}__eager", name, lambda *a, **k: recorded(name, info.fn, a, k))
+    _define(_recorder_lib(), f"{name}__eager", schema, lambda *a, **k: recorded(name, info.fn, a, k))
     _ops.attach(f"gradkern_eager::{name}", f"gradkern_rec::{name}__eager", True)
     return functools.partial(getattr(torch.ops.gradkern_eager, name).default._op_dk, torch._C.DispatchKey.CUDA)
+
+
+def _eager_schema(info) -> str | None:
+    """The schema of op `info`'s twin (see above), or None where it has none."""
+    if info.name in info.aten:
+        ok = info.dispatch == "backend" and info.aten[info.name] is info.fn and eligible(info.name)
+        return str(op_schema(info.name)) if ok else None
+    try:
+        schema = getattr(torch.ops.gradkern, info.name).default._schema
+    except AttributeError:  # (split by argument kind: gradkern::<name>__<kinds>, or no custom op)
+        return None
+    return str(schema) if _functional(schema) else None
 
 
 def detach_all() -> None:
