@@ -214,23 +214,23 @@ def _attach_eager(name: str) -> Callable | None:
     if _eager_lib is None:
         _eager_lib = torch.library.Library("gradkern_eager", "DEF")
     if name not in _eager_defined:
-        _define(_eager_lib, name, schema, info.fn)
+        _define(_eager_lib, name, str(schema), info.fn)
         _eager_defined.add(name)
-    _define(_recorder_lib(), f"{name}__eager", schema, lambda *a, **k: recorded(name, info.fn, a, k))
+    _define(_recorder_lib(), f"{name}__eager", str(schema), lambda *a, **k: recorded(name, info.fn, a, k, schema))
     _ops.attach(f"gradkern_eager::{name}", f"gradkern_rec::{name}__eager", True)
     return functools.partial(getattr(torch.ops.gradkern_eager, name).default._op_dk, torch._C.DispatchKey.CUDA)
 
 
-def _eager_schema(info) -> str | None:
-    """The schema of op `info`'s twin (see above), or None where it has none."""
+def _eager_schema(info):
+    """The schema (a torch FunctionSchema) of op `info`'s twin (see above), or None where it has none."""
     if info.name in info.aten:
         ok = info.dispatch == "backend" and info.aten[info.name] is info.fn and eligible(info.name)
-        return str(op_schema(info.name)) if ok else None
+        return op_schema(info.name) if ok else None
     try:
         schema = getattr(torch.ops.gradkern, info.name).default._schema
     except AttributeError:  # (split by argument kind: gradkern::<name>__<kinds>, or no custom op)
         return None
-    return str(schema) if _functional(schema) else None
+    return schema if _functional(schema) else None
 
 
 def detach_all() -> None:
@@ -281,10 +281,11 @@ def commit_stock() -> None:
     _ops.commit(STOCK, [], [])
 
 
-def recorded(overload: str, fn: Callable, args: tuple, kwargs: dict):
-    """`fn(*args, **kwargs)` (the op's implementation of `overload`), recorded; commits the descriptor's program,
-    or PYTHON where the run cannot be replayed (the reason kept in `refusals()`)."""
-    rec = _Recording(op_schema(overload), args, kwargs)
+def recorded(overload: str, fn: Callable, args: tuple, kwargs: dict, schema=None):
+    """`fn(*args, **kwargs)` (the op's implementation of `overload`, whose schema is ATen's unless given), recorded;
+    commits the descriptor's program, or PYTHON where the run cannot be replayed (the reason kept in
+    `refusals()`)."""
+    rec = _Recording(op_schema(overload) if schema is None else schema, args, kwargs)
     if rec.device is not None and rec.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
         return fn(*args, **kwargs)  # (nothing committed: a later call records outside the capture)
     try:
