@@ -7,8 +7,8 @@ results (real and fake alike) are made contiguous, since the kernels' output lay
 and a compiled graph asserts the fake's strides.
 Inside a `torch.compile` region `gradkern.ops.<name>` calls the custom op, so compiled graphs keep gradkern's
 kernel as one opaque node (no graph break); in eager code it calls the kernel's function directly, or, once the
-native router is loaded (routing/native.py), a backend op taking ATen's arguments goes through it: a repeated call
-replays from C++."""
+native router is loaded, its twin op through that router (positional arguments; every op but those split by argument
+kind: routing/native.py), so that a repeated call replays from C++."""
 
 from __future__ import annotations
 
