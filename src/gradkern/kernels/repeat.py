@@ -7,13 +7,13 @@ offset k*(s_i*stride_i) + c*stride_i - it is summed over the r dims by the share
 
 Autograd: `repeat`'s derivative is a C++ function (`repeat_backward` in FunctionsManual.cpp, a reshape plus
 sum), not an ATen op, so there is nothing to override below autograd. `enable()` registers aten::repeat on the
-autograd key instead: a `torch.autograd.Function` whose forward is stock `repeat` (ATen's own autograd kernel)
-and whose backward is this kernel; with create_graph=True its backward is autograd's own formula (so double
-backward is stock's). Forward-mode AD, functorch transforms and non-plain tensors are left to stock."""
+autograd key instead, as it does where, lerp and prelu (routing/autograd.py's fused_autograd): a
+`torch.autograd.Function` whose forward is stock `repeat` (ATen's own autograd kernel) and whose backward is this
+kernel; with create_graph=True its backward is autograd's own formula (so double backward is stock's).
+Forward-mode AD, functorch transforms and non-plain tensors are left to stock."""
 
 from __future__ import annotations
 
-import functools
 import math
 import operator
 from collections.abc import Sequence
@@ -26,9 +26,8 @@ from ..config import PlanCache
 from ..engines.reduction import plan_view, run_plan
 from ..errors import InvalidProblem, RankUnsupported, Unsupported
 from ..launch.checks import check_tensor
-from ..registry import REGISTRY, Case, register_op
-from ..routing.autograd import STOCK_IN_AUTO, direct_apply, plain_gradient, plain_tensors
-from ..routing.dispatch import stock_call
+from ..registry import Case, register_op
+from ..routing.autograd import STOCK_IN_AUTO, fused_autograd
 
 _OP = "repeat_backward"
 MAX_REPEAT_RANK = 8
@@ -114,47 +113,31 @@ def _stock_repeat_backward(grad: torch.Tensor, repeats, input_shape) -> torch.Te
 
 
 # ----------------------------------------------------------------------------------------------- autograd
-class _Repeat(torch.autograd.Function):
-    """Tensor.repeat with gradkern's backward (stock forward)."""
-
-    @staticmethod
-    def forward(ctx, x, repeats):
-        ctx.repeats = tuple(repeats)
-        ctx.input_shape = tuple(x.shape)
-        ctx.kernel = x.dtype in FLOAT_DTYPES
-        return _stock_repeat()(x, repeats)
-
-    @staticmethod
-    def backward(ctx, grad):
-        if len(ctx.repeats) == len(ctx.input_shape) and all(r == 1 for r in ctx.repeats):
-            return grad, None  # nothing to sum: autograd's formula hands grad on as it is (no copy)
-        if torch.is_grad_enabled() or not ctx.kernel or not plain_gradient(grad):
-            # create_graph=True (the gradient must itself be differentiable), a dtype the kernel does not take,
-            # or a gradient it cannot read as plain storage (see plain_gradient): autograd's own formula, so
-            # higher-order gradients are stock PyTorch's
-            return _stock_repeat_backward(grad, ctx.repeats, ctx.input_shape), None
-        try:
-            return repeat_backward(grad, ctx.repeats, ctx.input_shape), None
-        except RankUnsupported:  # more dims than the kernel indexes, found before any launch
-            return _stock_repeat_backward(grad, ctx.repeats, ctx.input_shape), None
+# aten::repeat at the autograd key (routing/autograd.py's fused_autograd): stock's forward, gradkern's backward
+def _repeat_accepts(self, repeats) -> bool:
+    return True  # (a dtype the kernel does not take gets autograd's own formula in the backward)
 
 
-@functools.cache
-def _stock_repeat():
-    """Stock aten::repeat (ATen's own autograd kernel), which never comes back here."""
-    return stock_call(REGISTRY["repeat_backward"], "repeat")
+def _repeat_save(ctx, _needs, self, repeats) -> None:
+    ctx.repeats, ctx.input_shape = tuple(repeats), tuple(self.shape)
+    ctx.kernel = self.dtype in FLOAT_DTYPES
 
 
-def _repeat_autograd(self: torch.Tensor, repeats: Sequence[int]) -> torch.Tensor:
-    """aten::repeat at the autograd key: when a gradient will be needed, a Function whose forward is stock
-    `repeat` and whose backward is gradkern's kernel; otherwise (nothing to differentiate, forward-mode AD, a
-    tensor gradkern leaves to stock) NotImplemented, which runs stock PyTorch's autograd kernel, graph included."""
-    if torch.is_grad_enabled() and self.requires_grad and plain_tensors([self]):
-        return _apply(self, repeats)
-    return NotImplemented
+def _repeat_fused(ctx, grad, needs):
+    if len(ctx.repeats) == len(ctx.input_shape) and all(r == 1 for r in ctx.repeats):
+        return grad, None  # nothing to sum: autograd's formula hands grad on as it is (no copy)
+    if not ctx.kernel:
+        return _repeat_composite(ctx, grad, needs)
+    return repeat_backward(grad, ctx.repeats, ctx.input_shape), None
 
 
-_apply = direct_apply(_Repeat)
+def _repeat_composite(ctx, grad, _needs):
+    """autograd's own formula, so that higher-order gradients are stock PyTorch's."""
+    return _stock_repeat_backward(grad, ctx.repeats, ctx.input_shape), None
+
+
+_REPEAT_OVERRIDE = fused_autograd(_OP, "repeat", accepts=_repeat_accepts, save=_repeat_save, fused=_repeat_fused,
+                                  composite=_repeat_composite)
 
 
 # ----------------------------------------------------------------------------------------------- cases
@@ -219,6 +202,6 @@ def _fake(grad: torch.Tensor, repeats, input_shape) -> torch.Tensor:
     return grad.new_empty(tuple(input_shape))
 
 
-register_op(_OP, aten={"repeat": _repeat_autograd}, dispatch="autograd", accumulates=True,
+register_op(_OP, aten={"repeat": _REPEAT_OVERRIDE}, dispatch="autograd", accumulates=True,
             reference=_stock_repeat_backward, cases=_cases, aten_examples=_aten_examples, fake=_fake,
             samples=_samples, errors=_errors, **STOCK_IN_AUTO)(repeat_backward)
