@@ -8,6 +8,7 @@ import pytest
 import torch
 import triton
 import triton.language as tl
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import gradkern
 from conftest import DEVICE, DTYPES, dtype_id, gpu_only
@@ -204,6 +205,55 @@ def test_no_grad_and_determinism():
     assert v.grad_fn is None
     for _ in range(2):
         assert_bitwise_equal(gradkern.segment_max(data.detach(), offs), (v, i))
+
+
+class _Kernels(TorchDispatchMode):
+    """The ATen ops a block runs that are not views (each a launch on the GPU)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not func.is_view:
+            self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64], ids=["int32", "int64"])
+def test_check_reads_back_in_few_launches(dtype):
+    """check=True's cost beside its one synchronisation: the launches it adds to check=False's (they were 5-9, a
+    comparison, a reduction and a cast per figure, stacked). And its verdicts at the edges: one segment, one row,
+    no segment."""
+    from gradkern.kernels.segment_max import _offsets_from
+
+    def added(n, **given):
+        counts = []
+        for check in (False, True):
+            with _Kernels() as k:
+                _offsets_from("segment_max", n, torch.device(DEVICE), given.get("offsets"), given.get("lengths"),
+                              given.get("segment_ids"), given.get("num_segments"), check)
+            counts.append(len(k.ops))
+        return counts[1] - counts[0]
+
+    offs = torch.tensor([0, 10, 40, 100], device=DEVICE, dtype=dtype)
+    ids = torch.repeat_interleave(torch.arange(3, device=DEVICE, dtype=dtype), offs.diff())
+    assert added(100, offsets=offs) <= 3
+    assert added(100, lengths=offs.diff()) <= 3
+    assert added(100, segment_ids=ids, num_segments=3) <= 4
+    data = _data((1, 2), torch.float32)
+    for given in (dict(offsets=torch.tensor([0, 1], device=DEVICE, dtype=dtype)),
+                  dict(lengths=torch.tensor([1], device=DEVICE, dtype=dtype)),
+                  dict(segment_ids=torch.tensor([0], device=DEVICE, dtype=dtype))):
+        v, i = gradkern.segment_max(data, **given)
+        assert_bitwise_equal(v, data)
+        assert_bitwise_equal(i, torch.zeros(1, 2, dtype=torch.int64, device=DEVICE))
+    v, _ = gradkern.segment_max(data[:0], torch.tensor([0], device=DEVICE, dtype=dtype))
+    assert v.shape == (0, 2)
+    with pytest.raises(InvalidProblem, match="offsets"):
+        gradkern.segment_max(data, torch.tensor([1], device=DEVICE, dtype=dtype))
+    with pytest.raises(InvalidProblem, match="lengths"):
+        gradkern.segment_max(_data((3, 2), torch.float32), lengths=torch.tensor([5, -2], device=DEVICE, dtype=dtype))
 
 
 def test_bad_inputs_raise_named_errors():

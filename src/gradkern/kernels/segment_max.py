@@ -975,6 +975,21 @@ def _reads_lengths(cfg: SegmentConfig, data: torch.Tensor, axis: int, s: int) ->
 
 
 # ----------------------------------------------------------------------------------------------- user API
+# check=True reads its figures back in one synchronisation, from as few launches as give them (docs/tuning/
+# segment_max.md): offsets, their difference's minimum and the gather (3 kernels; the stack of comparisons before
+# took 5-7); lengths, their minimum, sum and the gather (3; were 5-6); segment ids, aminmax, the difference's minimum
+# and the gather (4; were 7-9)
+def _min_step(t: torch.Tensor) -> list[torch.Tensor]:
+    """The smallest difference between neighbours of 1-D `t` (negative where it decreases): none for one entry."""
+    return [t.diff().amin(0, keepdim=True)] if t.numel() > 1 else []
+
+
+def _read_back(*parts) -> list[int]:
+    """1-element tensors (or lists of them) read back to the host in one copy."""
+    flat = [p for part in parts for p in (part if isinstance(part, list) else [part])]
+    return torch.cat(flat).tolist()
+
+
 def _offsets_from(op: str, n: int, device, offsets, lengths, segment_ids, num_segments, check: bool):
     given = [name for name, v in (("offsets", offsets), ("lengths", lengths), ("segment_ids", segment_ids))
              if v is not None]
@@ -988,8 +1003,8 @@ def _offsets_from(op: str, n: int, device, offsets, lengths, segment_ids, num_se
         if offsets.numel() < 1:
             raise InvalidProblem(op, "offsets", "S + 1 >= 1 entries (CSR offsets)", "an empty tensor")
         if check:
-            first, last, mono = torch.stack([offsets[0].long(), offsets[-1].long(),
-                                             (offsets.diff() >= 0).all().long()]).tolist()
+            first, last, *step = _read_back(offsets[:1], offsets[-1:], _min_step(offsets))
+            mono = not step or step[0] >= 0
             if first != 0 or last != n or not mono:
                 raise InvalidProblem(op, "offsets", f"non-decreasing offsets from 0 to N = {n}",
                                      f"first {first}, last {last}" + ("" if mono else ", decreasing somewhere"))
@@ -997,7 +1012,8 @@ def _offsets_from(op: str, n: int, device, offsets, lengths, segment_ids, num_se
     elif lengths is not None:
         _check_offsets_tensor(op, "lengths", lengths, device)
         if check and lengths.numel():
-            neg, total = torch.stack([(lengths < 0).any().long(), lengths.long().sum()]).tolist()
+            least, total = _read_back(lengths.amin(0, keepdim=True), lengths.sum(0, keepdim=True, dtype=torch.int64))
+            neg = least < 0
             if neg or total != n:
                 raise InvalidProblem(op, "lengths", f"non-negative lengths summing to N = {n}",
                                      f"sum {total}" + (", a negative length" if neg else ""))
@@ -1011,9 +1027,8 @@ def _offsets_from(op: str, n: int, device, offsets, lengths, segment_ids, num_se
         if num_segments is None:
             num_segments = int(segment_ids[-1].item()) + 1 if n else 0
         if check and n:
-            lo, hi, sorted_ = torch.stack([segment_ids.min().long(), segment_ids.max().long(),
-                                           (segment_ids.diff() >= 0).all().long()]).tolist()
-            if not sorted_:
+            lo, hi, *step = _read_back(*(t.view(1) for t in torch.aminmax(segment_ids)), _min_step(segment_ids))
+            if step and step[0] < 0:
                 raise InvalidProblem(op, "segment_ids", "sorted (non-decreasing) ids; sort data and ids first, or "
                                      "pass check=False to promise they are", "unsorted ids")
             if lo < 0 or hi >= num_segments:
