@@ -238,9 +238,10 @@ def test_check_reads_back_in_few_launches(dtype):
 
     offs = torch.tensor([0, 10, 40, 100], device=DEVICE, dtype=dtype)
     ids = torch.repeat_interleave(torch.arange(3, device=DEVICE, dtype=dtype), offs.diff())
-    assert added(100, offsets=offs) <= 3
+    cast = dtype == torch.int32  # (the differences are taken in int64: see the wrap below)
+    assert added(100, offsets=offs) <= 3 + cast
     assert added(100, lengths=offs.diff()) <= 3
-    assert added(100, segment_ids=ids, num_segments=3) <= 4
+    assert added(100, segment_ids=ids, num_segments=3) <= 4 + cast
     data = _data((1, 2), torch.float32)
     for given in (dict(offsets=torch.tensor([0, 1], device=DEVICE, dtype=dtype)),
                   dict(lengths=torch.tensor([1], device=DEVICE, dtype=dtype)),
@@ -254,6 +255,14 @@ def test_check_reads_back_in_few_launches(dtype):
         gradkern.segment_max(data, torch.tensor([1], device=DEVICE, dtype=dtype))
     with pytest.raises(InvalidProblem, match="lengths"):
         gradkern.segment_max(_data((3, 2), torch.float32), lengths=torch.tensor([5, -2], device=DEVICE, dtype=dtype))
+    # bug: in int32 the step from 2^31 - 1 down to -2^31 wrapped to +1, so these decreasing offsets passed
+    top, bottom = 2**31 - 1, -(2**31)
+    three = _data((3, 2), torch.float32)
+    with pytest.raises(InvalidProblem, match="decreasing"):
+        gradkern.segment_max(three, torch.tensor([0, top, bottom, 3], device=DEVICE, dtype=dtype))
+    ids = torch.tensor([0, top, bottom], device=DEVICE, dtype=dtype)
+    with pytest.raises(InvalidProblem, match="sorted"):
+        gradkern.segment_max(three, segment_ids=ids, num_segments=2**31)
 
 
 def test_bad_inputs_raise_named_errors():

@@ -976,12 +976,13 @@ def _reads_lengths(cfg: SegmentConfig, data: torch.Tensor, axis: int, s: int) ->
 
 # ----------------------------------------------------------------------------------------------- user API
 # check=True reads its figures back in one synchronisation, from as few launches as give them (docs/tuning/
-# segment_max.md): offsets, their difference's minimum and the gather (3 kernels; the stack of comparisons before
-# took 5-7); lengths, their minimum, sum and the gather (3; were 5-6); segment ids, aminmax, the difference's minimum
-# and the gather (4; were 7-9)
+# segment_max.md): offsets, their difference's minimum and the gather (3 kernels, 4 for int32; the stack of
+# comparisons before took 5-7); lengths, their minimum, sum and the gather (3; were 5-6); segment ids, aminmax, the
+# difference's minimum and the gather (4, 5 for int32; were 7-9)
 def _min_step(t: torch.Tensor) -> list[torch.Tensor]:
-    """The smallest difference between neighbours of 1-D `t` (negative where it decreases): none for one entry."""
-    return [t.diff().amin(0, keepdim=True)] if t.numel() > 1 else []
+    """The smallest difference between neighbours of 1-D `t` (negative where it decreases): none for one entry.
+    In int64: an int32 difference can wrap (-2^31 after 2^31 - 1 reads as a step of +1)."""
+    return [t.long().diff().amin(0, keepdim=True)] if t.numel() > 1 else []
 
 
 def _read_back(*parts) -> list[int]:
