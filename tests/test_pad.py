@@ -72,14 +72,24 @@ def _valid(op, shape, pads) -> bool:
     return True
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
-@pytest.mark.parametrize("op", OPS)
-def test_matches_stock(op, dtype):
+def _cases(op) -> list[tuple]:
+    """The semantic cases `op` takes: (shape, pads)."""
     d = _dims(op)
     cases = SEMANTICS[d] + (REPLICATE_ONLY[d] if op.startswith("replication") else [])
-    for shape, pads in filter(lambda c: _valid(op, *c), cases):
-        out = check_case(op, _problem(op, shape, pads, dtype), what=f"{op} {shape} pad {pads}")
-        assert out.shape == shape and out.is_contiguous() and out.dtype == dtype
+    return [c for c in cases if _valid(op, *c)]
+
+
+# one test a case (not a loop over them): compiled, each case builds its own kernels, and a loop of them was the
+# last test to finish under xdist
+_OP_CASES = [pytest.param(op, shape, pads, id=f"{op}-{'x'.join(map(str, shape))}-pad{','.join(map(str, pads))}")
+             for op in OPS for shape, pads in _cases(op)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("op, shape, pads", _OP_CASES)
+def test_matches_stock(op, shape, pads, dtype):
+    out = check_case(op, _problem(op, shape, pads, dtype), what=f"{op} {shape} pad {pads}")
+    assert out.shape == shape and out.is_contiguous() and out.dtype == dtype
 
 
 @pytest.fixture
@@ -91,12 +101,9 @@ def small_tiles():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
-@pytest.mark.parametrize("op", OPS)
-def test_small_tile_plan_matches_stock(op, dtype, small_tiles):
-    d = _dims(op)
-    cases = SEMANTICS[d] + (REPLICATE_ONLY[d] if op.startswith("replication") else [])
-    for shape, pads in filter(lambda c: _valid(op, *c), cases):
-        check_case(op, _problem(op, shape, pads, dtype), what=f"{op} small tiles {shape} pad {pads}")
+@pytest.mark.parametrize("op, shape, pads", _OP_CASES)
+def test_small_tile_plan_matches_stock(op, shape, pads, dtype, small_tiles):
+    check_case(op, _problem(op, shape, pads, dtype), what=f"{op} small tiles {shape} pad {pads}")
 
 
 @pytest.mark.parametrize("op", OPS)
