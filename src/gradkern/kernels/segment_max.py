@@ -979,16 +979,15 @@ def _reads_lengths(cfg: SegmentConfig, data: torch.Tensor, axis: int, s: int) ->
 # segment_max.md): offsets, their difference's minimum and the gather (3 kernels, 4 for int32; the stack of
 # comparisons before took 5-7); lengths, their minimum, sum and the gather (3; were 5-6); segment ids, aminmax, the
 # difference's minimum and the gather (4, 5 for int32; were 7-9)
-def _min_step(t: torch.Tensor) -> list[torch.Tensor]:
-    """The smallest difference between neighbours of 1-D `t` (negative where it decreases): none for one entry.
-    In int64: an int32 difference can wrap (-2^31 after 2^31 - 1 reads as a step of +1)."""
-    return [t.long().diff().amin(0, keepdim=True)] if t.numel() > 1 else []
+def _min_step(t: torch.Tensor) -> torch.Tensor:
+    """The smallest difference between neighbours of 1-D `t` (negative where it decreases) as a 1-element tensor,
+    empty for one entry. In int64: an int32 difference can wrap (-2^31 after 2^31 - 1 reads as a step of +1)."""
+    return t.long().diff().amin(0, keepdim=True) if t.numel() > 1 else t.new_empty(0, dtype=torch.int64)
 
 
-def _read_back(*parts) -> list[int]:
-    """1-element tensors (or lists of them) read back to the host in one copy."""
-    flat = [p for part in parts for p in (part if isinstance(part, list) else [part])]
-    return torch.cat(flat).tolist()
+def _read_back(*parts: torch.Tensor) -> list[int]:
+    """1-D tensors of at most one element read back to the host in one copy."""
+    return torch.cat(parts).tolist()
 
 
 def _offsets_from(op: str, n: int, device, offsets, lengths, segment_ids, num_segments, check: bool):
