@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 
 import torch
 
@@ -54,6 +56,18 @@ def meta_key(values) -> tuple:
     """A cache-key part for arguments a check reads: each tensor's shape, dtype, device and negative bit, the type of
     anything else (a check reads no more of it)."""
     return (*[(v.shape, v.dtype, v.device, v.is_neg()) if isinstance(v, torch.Tensor) else type(v) for v in values],)
+
+
+@contextlib.contextmanager
+def thread_value(local, name: str, value) -> Iterator[None]:
+    """`local.<name>` (a threading.local's attribute) set to `value` within the block, restored after; blocks
+    nest."""
+    previous = getattr(local, name, None)
+    setattr(local, name, value)
+    try:
+        yield
+    finally:
+        setattr(local, name, previous)
 
 
 def default_device() -> torch.device:

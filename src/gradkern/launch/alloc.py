@@ -8,12 +8,12 @@ own kernels allocate below that check; `empty` here does the same, through a sto
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import threading
 
 import torch
 
+from .._runtime import thread_value
 from .checks import contiguous_strides
 
 __all__ = ["empty", "empty_contiguous_like", "channels_last_format", "recording"]
@@ -45,15 +45,9 @@ def empty(shape, dtype: torch.dtype, device: torch.device, stride=None) -> torch
 _recorder = threading.local()  # .current: the native router's recording on this thread (routing/native.py)
 
 
-@contextlib.contextmanager
 def recording(rec):
     """Within the block, this thread's unfilled allocations are noted by `rec.allocated(tensor)`."""
-    previous = getattr(_recorder, "current", None)
-    _recorder.current = rec
-    try:
-        yield
-    finally:
-        _recorder.current = previous
+    return thread_value(_recorder, "current", rec)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -14,7 +14,7 @@ import torch
 import triton
 
 from .. import _runtime
-from .._runtime import I32_MAX
+from .._runtime import I32_MAX, thread_value
 from ..config import PlanCache
 from ..errors import Unsupported
 from .tl_helpers import HAS_GDC
@@ -226,12 +226,10 @@ def observe_launches(fn: Callable) -> Iterator[None]:
                 _patched[cls] = cls.run
                 cls.run = _observed(cls.run)
         RECORDING += 1
-    previous = getattr(_observer, "fn", None)
-    _observer.fn = fn
     try:
-        yield
+        with thread_value(_observer, "fn", fn):
+            yield
     finally:
-        _observer.fn = previous
         with _observe_lock:
             RECORDING -= 1
             if not RECORDING:
