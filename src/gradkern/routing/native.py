@@ -491,9 +491,10 @@ class _Recording(TorchDispatchMode):
             params.append(self._pointer(value))
         elif ty in _INT_SIZES:
             params.append((IMMEDIATE, int(value), _INT_SIZES[ty]))
-        elif ty in ("fp32", "fp64"):
-            raw = struct.pack("<f" if ty == "fp32" else "<d", float(value)).ljust(8, b"\0")
-            params.append((IMMEDIATE, struct.unpack("<q", raw)[0], 4 if ty == "fp32" else 8))
+        elif ty == "fp64":
+            params.append((IMMEDIATE, launcher.scalar_bits(value), 8))
+        elif ty == "fp32":
+            params.append((IMMEDIATE, struct.unpack("<I", struct.pack("<f", float(value)))[0], 4))
         else:
             raise _Refused(f"a parameter of type {ty}")
 
