@@ -975,10 +975,9 @@ def _reads_lengths(cfg: SegmentConfig, data: torch.Tensor, axis: int, s: int) ->
 
 
 # ----------------------------------------------------------------------------------------------- user API
-# check=True reads its figures back in one synchronisation, from as few launches as give them (docs/tuning/
-# segment_max.md): offsets, their difference's minimum and the gather (3 kernels, 4 for int32; the stack of
-# comparisons before took 5-7); lengths, their minimum, sum and the gather (3; were 5-6); segment ids, aminmax, the
-# difference's minimum and the gather (4, 5 for int32; were 7-9)
+# check=True reads its figures back in one synchronisation, from as few launches as give them: the minimum step of
+# offsets or ids, the minimum and sum of lengths, each form's ends, gathered into one copy (docs/tuning/
+# segment_max.md counts them)
 def _min_step(t: torch.Tensor) -> torch.Tensor:
     """The smallest difference between neighbours of 1-D `t` (negative where it decreases) as a 1-element tensor,
     empty for one entry. In int64: an int32 difference can wrap (-2^31 after 2^31 - 1 reads as a step of +1)."""
