@@ -29,8 +29,10 @@ gpu_only = pytest.mark.skipif(_runtime.INTERPRET, reason="needs a CUDA GPU (comp
 
 @pytest.fixture(autouse=True)
 def _stock_routing_after_each_test(monkeypatch):
-    # gradkern.ops calls reach Python (tests spy on launches); test_native turns the native router's path back on
+    # gradkern.ops calls and the autograd-key overrides reach Python (tests spy on launches and Functions);
+    # test_native turns the native router's paths back on
     monkeypatch.setattr(native, "OPS_FAST", False)
+    monkeypatch.setattr(native, "AG_FAST", False)
     yield
     gradkern.disable()
     native.clear()  # (a test may swap an op's implementation: no program recorded before may replay it)

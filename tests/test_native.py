@@ -442,3 +442,157 @@ def test_gradkern_only_ops_replay_equal_the_functions(name, dtype, monkeypatch):
                             expected if isinstance(expected, tuple) else (expected,), strict=True):
                 assert g.stride() == e.stride(), name
     assert native.programs() > before
+
+
+# ----------------------------------------------------------------------------------------------- autograd key
+_AUTOGRAD_OVERLOADS = [("where_backward", "where.self"), ("lerp_backward", "lerp.Scalar"),
+                       ("lerp_backward", "lerp.Tensor"), ("prelu_backward", "_prelu_kernel")]
+
+
+class _AgOps:
+    """Stands in for the C++ side of the autograd path: the plans committed, the routers attached."""
+
+    def __init__(self):
+        self.plans, self.attached = [], []
+
+    def ag_commit(self, *plan):
+        self.plans.append(plan)
+
+    def attach(self, *a):
+        self.attached.append(a)
+
+    def attach_autograd(self, *a):
+        self.attached.append(a)
+
+    def clear(self):  # (the suite drops programs after each test)
+        pass
+
+    def set_state(self, *a):
+        pass
+
+    def detach_all(self):
+        pass
+
+
+class _NoLibrary:
+    def define(self, *a):
+        pass
+
+    def impl(self, *a):
+        pass
+
+
+@pytest.fixture
+def ag_ops(monkeypatch):
+    """The autograd path's Python half against a stand-in C++ side (no router is attached for real)."""
+    fake = _AgOps()
+    monkeypatch.setattr(native, "_ops", fake)
+    monkeypatch.setattr(native, "AG_FAST", True)
+    monkeypatch.setattr(native, "_ag_attached", set())
+    monkeypatch.setattr(native, "_recorder_lib", _NoLibrary)
+    return fake
+
+
+def _grad_of(result: torch.Tensor) -> torch.Tensor:
+    return torch.randn_like(result).to(result.dtype)
+
+
+@pytest.mark.parametrize("name, overload", _AUTOGRAD_OVERLOADS)
+def test_autograd_plan_and_backward_twins_give_stocks_gradients(name, overload, ag_ops):
+    """What the C++ node does with a committed plan - the backward twin called on (grad, the saved arguments...,
+    desc), each result the gradient of the tensor argument `outs` names - gives stock autograd's gradients, from
+    the fused twin (the op's kernel) and the composite twin (its ATen formula) alike."""
+    info = REGISTRY[name]
+    args, _ = info.aten_examples(DEVICE, torch.float32)[overload]
+    native._plan(overload, info.aten[overload], *args)
+    fast, save, outs, desc, fused, composite, node_name = ag_ops.plans[-1]
+    assert fast and node_name.startswith("Gradkern") and node_name.endswith("Backward")
+    assert all(qualname.endswith("__fused") for qualname, *_ in ag_ops.attached)
+    op = native.aten_overload(overload)
+    out = op(*args)
+    grad = _grad_of(out)
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    wanted = [t for t in tensors if t.requires_grad]
+    want = torch.autograd.grad(out, wanted, grad)
+    for twin in (fused, composite):
+        twin_op = getattr(torch.ops.gradkern_ag, twin.split("::")[1]).default
+        got = twin_op(grad, *[args[i].detach() for i in save], desc)
+        got = got if isinstance(got, tuple) else (got,)
+        assert len(got) == len(outs) == len(wanted)
+        for k, g in zip(outs, got, strict=True):
+            w = want[next(j for j, t in enumerate(wanted) if t is tensors[k])]
+            assert g.shape == w.shape and g.dtype == w.dtype, twin
+            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5, msg=twin)
+
+
+def test_autograd_plan_declines_what_the_override_declines(ag_ops, monkeypatch):
+    """Not fast: an integer where (the override's `accepts`), AG_FAST off, and a `save` keeping a tensor that is
+    not an argument (the twins could not be handed it)."""
+    info = REGISTRY["where_backward"]
+    cond = torch.rand(4, 3, device=DEVICE) > 0.5
+    x = torch.randn(4, 3, device=DEVICE).requires_grad_(True)
+    native._plan("where.self", info.aten["where.self"], cond, x.long(), x.long())
+    assert ag_ops.plans[-1][0] is False
+    monkeypatch.setattr(native, "AG_FAST", False)
+    native._plan("where.self", info.aten["where.self"], cond, x, x)
+    assert ag_ops.plans[-1][0] is False
+    monkeypatch.setattr(native, "AG_FAST", True)
+    accepts, save, fused, composite = info.aten["where.self"].parts
+
+    def derived_save(ctx, needs, condition, self, other):
+        ctx.save_for_backward(condition.clone())
+
+    override = type("O", (), {"parts": (accepts, derived_save, fused, composite), "function": type("F", (), {})})
+    native._plan("where.self", override, cond, x, x)
+    assert ag_ops.plans[-1][0] is False
+
+
+def test_autograd_planner_op_has_the_overloads_arguments(ag_ops):
+    """attach_autograd defines the planner with the overload's arguments (returning nothing) and puts the C++
+    router over the autograd key with it; calling the planner runs `_plan`."""
+    info = REGISTRY["where_backward"]
+    native.attach_autograd("where.self", info.aten["where.self"])
+    assert ag_ops.attached[-1] == ("aten::where.self", "gradkern_ag::where__self__plan")
+    planner = torch.ops.gradkern_ag.where__self__plan.default
+    assert str(planner._schema) == \
+        "gradkern_ag::where__self__plan(Tensor condition, Tensor self, Tensor other) -> ()"
+    cond = torch.rand(4, 3, device=DEVICE) > 0.5
+    x = torch.randn(4, 3, device=DEVICE).requires_grad_(True)
+    planner(cond, x, x.detach())
+    assert ag_ops.plans[-1][0] is True and ag_ops.plans[-1][1] == [0]  # (where saves the condition)
+
+
+@gpu_only
+@pytest.mark.parametrize("name, overload", _AUTOGRAD_OVERLOADS)
+def test_autograd_key_routes_through_the_cpp_node(name, overload, monkeypatch):
+    """With the C++ autograd path on, mode "always": the result's grad_fn is the C++ node, its gradients equal the
+    Python override's bit for bit (the same fused kernel) on every call, and create_graph gives stock's double
+    backward."""
+    assert native.available(), native.status()
+    info = REGISTRY[name]
+    args, _ = info.aten_examples(DEVICE, torch.float32)[overload]
+    op = native.aten_overload(overload)
+    wanted = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
+    with gradkern.use(mode="always"):
+        out = op(*args)
+        grad = _grad_of(out)
+        want = torch.autograd.grad(out, wanted, grad)  # (AG_FAST off: the Python override)
+        assert type(out.grad_fn).__name__ != "BackwardCFunction"
+        monkeypatch.setattr(native, "AG_FAST", True)
+        native.clear()
+        for _ in range(3):
+            out = op(*args)
+            assert out.grad_fn.name() == info.aten[overload].function.__name__ + "Backward"
+            got = torch.autograd.grad(out, wanted, grad)
+            for g, w in zip(got, want, strict=True):
+                assert_bitwise_equal(g, w, f"{overload} C++ node")
+        out = op(*args)
+        first = torch.autograd.grad(out, wanted, grad, create_graph=True)
+        second = torch.autograd.grad(sum(g.sum() for g in first), wanted, allow_unused=True)
+    stock_out = op(*args)
+    stock_first = torch.autograd.grad(stock_out, wanted, grad, create_graph=True)
+    stock_second = torch.autograd.grad(sum(g.sum() for g in stock_first), wanted, allow_unused=True)
+    for g, w in zip(second, stock_second, strict=True):
+        assert (g is None) == (w is None)
+        if g is not None:
+            torch.testing.assert_close(g, w)

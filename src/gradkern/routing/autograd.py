@@ -140,4 +140,5 @@ def fused_autograd(op_name: str, overload: str, *, accepts: Callable[..., bool],
         return apply(*args)
 
     override.function = function  # for tests: the Function whose backward is fused
+    override.parts = (accepts, save, fused, composite)  # for the native router (routing/native.py)
     return override

@@ -132,6 +132,8 @@ def _register(always: bool) -> None:
                     _lib.impl(overload, _router(info, overload, stock), key)
                     if fast:  # (over the Python router: see routing/native.py)
                         native.attach(overload, _router(info, overload, stock, recording=True))
+                    elif hasattr(info.aten[overload], "parts") and native.available():
+                        native.attach_autograd(overload, info.aten[overload])  # (a fused_autograd override)
                     _registered.add(overload)
     _covered[always] = len(REGISTRY)
 

@@ -4,15 +4,22 @@
 // stores and replays programs. Every descriptor without a program goes to the Python router, as it would without
 // this file.
 #include <ATen/Context.h>
+#include <ATen/core/LegacyTypeDispatch.h>
+#include <ATen/core/grad_mode.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/cuda/EmptyTensor.h>
 #include <ATen/ops/as_strided.h>
 #include <ATen/ops/empty_strided.h>
 #include <c10/cuda/CUDAFunctions.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda.h>
 #include <dlfcn.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/utils.h>
+#include <torch/csrc/autograd/saved_variable.h>
 #include <torch/library.h>
 
 #include <atomic>
@@ -20,6 +27,7 @@
 #include <memory>
 #include <mutex>
 #include <shared_mutex>
+#include <type_traits>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -397,6 +405,176 @@ struct Router final : c10::OperatorKernel {
   }
 };
 
+// ------------------------------------------------------------------------------------------------ autograd
+// The C++ router of an autograd-key override (routing/autograd.py's fused_autograd: where.self, lerp, _prelu_kernel):
+// for a plain call (grad mode on, an input requiring grad, every tensor a plain strided CUDA tensor, no dispatch mode,
+// functorch transform or forward-mode tangent) whose descriptor the Python side accepted, it runs stock's forward
+// below autograd and puts a C++ node in the graph, whose backward calls the op's fused twin (gradkern_ag::..., replayed
+// by the native router) or, to differentiate the backward itself or for a gradient that is not a plain tensor, its
+// composite twin (the ATen formula). Every other call, and a descriptor's first, goes to the Python override.
+struct AgPlan {
+  bool fast = false;
+  std::vector<int64_t> save;  // the arguments (schema positions) the backward reads, in the twins' order
+  std::vector<int64_t> outs;  // for each twin output, the tensor argument (its position among them) it is for
+  int64_t desc = 0;           // the twins' last argument: the descriptor's attributes on the Python side
+  std::optional<c10::OperatorHandle> fused, composite;
+  std::string name;
+};
+
+struct AgEntry {
+  c10::OperatorHandle op;
+  std::optional<c10::SafeKernelFunction> python;  // gradkern's Python router on the autograd key
+  std::optional<c10::OperatorHandle> planner;     // gradkern_ag::<overload>__plan: Python, commits a descriptor's plan
+  std::shared_mutex mutex;
+  std::unordered_map<std::vector<int64_t>, std::shared_ptr<const AgPlan>, KeyHash> plans;
+  explicit AgEntry(c10::OperatorHandle h) : op(std::move(h)) {}
+};
+
+std::unordered_map<std::string, std::unique_ptr<AgEntry>> g_ag_entries;  // (under g_entries_mutex)
+std::vector<std::unique_ptr<AgEntry>> g_ag_retired;
+
+struct AgPending {
+  AgEntry* entry = nullptr;
+  std::vector<int64_t> key;
+};
+thread_local AgPending t_ag_pending;
+
+// A tensor the fused path takes as it is: dense, strided, on CUDA, without a functionality that changes what its
+// storage means (negative / conjugate bits, zero tensor) or wraps it (Python subclass, functorch, functionalization).
+bool plain_tensor(const at::Tensor& t) {
+  if (!t.is_cuda() || t.layout() != c10::kStrided || t.is_nested() || t.is_neg() || t.is_conj() || t._is_zerotensor())
+    return false;
+  const auto ks = t.key_set();
+  for (auto k : {c10::DispatchKey::Python, c10::DispatchKey::FuncTorchBatched, c10::DispatchKey::FuncTorchGradWrapper,
+                 c10::DispatchKey::Functionalize, c10::DispatchKey::BatchedNestedTensor})
+    if (ks.has(k)) return false;
+  return !t._fw_grad(/*level=*/0).defined();
+}
+
+// Whether a call may take the fast path at all (the descriptor's plan decides the rest); `needs`: which arguments
+// require grad, by schema position.
+bool ag_eligible(const torch::jit::Stack& stack, size_t n, std::vector<int64_t>& needs) {
+  if (!at::GradMode::is_enabled() || c10::impl::TorchDispatchModeTLS::stack_len() > 0 ||
+      c10::impl::tls_is_dispatch_key_included(c10::DispatchKey::FuncTorchDynamicLayerFrontMode))
+    return false;
+  bool any = false;
+  for (size_t i = stack.size() - n; i < stack.size(); ++i) {
+    const c10::IValue& v = stack[i];
+    bool rg = false;
+    if (v.isTensor() && v.toTensor().defined()) {
+      const at::Tensor& t = v.toTensor();
+      if (!plain_tensor(t)) return false;
+      rg = t.requires_grad();
+    }
+    needs.push_back(rg);
+    any = any || rg;
+  }
+  return any;
+}
+
+using NodeRef = decltype(torch::autograd::Edge::function);  // (a shared_ptr or, in newer torch, an intrusive_ptr)
+
+template <class T>
+NodeRef make_node() {
+  if constexpr (std::is_same_v<NodeRef, std::shared_ptr<torch::autograd::Node>>) return std::make_shared<T>();
+  else return c10::make_intrusive<T>();
+}
+
+struct FusedNode final : torch::autograd::Node {
+  std::shared_ptr<const AgPlan> plan;
+  std::vector<torch::autograd::SavedVariable> saved;
+
+  torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
+    torch::autograd::variable_list result(num_outputs());
+    const at::Tensor& grad = grads[0];
+    if (!grad.defined()) return result;
+    torch::jit::Stack stack;
+    stack.reserve(saved.size() + 2);
+    stack.emplace_back(grad);
+    for (const auto& s : saved) stack.emplace_back(s.unpack());
+    stack.emplace_back(plan->desc);
+    // create_graph (the gradient must itself be differentiable) or a gradient the kernels cannot read as plain
+    // storage: the ATen formula
+    bool composite = at::GradMode::is_enabled() || !plain_tensor(grad);
+    (composite ? plan->composite : plan->fused)->callBoxed(&stack);
+    TORCH_CHECK(stack.size() == plan->outs.size(), "gradkern native: the backward twin of ", plan->name,
+                " returned ", stack.size(), " results for ", plan->outs.size());
+    for (size_t k = 0; k < plan->outs.size(); ++k) result.at(plan->outs[k]) = stack[k].toTensor();
+    return result;
+  }
+  void release_variables() override {
+    for (auto& s : saved) s.reset_data();
+  }
+  std::string name() const override { return plan->name; }
+};
+
+struct AgRouter final : c10::OperatorKernel {
+  AgEntry* entry;
+  explicit AgRouter(AgEntry* e) : entry(e) {}
+
+  void call_python(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+    ++t_depth;
+    try {
+      entry->python->callBoxed(op, ks, stack);
+    } catch (...) {
+      --t_depth;
+      throw;
+    }
+    --t_depth;
+  }
+
+  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+    const size_t n = op.schema().arguments().size();
+    std::vector<int64_t> key, needs;
+    key.reserve(48);
+    int device = -1;
+    if (!g_enabled.load(std::memory_order_relaxed) || t_depth > 0 || !ag_eligible(*stack, n, needs) ||
+        !make_key(*stack, n, false, key, device))
+      return call_python(op, ks, stack);
+    key.insert(key.end(), needs.begin(), needs.end());
+    std::shared_ptr<const AgPlan> plan;
+    {
+      std::shared_lock<std::shared_mutex> lock(entry->mutex);
+      auto it = entry->plans.find(key);
+      if (it != entry->plans.end()) plan = it->second;
+    }
+    if (!plan) {  // the Python side decides (and defines the twins) once per descriptor
+      torch::jit::Stack args(stack->end() - n, stack->end());
+      t_ag_pending = AgPending{entry, key};
+      try {
+        entry->planner->callBoxed(&args);
+      } catch (...) {
+        t_ag_pending = AgPending{};
+        throw;
+      }
+      t_ag_pending = AgPending{};
+      std::shared_lock<std::shared_mutex> lock(entry->mutex);
+      auto it = entry->plans.find(key);
+      if (it != entry->plans.end()) plan = it->second;
+    }
+    if (!plan || !plan->fast) return call_python(op, ks, stack);
+
+    std::vector<at::Tensor> inputs;  // the tensor arguments, in order: the node's next edges
+    auto node_ref = make_node<FusedNode>();
+    auto* node = static_cast<FusedNode*>(node_ref.get());
+    node->plan = plan;
+    for (size_t i = stack->size() - n; i < stack->size(); ++i)
+      if ((*stack)[i].isTensor()) inputs.push_back((*stack)[i].toTensor());
+    for (int64_t i : plan->save)
+      node->saved.emplace_back((*stack)[stack->size() - n + i].toTensor(), /*is_output=*/false);
+    node->set_next_edges(torch::autograd::collect_next_edges(inputs));
+    {
+      at::AutoDispatchBelowADInplaceOrView guard;
+      op.redispatchBoxed(ks & c10::after_autograd_keyset, stack);
+    }
+    torch::autograd::set_history(stack->back().toTensor(), node_ref);
+  }
+};
+
+// Stores the plan the planner running on this thread found for its descriptor. `fast` false: the Python override.
+void ag_commit(bool fast, std::vector<int64_t> save, std::vector<int64_t> outs, int64_t desc, std::string fused,
+               std::string composite, std::string name);
+
 // The operator "ns::name" or "ns::name.overload" ("default" is the unnamed overload).
 c10::OperatorHandle find_op(const std::string& qualname) {
   auto dot = qualname.find('.');
@@ -437,6 +615,48 @@ void attach(std::string qualname, std::string recorder, bool always) {
   library->impl(name.c_str(), torch::CppFunction::makeFromBoxedFunctor(std::make_unique<Router>(&e)));
 }
 
+// Registers the autograd router over the autograd-key kernel `qualname` now has (gradkern's Python router);
+// `planner` is the Python op that decides a descriptor's plan.
+void attach_autograd(std::string qualname, std::string planner) {
+  AgEntry* e;
+  {
+    std::lock_guard<std::mutex> lock(g_entries_mutex);
+    auto& slot = g_ag_entries[qualname];
+    if (!slot) slot = std::make_unique<AgEntry>(find_op(qualname));
+    e = slot.get();
+  }
+  e->python = e->op.getComputedKernelForDispatchKey(c10::DispatchKey::AutogradCUDA);
+  e->planner = find_op(planner);
+  auto ns = qualname.substr(0, qualname.find("::"));
+  auto& library = g_libraries[ns + "/autograd"];
+  if (!library)
+    library = std::make_unique<torch::Library>(torch::Library::IMPL, ns, c10::DispatchKey::AutogradCUDA, __FILE__,
+                                               __LINE__);
+  auto name = qualname.substr(qualname.find("::") + 2);
+  if (name.size() > 8 && name.compare(name.size() - 8, 8, ".default") == 0) name.resize(name.size() - 8);
+  library->impl(name.c_str(), torch::CppFunction::makeFromBoxedFunctor(std::make_unique<AgRouter>(e)));
+}
+
+void ag_commit(bool fast, std::vector<int64_t> save, std::vector<int64_t> outs, int64_t desc, std::string fused,
+               std::string composite, std::string name) {
+  AgPending& pending = t_ag_pending;
+  if (pending.entry == nullptr) return;
+  auto p = std::make_shared<AgPlan>();
+  p->fast = fast;
+  if (fast) {
+    p->save = std::move(save);
+    p->outs = std::move(outs);
+    p->desc = desc;
+    p->fused = find_op(fused);
+    p->composite = find_op(composite);
+    p->name = std::move(name);
+  }
+  std::unique_lock<std::shared_mutex> lock(pending.entry->mutex);
+  if (pending.entry->plans.size() >= kMaxPrograms) pending.entry->plans.clear();
+  pending.entry->plans[pending.key] = std::move(p);
+  pending.entry = nullptr;
+}
+
 // Entries are retired, not freed: a call another thread is making through a router may still read its entry.
 std::vector<std::unique_ptr<Entry>> g_retired;
 
@@ -453,6 +673,14 @@ void detach_all() {
     g_retired.push_back(std::move(e));
   }
   g_entries.clear();
+  for (auto& [name, e] : g_ag_entries) {
+    {
+      std::unique_lock<std::shared_mutex> l(e->mutex);
+      e->plans.clear();
+    }
+    g_ag_retired.push_back(std::move(e));
+  }
+  g_ag_entries.clear();
 }
 
 void set_state(bool enabled, bool always) {
@@ -466,6 +694,10 @@ void clear() {
     std::unique_lock<std::shared_mutex> l(e->mutex);
     e->programs.clear();
     e->seen.clear();
+  }
+  for (auto& [name, e] : g_ag_entries) {
+    std::unique_lock<std::shared_mutex> l(e->mutex);
+    e->plans.clear();
   }
 }
 
@@ -508,4 +740,7 @@ TORCH_LIBRARY(gradkern_native, m) {
   m.def("clear() -> ()", &clear);
   m.def("commit(int kind, int[] words, Tensor[] consts) -> bool", &commit);
   m.def("programs() -> int", &programs);
+  m.def("attach_autograd(str qualname, str planner) -> ()", &attach_autograd);
+  m.def("ag_commit(bool fast, int[] save, int[] outs, int desc, str fused, str composite, str name) -> ()",
+        &ag_commit);
 }

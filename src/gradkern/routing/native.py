@@ -233,12 +233,145 @@ def _eager_schema(info):
     return schema if _functional(schema) else None
 
 
+# ----------------------------------------------------------------------------------------------- autograd key
+# An autograd-key override made by routing/autograd.py's fused_autograd (where.self, lerp, _prelu_kernel) gets a C++
+# router over its Python router (native.cpp's AgRouter). A descriptor's first plain call asks the planner,
+# gradkern_ag::<overload>__plan (this module's `_plan`), which decides as the override would and, where the fused
+# path applies, commits what the backward needs: the arguments the op's `save` keeps, and two twins of the op's
+# backward for the inputs that require grad, gradkern_ag::<overload>__<mask>__fused (the op's fused backward, its CUDA
+# kernel under the native router, so that it replays) and ...__composite (its ATen formula, differentiable). The
+# twins take (grad, the saved tensors..., desc): `desc` names the descriptor's other attributes (the shapes and dtypes
+# `save` put on its ctx), kept here. From then on a call of the descriptor runs stock's forward below autograd and a
+# C++ node, without Python.
+#: the C++ autograd path (on by default; the test suite turns it off but where a test asks for it)
+AG_FAST = True
+_ag_lib: torch.library.Library | None = None
+_ag_defined: set[str] = set()  # ops defined in gradkern_ag (kept across unregister)
+_ag_attached: set[str] = set()  # fused twins with the C++ router over them (until detach_all)
+_ag_descs: list[tuple] = []  # desc -> (ctx attributes, which saved tensors are not None)
+_ag_desc_ids: dict = {}
+
+
+def attach_autograd(overload: str, override: Callable) -> None:
+    """Put the C++ autograd router over the Python router now registered for `overload` on the autograd key;
+    `override` is fused_autograd's (its `parts`: accepts, save, fused, composite)."""
+    name = overload.replace(".", "__") + "__plan"
+    if name not in _ag_defined:
+        schema = str(op_schema(overload))
+        _ag_library().define(name + schema[schema.index("("):schema.rindex(" -> ")] + " -> ()")
+        _ag_library().impl(name, functools.partial(_plan, overload, override), "CompositeImplicitAutograd")
+        _ag_defined.add(name)
+    _ops.attach_autograd(_qualname(overload), f"gradkern_ag::{name}")
+
+
+def _ag_library() -> torch.library.Library:
+    global _ag_lib
+    if _ag_lib is None:
+        _ag_lib = torch.library.Library("gradkern_ag", "DEF")
+    return _ag_lib
+
+
+class _Probe:
+    """A stand-in ctx for the override's `save`: what it keeps."""
+
+    def __init__(self, needs: tuple):
+        self.needs_input_grad = needs
+        self.saved = ()
+
+    def save_for_backward(self, *tensors) -> None:
+        self.saved = tensors
+
+
+class _Ctx:
+    """The ctx the op's fused / composite backward reads: its saved tensors and `save`'s other attributes."""
+
+    def __init__(self, attrs: dict, saved: tuple, needs: tuple):
+        self.__dict__.update(attrs)
+        self.saved_tensors = saved
+        self.needs_input_grad = needs
+
+
+def _plan(overload: str, override: Callable, *args) -> None:
+    """The planner: commits the descriptor's plan (native.cpp's ag_commit) - not fast where the override would
+    decline the call or its `save` keeps a tensor that is not an argument."""
+    from .autograd import plain_tensors
+
+    accepts, save, fused, composite = override.parts
+    if not AG_FAST or not plain_tensors(args) or not accepts(*args):
+        return _ops.ag_commit(False, [], [], 0, "", "", "")
+    needs = tuple(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
+    probe = _Probe(needs)
+    save(probe, needs, *args)
+    index = []
+    for t in probe.saved:
+        if t is not None:
+            i = next((i for i, a in enumerate(args) if a is t), None)
+            if i is None:
+                return _ops.ag_commit(False, [], [], 0, "", "", "")
+            index.append(i)
+    attrs = {k: v for k, v in vars(probe).items() if k not in ("needs_input_grad", "saved")}
+    pattern = tuple(t is not None for t in probe.saved)
+    desc_key = (overload, needs, pattern, repr(attrs))
+    desc = _ag_desc_ids.get(desc_key)
+    if desc is None:
+        desc = _ag_desc_ids[desc_key] = len(_ag_descs)
+        _ag_descs.append((attrs, pattern))
+    tensors = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+    outs = [tensors.index(i) for i, n in enumerate(needs) if n]
+    twin = _ag_twins(overload, needs, len(index), fused, composite)
+    _ops.ag_commit(True, index, outs, desc, f"gradkern_ag::{twin}__fused", f"gradkern_ag::{twin}__composite",
+                   override.function.__name__ + "Backward")
+
+
+def _ag_twins(overload: str, needs: tuple, n_saved: int, fused: Callable, composite: Callable) -> str:
+    """The backward twins of `overload` for the inputs `needs` marks (defined and attached once); their name."""
+    twin = overload.replace(".", "__") + "__" + "".join("1" if n else "0" for n in needs) + f"__{n_saved}"
+    n_out = sum(needs)
+    signature = ("(Tensor grad" + "".join(f", Tensor s{k}" for k in range(n_saved)) + ", int desc) -> " +
+                 ("Tensor" if n_out == 1 else "(" + ", ".join(["Tensor"] * n_out) + ")"))
+    if twin not in _ag_defined:
+        lib = _ag_library()
+        lib.define(twin + "__fused" + signature)
+        lib.define(twin + "__composite" + signature)
+        lib.impl(twin + "__fused", functools.partial(_backward_twin, fused, composite, needs, True),
+                 _runtime.BACKEND_KEY)
+        lib.impl(twin + "__composite", functools.partial(_backward_twin, fused, composite, needs, False),
+                 "CompositeImplicitAutograd")
+        _ag_defined.add(twin)
+    if twin not in _ag_attached:
+        schema = getattr(torch.ops.gradkern_ag, twin + "__fused").default._schema
+        impl = functools.partial(_backward_twin, fused, composite, needs, True)
+        _define(_recorder_lib(), f"ag__{twin}", str(schema),
+                lambda *a, **k: recorded(twin, impl, a, k, schema))
+        _ops.attach(f"gradkern_ag::{twin}__fused", f"gradkern_rec::ag__{twin}", True)
+        _ag_attached.add(twin)
+    return twin
+
+
+def _backward_twin(fused: Callable, composite: Callable, needs: tuple, fast: bool, grad, *rest):
+    """A backward twin's kernel: the op's fused backward (`fast`) or its ATen formula, on a ctx rebuilt from the
+    saved tensors and the descriptor's attributes; the gradients of the inputs that require grad."""
+    from ..errors import RankUnsupported
+
+    *saved, desc = rest
+    attrs, pattern = _ag_descs[desc]
+    it = iter(saved)
+    ctx = _Ctx(attrs, tuple(next(it) if p else None for p in pattern), needs)
+    try:
+        out = fused(ctx, grad, needs) if fast else composite(ctx, grad, needs)
+    except RankUnsupported:  # more dims than the kernels index, found before any launch
+        out = composite(ctx, grad, needs)
+    out = tuple(g for g, n in zip(out, needs, strict=True) if n)
+    return out[0] if len(out) == 1 else out
+
+
 def detach_all() -> None:
     """Remove the C++ routers (the Python ones stay registered) and the recorder ops."""
     global _recorders
     if _ops is not None:
         _ops.detach_all()
     _eager_calls.clear()  # (the gradkern_eager ops stay defined, their kernel gradkern's Python, until re-attached)
+    _ag_attached.clear()
     if _recorders is not None:
         _recorders._destroy()
         _recorders = None
