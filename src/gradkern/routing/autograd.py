@@ -18,6 +18,10 @@ the graph: the zero gradients of FlagGems #1971. Instead such an op registers on
   ATen formula of derivatives.yaml - so higher-order gradients are stock PyTorch's; so does an incoming gradient
   that is not a plain tensor (`plain_gradient`: a negative-bit view, a subclass, a zero tensor, a batched one).
 
+Where the native router is built (routing/native.py), a C++ router sits over each of these overrides: a plain call
+of a descriptor the override accepts runs stock's forward below autograd and a C++ node that calls the op's fused
+backward (or its composite) through twin ops, so that a repeated forward + backward does not enter Python.
+
 Pick the overload that autograd itself differentiates (its kernel on the `Autograd` alias key, `derivatives.yaml`):
 `where.self`, `lerp.Scalar`, `lerp.Tensor`, `_prelu_kernel`. Composite entry points (`where.ScalarOther`,
 `Tensor.where`, `prelu`) decompose into these above the autograd key and so reach the override on their own.
