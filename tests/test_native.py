@@ -446,7 +446,8 @@ def test_gradkern_only_ops_replay_equal_the_functions(name, dtype, monkeypatch):
 
 # ----------------------------------------------------------------------------------------------- autograd key
 _AUTOGRAD_OVERLOADS = [("where_backward", "where.self"), ("lerp_backward", "lerp.Scalar"),
-                       ("lerp_backward", "lerp.Tensor"), ("prelu_backward", "_prelu_kernel")]
+                       ("lerp_backward", "lerp.Tensor"), ("prelu_backward", "_prelu_kernel"),
+                       ("repeat_backward", "repeat")]
 
 
 class _AgOps:
