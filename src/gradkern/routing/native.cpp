@@ -406,7 +406,8 @@ struct Router final : c10::OperatorKernel {
 };
 
 // ------------------------------------------------------------------------------------------------ autograd
-// The C++ router of an autograd-key override (routing/autograd.py's fused_autograd: where.self, lerp, _prelu_kernel):
+// The C++ router of an autograd-key override (routing/autograd.py's fused_autograd: where.self, lerp, _prelu_kernel,
+// repeat):
 // for a plain call (grad mode on, an input requiring grad, every tensor a plain strided CUDA tensor, no dispatch mode,
 // functorch transform or forward-mode tangent) whose descriptor the Python side accepted, it runs stock's forward
 // below autograd and puts a C++ node in the graph, whose backward calls the op's fused twin (gradkern_ag::..., replayed

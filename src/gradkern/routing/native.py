@@ -234,8 +234,8 @@ def _eager_schema(info):
 
 
 # ----------------------------------------------------------------------------------------------- autograd key
-# An autograd-key override made by routing/autograd.py's fused_autograd (where.self, lerp, _prelu_kernel) gets a C++
-# router over its Python router (native.cpp's AgRouter). A descriptor's first plain call asks the planner,
+# An autograd-key override made by routing/autograd.py's fused_autograd (where.self, lerp, _prelu_kernel, repeat) gets
+# a C++ router over its Python router (native.cpp's AgRouter). A descriptor's first plain call asks the planner,
 # gradkern_ag::<overload>__plan (this module's `_plan`), which decides as the override would and, where the fused
 # path applies, commits what the backward needs: the arguments the op's `save` keeps, and two twins of the op's
 # backward for the inputs that require grad, gradkern_ag::<overload>__<mask>__fused (the op's fused backward, its CUDA
