@@ -412,7 +412,8 @@ struct Router final : c10::OperatorKernel {
 // functorch transform or forward-mode tangent) whose descriptor the Python side accepted, it runs stock's forward
 // below autograd and puts a C++ node in the graph, whose backward calls the op's fused twin (gradkern_ag::..., replayed
 // by the native router) or, to differentiate the backward itself or for a gradient that is not a plain tensor, its
-// composite twin (the ATen formula). Every other call, and a descriptor's first, goes to the Python override.
+// composite twin (the ATen formula). A descriptor's first plain call asks the Python planner for its plan; every
+// call the plan or these checks do not take goes to the Python override.
 struct AgPlan {
   bool fast = false;
   std::vector<int64_t> save;  // the arguments (schema positions) the backward reads, in the twins' order
