@@ -345,6 +345,11 @@ void replay(const Program& p, const c10::OperatorHandle& op, torch::jit::Stack* 
 }
 
 // ------------------------------------------------------------------------------------------------ the router
+struct DepthGuard {  // while gradkern's Python runs on this thread (nested routed calls go to Python too)
+  DepthGuard() { ++t_depth; }
+  ~DepthGuard() { --t_depth; }
+};
+
 c10::DispatchKeySet backend_keys() { return c10::DispatchKeySet(c10::DispatchKey::CUDA); }
 
 struct Router final : c10::OperatorKernel {
@@ -352,14 +357,8 @@ struct Router final : c10::OperatorKernel {
   explicit Router(Entry* e) : entry(e) {}
 
   void call_python(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
-    ++t_depth;
-    try {
-      entry->python->callBoxed(op, ks, stack);
-    } catch (...) {
-      --t_depth;
-      throw;
-    }
-    --t_depth;
+    DepthGuard depth;
+    entry->python->callBoxed(op, ks, stack);
   }
 
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
@@ -392,15 +391,13 @@ struct Router final : c10::OperatorKernel {
       return call_python(op, ks, stack);
     }
     t_pending = Pending{entry, std::move(key), device};
-    ++t_depth;
+    DepthGuard depth;
     try {
       entry->recorder->callBoxed(stack);
     } catch (...) {
-      --t_depth;
       t_pending = Pending{};
       throw;
     }
-    --t_depth;
     t_pending = Pending{};
   }
 };
@@ -515,14 +512,8 @@ struct AgRouter final : c10::OperatorKernel {
   explicit AgRouter(AgEntry* e) : entry(e) {}
 
   void call_python(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
-    ++t_depth;
-    try {
-      entry->python->callBoxed(op, ks, stack);
-    } catch (...) {
-      --t_depth;
-      throw;
-    }
-    --t_depth;
+    DepthGuard depth;
+    entry->python->callBoxed(op, ks, stack);
   }
 
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
