@@ -350,25 +350,27 @@ struct DepthGuard {  // while gradkern's Python runs on this thread (nested rout
   ~DepthGuard() { --t_depth; }
 };
 
+// a router's fallback: the Python router (or override) it sits over, with the thread's depth raised
+template <class E>
+void call_python(const E* entry, const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  DepthGuard depth;
+  entry->python->callBoxed(op, ks, stack);
+}
+
 c10::DispatchKeySet backend_keys() { return c10::DispatchKeySet(c10::DispatchKey::CUDA); }
 
 struct Router final : c10::OperatorKernel {
   Entry* entry;
   explicit Router(Entry* e) : entry(e) {}
 
-  void call_python(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
-    DepthGuard depth;
-    entry->python->callBoxed(op, ks, stack);
-  }
-
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
     if ((!entry->always && !g_enabled.load(std::memory_order_relaxed)) || t_depth > 0)
-      return call_python(op, ks, stack);
+      return call_python(entry, op, ks, stack);
     std::vector<int64_t> key;
     key.reserve(48);
     int device = -1;
     if (!make_key(*stack, op.schema().arguments().size(), entry->always, key, device))
-      return call_python(op, ks, stack);
+      return call_python(entry, op, ks, stack);
     std::shared_ptr<const Program> program;
     bool record = false;
     {
@@ -380,7 +382,7 @@ struct Router final : c10::OperatorKernel {
     if (program) {
       if (program->kind == STOCK) return entry->stock->callBoxed(op, backend_keys(), stack);
       if (program->kind == REPLAY && c10::cuda::current_device() == program->device) return replay(*program, op, stack);
-      return call_python(op, ks, stack);
+      return call_python(entry, op, ks, stack);
     }
     if (!record || !entry->recorder) {  // a descriptor's first call warms the Python router's own caches
       {
@@ -388,7 +390,7 @@ struct Router final : c10::OperatorKernel {
         if (entry->seen.size() >= kMaxPrograms) entry->seen.clear();
         entry->seen.insert(key);
       }
-      return call_python(op, ks, stack);
+      return call_python(entry, op, ks, stack);
     }
     t_pending = Pending{entry, std::move(key), device};
     DepthGuard depth;
@@ -511,11 +513,6 @@ struct AgRouter final : c10::OperatorKernel {
   AgEntry* entry;
   explicit AgRouter(AgEntry* e) : entry(e) {}
 
-  void call_python(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
-    DepthGuard depth;
-    entry->python->callBoxed(op, ks, stack);
-  }
-
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
     const size_t n = op.schema().arguments().size();
     std::vector<int64_t> key, needs;
@@ -523,7 +520,7 @@ struct AgRouter final : c10::OperatorKernel {
     int device = -1;
     if (!g_enabled.load(std::memory_order_relaxed) || t_depth > 0 || !ag_eligible(*stack, n, needs) ||
         !make_key(*stack, n, false, key, device))
-      return call_python(op, ks, stack);
+      return call_python(entry, op, ks, stack);
     key.insert(key.end(), needs.begin(), needs.end());
     std::shared_ptr<const AgPlan> plan;
     {
@@ -545,7 +542,7 @@ struct AgRouter final : c10::OperatorKernel {
       auto it = entry->plans.find(key);
       if (it != entry->plans.end()) plan = it->second;
     }
-    if (!plan || !plan->fast) return call_python(op, ks, stack);
+    if (!plan || !plan->fast) return call_python(entry, op, ks, stack);
 
     std::vector<at::Tensor> inputs;  // the tensor arguments, in order: the node's next edges
     auto node_ref = make_node<FusedNode>();
