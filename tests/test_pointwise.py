@@ -303,6 +303,28 @@ def test_relaunch_cache_respects_alignment_scalars_and_shapes():
             check_case("hardshrink", (x, lam), what=f"hardshrink lambd={lam} offset={start} n={n}")
 
 
+def test_flat_calls_off_alignment_and_out_calls_relaunch_directly(monkeypatch):
+    """A flat problem whose operand sits off 16-byte alignment (a view at a storage offset), or an out= call, goes
+    through launch with a specialisation key (its direct relaunch keyed by the pointers' alignment), as a fresh
+    aligned one has its own relaunch entry. (They took Triton's JIT launch on every call: its host time, tens of
+    us, was most of a 4097 x 4097 f32 hardshrink at storage offset 1, 0.63x ATen on an H200.)"""
+    keys = []
+    real = elementwise.launch
+
+    def spy(kernel, grid, ptrs, ints, consts, device, spec_key=None):
+        keys.append(spec_key)
+        return real(kernel, grid, ptrs, ints, consts, device, spec_key)
+
+    monkeypatch.setattr(elementwise, "launch", spy)
+    buf = torch.randn(4099, device=DEVICE) * 2
+    x = buf[1:4097]
+    check_case("hardshrink", (x, 0.5), what="offset 1")
+    out = torch.empty(4096, device=DEVICE)
+    ops.hardshrink(buf[:4096], 0.5, out=out)
+    assert_bitwise_equal(out, torch.nn.functional.hardshrink(buf[:4096], 0.5))
+    assert len(keys) >= 2 and all(k is not None and k[0] is elementwise._flat_kernel for k in keys), keys
+
+
 def test_strided_relaunch_keys_follow_scalar_specialisation():
     """The strided path is relaunched directly too, keyed by what Triton specialises the scalars' float64 bits on:
     5e-324's bits are 1, which Triton compiles in as a constant, and 0.0's are 0. A kernel compiled for one must

@@ -186,7 +186,7 @@ class _Plan:  # relaunch cache
     rank: int = 0
     shape_c: tuple = ()  # collapsed shape / strides (strided path)
     strides_c: tuple = ()  # per operand, output first
-    consts: dict | None = None  # strided: the kernel's launch_consts
+    consts: dict | None = None  # the kernel's launch_consts
     out_strides: tuple = ()  # strided: a fresh output's strides (result_layout)
 
 
@@ -275,8 +275,11 @@ class Pointwise:
         if out is not None:
             same = same and out.stride() == ts[0].stride()
         if same and (ts[0].is_contiguous() or _dense_strides(ts[0])):
+            i64 = n + cfg.flat_block > cfg.i32_max
+            consts = launch_consts({"FN": self.math_fn, "NIN": len(ts), "FLAG": flag, "MATH": mdt,
+                                    "BLOCK": cfg.flat_block, "I64": i64}, cfg.flat_warps)
             return _Plan(shape, out_dtype, mdt, n, True, -1 if ts[0].is_contiguous() else 0, cfg.flat_block,
-                         cfg.flat_warps, n + cfg.flat_block > cfg.i32_max)
+                         cfg.flat_warps, i64, consts=consts)
         out_strides = out.stride() if out is not None else result_layout(shape, ts)
         operands = [out_strides] + [_broadcast_strides(t, shape) for t in ts]
         cshape, cstr = collapse_in_order(shape, operands)
@@ -342,16 +345,17 @@ class Pointwise:
         device = ts[0].get_device()
         if plan.flat:
             grid = (cdiv(plan.n, plan.block),)
-            tail = (*bits, plan.n, self.math_fn, nin, flag, plan.math, plan.block, plan.i64)
-            kw = {"num_warps": plan.warps}
-            if device >= 0 and torch.cuda.current_device() != device:
-                with torch.cuda.device(device):
-                    _flat_kernel[grid](out, *x, *tail, **kw)
-                return out
-            ck = _flat_kernel[grid](out, *x, *bits, plan.n, FN=self.math_fn, NIN=nin, FLAG=flag, MATH=plan.math,
-                                    BLOCK=plan.block, I64=plan.i64, **kw)
             aligned = not any(t.data_ptr() & 15 for t in (out, *ts))
-            if fresh and aligned and relaunchable(ck) and fkey is not None:
+            if not (fresh and aligned and fkey is not None) or (device >= 0 and torch.cuda.current_device() != device):
+                # an out= call or an operand off 16-byte alignment (a view at a storage offset): relaunched
+                # directly too, keyed by the pointers' alignment (they took Triton's JIT launch on every call)
+                launch(_flat_kernel, grid, (out, *x), (*bits, plan.n), plan.consts, device,
+                       (_flat_kernel, plan, device, bits_spec(bits)))
+                return out
+            tail = (*bits, plan.n, self.math_fn, nin, flag, plan.math, plan.block, plan.i64)
+            ck = _flat_kernel[grid](out, *x, *bits, plan.n, FN=self.math_fn, NIN=nin, FLAG=flag, MATH=plan.math,
+                                    BLOCK=plan.block, I64=plan.i64, num_warps=plan.warps)
+            if relaunchable(ck):
                 self._fast.remember(fkey, (direct_launcher(ck), grid[0], device,
                                                      plan.out_dtype == ts[0].dtype, plan.out_dtype, tail))
             return out
