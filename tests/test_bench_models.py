@@ -11,8 +11,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import gradkern
-from conftest import DEVICE
+from conftest import DEVICE, gpu_only
 from gradkern.registry import REGISTRY
+from gradkern.testing import assert_bitwise_equal
 from gradkern.routing.dispatch import routed_overloads
 from gradkern.tools import bench_models, cli
 
@@ -218,3 +219,34 @@ def test_stock_sparsemax_matches_the_reference():
         (dx,) = torch.autograd.grad(y, x, g)
         (dx_ref,) = torch.autograd.grad(ref(x, dim), x, g)
         torch.testing.assert_close(dx, dx_ref)
+
+
+@gpu_only
+@pytest.mark.parametrize("name", ["unet3d-seg", "psp-seg", "vnet"])
+def test_deterministic_training_under_gradkern_gives_the_same_bits_each_run(name, monkeypatch):
+    """The segmentation and 3-D models train under torch.use_deterministic_algorithms(True) with gradkern on (mode
+    "auto", as enable() sets it), where stock raises (MaxPool3d's backward, nll_loss2d) or takes slow paths, and two
+    runs from one seed end with the same bits in every parameter (three SGD steps each, at the small size: the
+    bench's own training step)."""
+    cls = bench_models.MODELS[name]
+    cfg = cls.configs["small"]
+
+    def train() -> dict:
+        torch.manual_seed(0)
+        work = cls.make(cfg.batch, torch.float32, torch.device(DEVICE), **cfg.kw)
+        step = bench_models._step_fn(work)
+        for _ in range(3):
+            step()
+        return {n: p.detach().clone() for n, p in work.model.named_parameters()}
+
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # (as the bench sets it: cuBLAS's deterministic mode)
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        with gradkern.use():
+            first, second = train(), train()
+    finally:
+        torch.use_deterministic_algorithms(was)
+    assert first.keys() == second.keys() and first
+    for n in first:
+        assert_bitwise_equal(second[n], first[n], f"{name}: {n}")
