@@ -13,8 +13,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import gradkern
 from conftest import DEVICE, gpu_only
 from gradkern.registry import REGISTRY
-from gradkern.testing import assert_bitwise_equal
 from gradkern.routing.dispatch import routed_overloads
+from gradkern.testing import assert_bitwise_equal
 from gradkern.tools import bench_models, cli
 
 SPARSEMAX = "gradkern.sparsemax"  # a route that is a gradkern function, not a routed ATen op
