@@ -180,7 +180,8 @@ constexpr size_t kMaxPrograms = 4096;
 
 std::mutex g_entries_mutex;
 std::unordered_map<std::string, std::unique_ptr<Entry>> g_entries;  // "aten::name.overload" -> its entry
-std::unordered_map<std::string, std::unique_ptr<torch::Library>> g_libraries;  // namespace -> its CUDA kernels
+// "namespace/dispatch key" -> the library holding gradkern's C++ kernels for it
+std::unordered_map<std::string, std::unique_ptr<torch::Library>> g_libraries;
 
 struct Pending {
   Entry* entry = nullptr;
@@ -522,12 +523,12 @@ struct AgRouter final : c10::OperatorKernel {
         !make_key(*stack, n, false, key, device))
       return call_python(entry, op, ks, stack);
     key.insert(key.end(), needs.begin(), needs.end());
-    std::shared_ptr<const AgPlan> plan;
-    {
+    auto find_plan = [&]() -> std::shared_ptr<const AgPlan> {
       std::shared_lock<std::shared_mutex> lock(entry->mutex);
       auto it = entry->plans.find(key);
-      if (it != entry->plans.end()) plan = it->second;
-    }
+      return it != entry->plans.end() ? it->second : nullptr;
+    };
+    std::shared_ptr<const AgPlan> plan = find_plan();
     if (!plan) {  // the Python side decides (and defines the twins) once per descriptor
       torch::jit::Stack args(stack->end() - n, stack->end());
       t_ag_pending = AgPending{entry, key};
@@ -538,9 +539,7 @@ struct AgRouter final : c10::OperatorKernel {
         throw;
       }
       t_ag_pending = AgPending{};
-      std::shared_lock<std::shared_mutex> lock(entry->mutex);
-      auto it = entry->plans.find(key);
-      if (it != entry->plans.end()) plan = it->second;
+      plan = find_plan();
     }
     if (!plan || !plan->fast) return call_python(entry, op, ks, stack);
 
@@ -588,6 +587,18 @@ void capture_stock(std::string qualname) {
   if (!e.stock) e.stock = e.op.getComputedKernelForDispatchKey(c10::DispatchKey::CUDA);
 }
 
+// Registers `router` as the kernel of `qualname` ("ns::op" or "ns::op.overload") for `key`, in the process-lifetime
+// library of that namespace and key.
+template <class R>
+void impl_over(const std::string& qualname, c10::DispatchKey key, std::unique_ptr<R> router) {
+  auto ns = qualname.substr(0, qualname.find("::"));
+  auto& library = g_libraries[ns + "/" + c10::toString(key)];
+  if (!library) library = std::make_unique<torch::Library>(torch::Library::IMPL, ns, key, __FILE__, __LINE__);
+  auto name = qualname.substr(qualname.find("::") + 2);
+  if (name.size() > 8 && name.compare(name.size() - 8, 8, ".default") == 0) name.resize(name.size() - 8);
+  library->impl(name.c_str(), torch::CppFunction::makeFromBoxedFunctor(std::move(router)));
+}
+
 // Registers the router over the CUDA kernel `qualname` now has (gradkern's Python). `always`: a gradkern.ops op,
 // gradkern's whatever the switch (an ATen op needs its stock kernel captured first).
 void attach(std::string qualname, std::string recorder, bool always) {
@@ -596,13 +607,7 @@ void attach(std::string qualname, std::string recorder, bool always) {
   TORCH_CHECK(always || e.stock, "gradkern native: ATen's kernel for ", qualname, " was not captured");
   e.python = e.op.getComputedKernelForDispatchKey(c10::DispatchKey::CUDA);
   e.recorder = find_op(recorder);
-  auto ns = qualname.substr(0, qualname.find("::"));
-  auto& library = g_libraries[ns];
-  if (!library)
-    library = std::make_unique<torch::Library>(torch::Library::IMPL, ns, c10::DispatchKey::CUDA, __FILE__, __LINE__);
-  auto name = qualname.substr(qualname.find("::") + 2);
-  if (name.size() > 8 && name.compare(name.size() - 8, 8, ".default") == 0) name.resize(name.size() - 8);
-  library->impl(name.c_str(), torch::CppFunction::makeFromBoxedFunctor(std::make_unique<Router>(&e)));
+  impl_over(qualname, c10::DispatchKey::CUDA, std::make_unique<Router>(&e));
 }
 
 // Registers the autograd router over the autograd-key kernel `qualname` now has (gradkern's Python router);
@@ -617,14 +622,7 @@ void attach_autograd(std::string qualname, std::string planner) {
   }
   e->python = e->op.getComputedKernelForDispatchKey(c10::DispatchKey::AutogradCUDA);
   e->planner = find_op(planner);
-  auto ns = qualname.substr(0, qualname.find("::"));
-  auto& library = g_libraries[ns + "/autograd"];
-  if (!library)
-    library = std::make_unique<torch::Library>(torch::Library::IMPL, ns, c10::DispatchKey::AutogradCUDA, __FILE__,
-                                               __LINE__);
-  auto name = qualname.substr(qualname.find("::") + 2);
-  if (name.size() > 8 && name.compare(name.size() - 8, 8, ".default") == 0) name.resize(name.size() - 8);
-  library->impl(name.c_str(), torch::CppFunction::makeFromBoxedFunctor(std::make_unique<AgRouter>(e)));
+  impl_over(qualname, c10::DispatchKey::AutogradCUDA, std::make_unique<AgRouter>(e));
 }
 
 void ag_commit(bool fast, std::vector<int64_t> save, std::vector<int64_t> outs, int64_t desc, std::string fused,
