@@ -184,7 +184,6 @@ def _define(lib: torch.library.Library, name: str, schema: str, impl: Callable) 
 #: gradkern.ops through the router (on by default; the test suite turns it off but where a test asks for it, since
 #: tests that spy on a module's launches expect every call to reach Python)
 OPS_FAST = True
-_eager_lib: torch.library.Library | None = None
 _eager_defined: set[str] = set()  # ops defined in gradkern_eager (kept across unregister)
 _eager_calls: dict[str, Callable | None] = {}  # op -> its call through the router (None: the op has none)
 
@@ -204,17 +203,14 @@ def eager_call(name: str) -> Callable | None:
 
 
 def _attach_eager(name: str) -> Callable | None:
-    global _eager_lib
     from ..registry import REGISTRY
 
     info = REGISTRY.get(name)
     schema = None if info is None else _eager_schema(info)
     if schema is None:
         return None
-    if _eager_lib is None:
-        _eager_lib = torch.library.Library("gradkern_eager", "DEF")
     if name not in _eager_defined:
-        _define(_eager_lib, name, str(schema), info.fn)
+        _define(_kept_library("gradkern_eager"), name, str(schema), info.fn)
         _eager_defined.add(name)
     _define(_recorder_lib(), f"{name}__eager", str(schema), lambda *a, **k: recorded(name, info.fn, a, k, schema))
     _ops.attach(f"gradkern_eager::{name}", f"gradkern_rec::{name}__eager", True)
@@ -245,7 +241,6 @@ def _eager_schema(info):
 # C++ node, without Python.
 #: the C++ autograd path (on by default; the test suite turns it off but where a test asks for it)
 AG_FAST = True
-_ag_lib: torch.library.Library | None = None
 _ag_defined: set[str] = set()  # ops defined in gradkern_ag (kept across unregister)
 _ag_attached: set[str] = set()  # fused twins with the C++ router over them (until detach_all)
 _ag_descs: list[tuple] = []  # desc -> (ctx attributes, which saved tensors are not None)
@@ -258,17 +253,23 @@ def attach_autograd(overload: str, override: Callable) -> None:
     name = overload.replace(".", "__") + "__plan"
     if name not in _ag_defined:
         schema = str(op_schema(overload))
-        _ag_library().define(name + schema[schema.index("("):schema.rindex(" -> ")] + " -> ()")
-        _ag_library().impl(name, functools.partial(_plan, overload, override), "CompositeImplicitAutograd")
+        lib = _kept_library("gradkern_ag")
+        lib.define(name + schema[schema.index("("):schema.rindex(" -> ")] + " -> ()")
+        lib.impl(name, functools.partial(_plan, overload, override), "CompositeImplicitAutograd")
         _ag_defined.add(name)
     _ops.attach_autograd(_qualname(overload), f"gradkern_ag::{name}")
 
 
-def _ag_library() -> torch.library.Library:
-    global _ag_lib
-    if _ag_lib is None:
-        _ag_lib = torch.library.Library("gradkern_ag", "DEF")
-    return _ag_lib
+_kept_libs: dict[str, torch.library.Library] = {}
+
+
+def _kept_library(ns: str) -> torch.library.Library:
+    """The library of gradkern's twin ops in namespace `ns` (gradkern_eager, gradkern_ag), made once and kept for the
+    process: an op defined there stays defined."""
+    lib = _kept_libs.get(ns)
+    if lib is None:
+        lib = _kept_libs[ns] = torch.library.Library(ns, "DEF")
+    return lib
 
 
 class _Probe:
@@ -329,20 +330,19 @@ def _ag_twins(overload: str, needs: tuple, n_saved: int, fused: Callable, compos
     n_out = sum(needs)
     signature = ("(Tensor grad" + "".join(f", Tensor s{k}" for k in range(n_saved)) + ", int desc) -> " +
                  ("Tensor" if n_out == 1 else "(" + ", ".join(["Tensor"] * n_out) + ")"))
+    fused_twin = functools.partial(_backward_twin, fused, composite, needs, True)
     if twin not in _ag_defined:
-        lib = _ag_library()
+        lib = _kept_library("gradkern_ag")
         lib.define(twin + "__fused" + signature)
         lib.define(twin + "__composite" + signature)
-        lib.impl(twin + "__fused", functools.partial(_backward_twin, fused, composite, needs, True),
-                 _runtime.BACKEND_KEY)
+        lib.impl(twin + "__fused", fused_twin, _runtime.BACKEND_KEY)
         lib.impl(twin + "__composite", functools.partial(_backward_twin, fused, composite, needs, False),
                  "CompositeImplicitAutograd")
         _ag_defined.add(twin)
     if twin not in _ag_attached:
         schema = getattr(torch.ops.gradkern_ag, twin + "__fused").default._schema
-        impl = functools.partial(_backward_twin, fused, composite, needs, True)
         _define(_recorder_lib(), f"ag__{twin}", str(schema),
-                lambda *a, **k: recorded(twin, impl, a, k, schema))
+                lambda *a, **k: recorded(twin, fused_twin, a, k, schema))
         _ops.attach(f"gradkern_ag::{twin}__fused", f"gradkern_rec::ag__{twin}", True)
         _ag_attached.add(twin)
     return twin
