@@ -348,7 +348,7 @@ class Pointwise:
             aligned = not any(t.data_ptr() & 15 for t in (out, *ts))
             if not (fresh and aligned and fkey is not None) or (device >= 0 and torch.cuda.current_device() != device):
                 # an out= call or an operand off 16-byte alignment (a view at a storage offset): relaunched
-                # directly too, keyed by the pointers' alignment (they took Triton's JIT launch on every call)
+                # directly too, keyed by the pointers' alignment
                 launch(_flat_kernel, grid, (out, *x), (*bits, plan.n), plan.consts, device,
                        (_flat_kernel, plan, device, bits_spec(bits)))
                 return out
