@@ -181,12 +181,12 @@ def _max_over_rows(xb, start, end, N, sx_n, dmask, BLOCK_L: tl.constexpr, BLOCK_
         else:
             ckey = tl.max(key, axis=0)
             crow = tl.min(tl.where(key == ckey[None, :], lr[:, None], BLOCK_L), axis=0)
-        # the element's bits: the key inverted, except for zeros and NaN (sign and payload), picked from the tile
-        # (as the sum of one nonzero integer) only where a column needs it
+        # the element's bits: the key inverted, except for zeros and NaN (sign and payload), loaded again (one
+        # element a column, from L1) only where a column needs it, so the tile's bits are dead once keyed
         cbits = (ckey ^ ((ckey >> (W - 1)) & ((1 << (W - 1)) - 1))).to(BITS)
         special = (ckey == 0) | (ckey == (1 << (W - 1)) - 1)
         if tl.max(special.to(tl.int32), axis=0) > 0:
-            picked = tl.sum(tl.where(lr[:, None] == crow[None, :], bits, 0), axis=0).to(BITS)
+            picked = tl.load(xb + (r0 + crow) * sx_n, mask=dmask & special, other=0.0).to(BITS, bitcast=True)
             cbits = tl.where(special, picked, cbits)
         # a later tile wins only with a strictly larger key (ties, NaN included, keep the first)
         take = ckey > best_key
