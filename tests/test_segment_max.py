@@ -659,11 +659,11 @@ def test_backward_scatter_writes_only_rows_inside_each_segment():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=dtype_id)
 def test_forward_kernels_give_the_same_bits(dtype):
-    """The forward's three kernels give the same bits (the tile kernel's 16-bit max packed or not): the lane kernel (a lane a (segment, column); segments longer
-    than its cap taken by the whole program in turn), the tile kernel (a program a segment) and the row kernel (a
-    program a tile of rows, then the segments crossing tiles from their partials). Small blocks, a cap of 3 rows and
-    row tiles of 2-64 rows, so that several programs run, most segments are long and some cross many tiles; ties,
-    NaN, signed zeros, empty segments, an outer dim and a strided layout."""
+    """The forward's three kernels give the same bits: the lane kernel (a lane a (segment, column); segments longer
+    than its cap taken by the whole program in turn), the tile kernel (a program a segment; its 16-bit max packed or
+    not) and the row kernel (a program a tile of rows, then the segments crossing tiles from their partials). Small
+    blocks, a cap of 3 rows and row tiles of 2-64 rows, so that several programs run, most segments are long and some
+    cross many tiles; ties, NaN, signed zeros, empty segments, an outer dim and a strided layout."""
     lengths = [3, 0, 5, 1, 0, 9, 2, 4, 0, 7, 1, 1, 6]
     n = sum(lengths)
     offs = _offsets(lengths)
@@ -676,8 +676,8 @@ def test_forward_kernels_give_the_same_bits(dtype):
         outs = []
         lanes = {"lanes_max_mean": 1 << 30, "rows_max_programs": 0}
         rows = {"rows_max_programs": 1 << 62, "rows_min_mean": 0, "rows_bd_max": 2}
-        for knobs in ({"lanes_max_inner": 0, "rows_max_programs": 0},
-                      {"lanes_max_inner": 0, "rows_max_programs": 0, "fwd_pack16": True}, {"lanes": 8, "lanes_cap": 3, **lanes},
+        tile = {"lanes_max_inner": 0, "rows_max_programs": 0}
+        for knobs in (tile, {"fwd_pack16": True, **tile}, {"lanes": 8, "lanes_cap": 3, **lanes},
                       {"lanes": 4, "lanes_cap": 64, **lanes}, {"rows_tile": 4, **rows}, {"rows_tile": 16, **rows},
                       {"rows_tile": 128, **rows}):
             with config.override(sm.CONFIG, **knobs):
