@@ -677,7 +677,7 @@ def test_forward_kernels_give_the_same_bits(dtype):
         lanes = {"lanes_max_mean": 1 << 30, "rows_max_programs": 0}
         rows = {"rows_max_programs": 1 << 62, "rows_min_mean": 0, "rows_bd_max": 2}
         tile = {"lanes_max_inner": 0, "rows_max_programs": 0}
-        for knobs in (tile, {"fwd_pack16": True, **tile}, {"lanes": 8, "lanes_cap": 3, **lanes},
+        for knobs in (tile, {"lanes": 8, "lanes_cap": 3, **lanes},
                       {"lanes": 4, "lanes_cap": 64, **lanes}, {"rows_tile": 4, **rows}, {"rows_tile": 16, **rows},
                       {"rows_tile": 128, **rows}):
             with config.override(sm.CONFIG, **knobs):

@@ -159,13 +159,12 @@ def _order_key(bits, W: tl.constexpr, INF: tl.constexpr, KEY: tl.constexpr):
 
 @triton.jit
 def _max_over_rows(xb, start, end, N, sx_n, dmask, BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, BITS: tl.constexpr,
-                   W: tl.constexpr, INF: tl.constexpr, PACK16: tl.constexpr = False):
+                   W: tl.constexpr, INF: tl.constexpr):
     """The max of rows [start, end) of columns xb (pointers, [BLOCK_D]) and its first row, a tile of BLOCK_L rows at
     a time: (indices, the element's bits; N and +0.0 for an empty segment). Per tile, the largest order key
-    (_order_key: NaN on top) and the first row holding it: a max, then a min of the rows holding it (packing 32-bit
-    keys in int64 instead was 1.1-1.4x slower on an H200); with PACK16, 16-bit keys as one int32 max of the key
-    shifted up with BLOCK_L - 1 - row in the low bits (of equal keys the first row wins), which holds more registers
-    (a one-warp 32 x 64 bf16 tile: 253 against 103, offline sm_90 compile)."""
+    (_order_key: NaN on top) and the first row holding it: a max, then a min of the rows holding it. (Packing the key
+    and the row into one max was slower on an H200: 32-bit keys in int64 1.1-1.4x, 16-bit keys in int32 0.63x
+    against 0.67x stock over the bf16 sweep; docs/tuning/segment_max.md.)"""
     lr = tl.arange(0, BLOCK_L)
     lowest = -(1 << (W - 1))  # below every key: rows past the segment's end
     best_key = tl.full([BLOCK_D], lowest, BITS)  # the lowest: no row seen yet
@@ -175,13 +174,8 @@ def _max_over_rows(xb, start, end, N, sx_n, dmask, BLOCK_L: tl.constexpr, BLOCK_
         m = (lr < end - r0)[:, None] & dmask[None, :]
         bits = tl.load(xb[None, :] + (r0 + lr)[:, None] * sx_n, mask=m, other=0.0).to(BITS, bitcast=True)
         key = tl.where(m, _order_key(bits, W, INF, BITS), lowest).to(BITS)  # (lowest is an int32 literal)
-        if W == 16 and PACK16:
-            pmax = tl.max((key.to(tl.int32) << 16) | (BLOCK_L - 1 - lr)[:, None], axis=0)
-            ckey = (pmax >> 16).to(BITS)
-            crow = BLOCK_L - 1 - (pmax & 0xFFFF)
-        else:
-            ckey = tl.max(key, axis=0).to(BITS)  # (Triton's max of int16 is int32)
-            crow = tl.min(tl.where(key == ckey[None, :], lr[:, None], BLOCK_L), axis=0)
+        ckey = tl.max(key, axis=0).to(BITS)  # (Triton's max of int16 is int32)
+        crow = tl.min(tl.where(key == ckey[None, :], lr[:, None], BLOCK_L), axis=0)
         # the element's bits: the key inverted, except for zeros and NaN (sign and payload), loaded again (one
         # element a column, from L1) only where a column needs it, so the tile's bits are dead once keyed
         cbits = (ckey ^ ((ckey >> (W - 1)) & ((1 << (W - 1)) - 1))).to(BITS)
@@ -201,15 +195,14 @@ def _max_over_rows(xb, start, end, N, sx_n, dmask, BLOCK_L: tl.constexpr, BLOCK_
 @triton.jit
 def _segment_max_fwd_kernel(x, offs, vals, idxs, S, N, INNER, n_dblk, SX, O_LO, I_LO, soff_o,
                             BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, BITS: tl.constexpr, W: tl.constexpr,
-                            INF: tl.constexpr, PACK16: tl.constexpr, SPLIT_O: tl.constexpr, SPLIT_I: tl.constexpr,
-                            PDL: tl.constexpr):
+                            INF: tl.constexpr, SPLIT_O: tl.constexpr, SPLIT_I: tl.constexpr, PDL: tl.constexpr):
     """A program a (segment, block of columns), its rows a tile at a time."""
     dblk, seg, outer = _ids(n_dblk, S, PDL)
     start, end = _segment(offs, soff_o, outer, seg, N, False)
     d = dblk * BLOCK_D + tl.arange(0, BLOCK_D)
     dmask = d < INNER
     xo, xi = _offsets(outer, d, SX, O_LO, I_LO, SPLIT_O, SPLIT_I)
-    idx, bits = _max_over_rows(x + xo + xi, start, end, N, SX[1], dmask, BLOCK_L, BLOCK_D, BITS, W, INF, PACK16)
+    idx, bits = _max_over_rows(x + xo + xi, start, end, N, SX[1], dmask, BLOCK_L, BLOCK_D, BITS, W, INF)
     o = (outer * S + seg) * INNER + d
     tl.store(vals + o, bits.to(vals.dtype.element_ty, bitcast=True), mask=dmask)  # (an empty segment: +0.0)
     tl.store(idxs + o, idx, mask=dmask)
@@ -601,9 +594,6 @@ class SegmentConfig:
     large_warps: int = 4
     # a small tile's warps: the forward 1.2-3.4x faster with one than with four
     fwd_warps: int = 1
-    # the tile kernel's 16-bit max as one packed int32 max (key and row) rather than a max and a min: more registers
-    # (docs/tuning/segment_max.md); kept as a field for the A/B on a GPU
-    fwd_pack16: bool = False
     # segment_max's backward: lanes (segment, column) a program, and its warps (first values, not searched; the
     # sweep's f32 cases at 0.86-3.6x stock on an H200: docs/tuning/segment_max.md)
     bwd_block: int = 1024
@@ -774,8 +764,7 @@ def _fwd(data: torch.Tensor, offsets: torch.Tensor, axis: int, op: str):
                              {"BLOCK_S": bs, "BLOCK_D": bd, "CAP": cfg.lanes_cap, "BLOCK_L": bl, **bits, **split},
                              cfg.lanes_warps, pdl, kernel=_segment_max_fwd_lanes_kernel)
         return _new_plan(outer * s * n_dblk, (s, n, inner, n_dblk, *strides, _offsets_stride(offsets)), copies,
-                         {"BLOCK_L": bl, "BLOCK_D": bd, **bits, "PACK16": cfg.fwd_pack16, **split}, warps, pdl,
-                         kernel=_segment_max_fwd_kernel)
+                         {"BLOCK_L": bl, "BLOCK_D": bd, **bits, **split}, warps, pdl, kernel=_segment_max_fwd_kernel)
 
     plan = _planned(("forward", data.shape, data.stride(), data.dtype, offsets.shape, offsets.dtype, axis, device,
                      pdl), make)
