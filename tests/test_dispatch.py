@@ -249,6 +249,23 @@ def test_auto_mode_leaves_stock_routed_ops_to_stock_and_always_routes_them(monke
     assert len(seen) == 1
 
 
+def test_auto_mode_registers_where_and_lerp_only_over_the_native_router(monkeypatch):
+    """Mode "auto" routes where and lerp where the C++ autograd node is built (it costs no more host time than
+    stock's node) and leaves them to stock where routing stays in Python (the override costs more); prelu stays
+    stock either way, a pad is routed either way, and the plan's route says the same."""
+    from gradkern.plan import route_of
+    from gradkern.routing import native
+
+    registry = gradkern.registry.REGISTRY
+    for built in (False, True):
+        monkeypatch.setattr(native, "available", lambda built=built: built)
+        for name in ("where_backward", "lerp_backward"):
+            assert dispatch.auto_registers(registry[name]) is built, name
+            assert route_of(registry[name], (), {}) == ("gradkern" if built else "stock"), name
+        assert not dispatch.auto_registers(registry["prelu_backward"])
+        assert dispatch.auto_registers(registry["reflection_pad1d_backward"])
+
+
 def test_a_route_predicate_decides_per_problem(monkeypatch):
     """A route that is a predicate of the arguments is asked on every call in mode auto, and not in always."""
     info = gradkern.registry.REGISTRY["reflection_pad1d_backward"]

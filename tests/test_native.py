@@ -564,6 +564,64 @@ def test_autograd_planner_op_has_the_overloads_arguments(ag_ops):
 
 
 @gpu_only
+def test_auto_mode_routes_where_and_lerp_through_the_cpp_node(monkeypatch):
+    """enable()'s default mode registers where and lerp (not prelu) where the native router is built, and a plain
+    call gets the C++ node, with the Python override's gradients."""
+    assert native.available(), native.status()
+    monkeypatch.setattr(native, "AG_FAST", True)
+    dispatch.unregister()
+    native.clear()
+    with gradkern.use():
+        assert "where.self" in dispatch._registered and "lerp.Tensor" in dispatch._registered
+        assert "_prelu_kernel" not in dispatch._registered
+        for name, overload in (("where_backward", "where.self"), ("lerp_backward", "lerp.Tensor")):
+            info = REGISTRY[name]
+            args, _ = info.aten_examples(DEVICE, torch.float32)[overload]
+            wanted = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
+            op = native.aten_overload(overload)
+            out = op(*args)
+            assert out.grad_fn.name() == info.aten[overload].function.__name__ + "Backward"
+            grad = _grad_of(out)
+            got = torch.autograd.grad(out, wanted, grad)
+            with gradkern.use(False):
+                want = torch.autograd.grad(op(*args), wanted, grad)
+            for g, w in zip(got, want, strict=True):
+                torch.testing.assert_close(g, w)
+
+
+@gpu_only
+def test_no_grad_calls_of_autograd_key_routes_stay_in_cpp(monkeypatch):
+    """A where/lerp call that wants no graph (no_grad, or no input requiring grad) runs stock below autograd from
+    the C++ router, without entering the Python override (which would cost host time on the most common calls)."""
+    assert native.available(), native.status()
+    monkeypatch.setattr(native, "AG_FAST", True)
+    with gradkern.use():
+        pass  # (registered before the spy goes in: registration attaches the C++ router over the override it sees)
+    calls = []
+    for name, overload in (("where_backward", "where.self"), ("lerp_backward", "lerp.Tensor")):
+        info = REGISTRY[name]
+        override = info.aten[overload]
+        monkeypatch.setitem(info.aten, overload, lambda *a, _o=override, **k: calls.append(1) or _o(*a, **k))
+    with gradkern.use():
+        for name, overload in (("where_backward", "where.self"), ("lerp_backward", "lerp.Tensor")):
+            args, _ = REGISTRY[name].aten_examples(DEVICE, torch.float32)[overload]
+            op = native.aten_overload(overload)
+            plain = [a.detach() if isinstance(a, torch.Tensor) else a for a in args]
+            with gradkern.use(False):
+                want = op(*plain)
+            with torch.no_grad():
+                got = op(*args)
+            assert got.grad_fn is None
+            assert_bitwise_equal(got, want, overload)
+            assert_bitwise_equal(op(*plain), want, overload)
+        assert not calls
+        monkeypatch.setattr(native, "AG_FAST", False)
+        native.clear()
+        op(*args)  # (the spy sees a call that wants a graph, with the C++ node off)
+        assert calls
+
+
+@gpu_only
 @pytest.mark.parametrize("name, overload", _AUTOGRAD_OVERLOADS)
 def test_autograd_key_routes_through_the_cpp_node(name, overload, monkeypatch):
     """With the C++ autograd path on, mode "always": the result's grad_fn is the C++ node (not the Python

@@ -32,6 +32,7 @@ from .config import PlanCache
 from .errors import InvalidProblem
 from .launch import launcher
 from .registry import Guarantee, OpInfo, get_op, route_rule
+from .routing.dispatch import auto_registers
 
 __all__ = ["Plan", "Launch", "plan", "descriptor"]
 
@@ -113,7 +114,7 @@ def plan(op_name: str, *args, **kwargs) -> Plan:
 def route_of(info: OpInfo, args: tuple, kwargs: Mapping) -> str:
     """Who serves this problem under enable() in mode "auto": "gradkern" or "stock" (a function of the
     descriptor)."""
-    if info.route is False or (callable(info.route) and not info.route(*args, **kwargs)):
+    if not auto_registers(info) or (callable(info.route) and not info.route(*args, **kwargs)):
         return "stock"
     return "gradkern"
 

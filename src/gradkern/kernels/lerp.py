@@ -22,7 +22,7 @@ from ..engines.multi_pointwise import MultiPointwise, check_output_mask
 from ..errors import InvalidProblem, Unsupported
 from ..launch.checks import broadcast_shape, check_tensor
 from ..registry import Case, register_op
-from ..routing.autograd import STOCK_IN_AUTO, fused_autograd
+from ..routing.autograd import NATIVE_IN_AUTO, fused_autograd
 
 _OP = "lerp_backward"
 
@@ -190,7 +190,7 @@ _ATEN = {
 
 @register_op(_OP, aten=_ATEN, dispatch="autograd", accumulates=True, reference=_lerp_backward_reference,
              cases=_lerp_cases, aten_examples=_lerp_examples, samples=_lerp_samples, errors=_lerp_errors,
-             **STOCK_IN_AUTO)
+             **NATIVE_IN_AUTO)
 def lerp_backward(grad: torch.Tensor, self: torch.Tensor, end: torch.Tensor, weight: float | torch.Tensor,
                   output_mask: Sequence[bool] = (True, True, True)
                   ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:

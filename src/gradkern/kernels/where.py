@@ -20,7 +20,7 @@ from ..engines.multi_pointwise import MultiPointwise, check_output_mask
 from ..errors import InvalidProblem, Unsupported
 from ..launch.checks import broadcast_shape, check_tensor
 from ..registry import Case, register_op
-from ..routing.autograd import STOCK_IN_AUTO, fused_autograd
+from ..routing.autograd import NATIVE_IN_AUTO, fused_autograd
 
 _OP = "where_backward"
 _COND_DTYPES = (torch.bool, torch.uint8)  # uint8: deprecated by PyTorch, still accepted there (with a warning)
@@ -143,7 +143,7 @@ _WHERE_OVERRIDE = fused_autograd(_OP, "where.self", accepts=_where_accepts, save
 
 @register_op(_OP, aten={"where.self": _WHERE_OVERRIDE}, dispatch="autograd", accumulates=True,
              reference=_where_backward_reference, cases=_where_cases, aten_examples=_where_examples,
-             samples=_where_samples, errors=_where_errors, **STOCK_IN_AUTO)
+             samples=_where_samples, errors=_where_errors, **NATIVE_IN_AUTO)
 def where_backward(grad: torch.Tensor, condition: torch.Tensor, self, other,
                    output_mask: Sequence[bool] = (True, True)) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """Gradients of torch.where(condition, self, other) in one pass: (grad_self, grad_other), each at its input's

@@ -29,8 +29,8 @@ from ..errors import InvalidProblem, RankUnsupported
 from ..registry import REGISTRY, OpInfo
 from . import native
 
-__all__ = ["enable", "disable", "use", "is_enabled", "mode", "stock_call", "routed_overloads", "intercept",
-           "unregister"]
+__all__ = ["enable", "disable", "use", "is_enabled", "mode", "stock_call", "routed_overloads", "auto_registers",
+           "intercept", "unregister"]
 
 _lib: torch.library.Library | None = None  # the registrations, made once (see unregister)
 _enabled = False  # what every router reads on every call: process-wide, so autograd's own threads see it too
@@ -107,10 +107,17 @@ def routed_overloads() -> dict[str, str]:
     return {ov: info.name for info in REGISTRY.values() for ov in info.aten}
 
 
+def auto_registers(info: OpInfo) -> bool:
+    """Whether mode "auto" registers `info`'s routers: not where its route is stock for every descriptor
+    (`route=False`: they would cost host time and route nothing), nor for an autograd-key op where the native
+    router is not built (its Python override costs 44-77 us a forward + backward more than stock's autograd node,
+    H200; docs/tuning/routing.md)."""
+    return info.route is not False and (info.dispatch != "autograd" or native.available())
+
+
 def _register(always: bool) -> None:
-    """Register the routers not registered yet (under _lock): every op's, but those of ops whose route is stock
-    for every descriptor (`route=False`) only for mode "always" (elsewhere they would cost host time and route
-    nothing)."""
+    """Register the routers not registered yet (under _lock): every op's in mode "always", else those that
+    `auto_registers`."""
     global _lib
     if _covered.get(always) == len(REGISTRY):  # (every op of the registry as it was then: done)
         return
@@ -120,7 +127,7 @@ def _register(always: bool) -> None:
         warnings.filterwarnings("ignore", message=".*Overriding a previously registered kernel.*")
         warnings.filterwarnings("ignore", message=".*Warning only once for all operators.*")
         for info in REGISTRY.values():
-            if info.route is False and not always:
+            if not always and not auto_registers(info):
                 continue
             key = _runtime.AUTOGRAD_KEY if info.dispatch == "autograd" else _runtime.BACKEND_KEY
             for overload in info.aten:

@@ -474,6 +474,23 @@ bool ag_eligible(const torch::jit::Stack& stack, size_t n, std::vector<int64_t>&
   return any;
 }
 
+// Whether a call wants no graph (grad mode off, or no argument requiring grad) and has only plain tensors, outside
+// torch-dispatch modes and functorch: stock's autograd kernel would run it below autograd, and so can the router
+// without entering Python (where and lerp are registered in mode "auto": their no-grad calls are most calls).
+bool needs_no_graph(const torch::jit::Stack& stack, size_t n) {
+  if (c10::impl::TorchDispatchModeTLS::stack_len() > 0 ||
+      c10::impl::tls_is_dispatch_key_included(c10::DispatchKey::FuncTorchDynamicLayerFrontMode))
+    return false;
+  const bool grad_mode = at::GradMode::is_enabled();
+  for (size_t i = stack.size() - n; i < stack.size(); ++i) {
+    const c10::IValue& v = stack[i];
+    if (!v.isTensor() || !v.toTensor().defined()) continue;
+    const at::Tensor& t = v.toTensor();
+    if (!plain_tensor(t) || (grad_mode && t.requires_grad())) return false;
+  }
+  return true;
+}
+
 using NodeRef = decltype(torch::autograd::Edge::function);  // (a shared_ptr or, in newer torch, an intrusive_ptr)
 
 template <class T>
@@ -519,9 +536,13 @@ struct AgRouter final : c10::OperatorKernel {
     std::vector<int64_t> key, needs;
     key.reserve(48);
     int device = -1;
-    if (!g_enabled.load(std::memory_order_relaxed) || t_depth > 0 || !ag_eligible(*stack, n, needs) ||
-        !make_key(*stack, n, false, key, device))
-      return call_python(entry, op, ks, stack);
+    if (!g_enabled.load(std::memory_order_relaxed) || t_depth > 0) return call_python(entry, op, ks, stack);
+    if (!ag_eligible(*stack, n, needs)) {
+      if (!needs_no_graph(*stack, n)) return call_python(entry, op, ks, stack);
+      at::AutoDispatchBelowADInplaceOrView guard;  // (what stock's autograd kernel does when no graph is wanted)
+      return op.redispatchBoxed(ks & c10::after_autograd_keyset, stack);
+    }
+    if (!make_key(*stack, n, false, key, device)) return call_python(entry, op, ks, stack);
     key.insert(key.end(), needs.begin(), needs.end());
     auto find_plan = [&]() -> std::shared_ptr<const AgPlan> {
       std::shared_lock<std::shared_mutex> lock(entry->mutex);
