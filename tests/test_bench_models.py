@@ -5,6 +5,7 @@ import collections
 import copy
 import json
 import math
+import statistics
 
 import pytest
 import torch
@@ -42,7 +43,7 @@ def test_smoke_run_writes_the_records(tmp_path, capfd, monkeypatch):
     path, png = tmp_path / "models.json", tmp_path / "models.png"
     assert cli.main(["bench", "--models", "gated-rnn", "--dtypes", "f32", "--json", str(path), "--plot", str(png)]) == 0
     out = capfd.readouterr().out
-    assert "gated-rnn" in out and "speedup (stock min / gradkern min)" in out and "det vs stock det-off" in out
+    assert "gated-rnn" in out and "speedup (median of paired runs)" in out and "det vs stock det-off" in out
     assert png.stat().st_size > 0
     result = json.loads(path.read_text())
     assert {"device", "torch", "triton", "date", "repeats", "records"} <= result.keys()
@@ -51,20 +52,24 @@ def test_smoke_run_writes_the_records(tmp_path, capfd, monkeypatch):
         assert r["model"] == "gated-rnn" and r["dtype"] == "f32"
         assert r["stock_status"] == r["gradkern_status"] == "ok"
         for key in ("stock_ms", "gradkern_ms", "stock_ms_median", "gradkern_ms_median", "stock_issue_ms",
-                    "gradkern_issue_ms", "speedup", "speedup_median"):
+                    "gradkern_issue_ms", "speedup", "speedup_min", "speedup_median"):
             assert math.isfinite(r[key]) and r[key] > 0, key
         for m in ("stock", "gradkern"):
             assert len(r[f"{m}_wall_ms_all"]) == len(r[f"{m}_issue_ms_all"]) == r["repeats"]
             assert r[f"{m}_ms"] == min(r[f"{m}_wall_ms_all"]) <= r[f"{m}_ms_median"]
         assert r["stock_issue_ms"] <= r["stock_ms"]
-        assert r["speedup"] == r["stock_ms"] / r["gradkern_ms"]
+        assert r["speedup_min"] == r["stock_ms"] / r["gradkern_ms"]
+        pairs = sorted(s / g for s, g in zip(r["stock_wall_ms_all"], r["gradkern_wall_ms_all"], strict=True))
+        assert r["speedup"] == statistics.median(pairs)
     for off, on in zip(result["records"][::2], result["records"][1::2]):
         assert off["det_vs_stock_det_off"] is None and off["stock_det_off_ms"] is None
         assert on["stock_det_off_ms"] == off["stock_ms"]
         assert on["det_vs_stock_det_off"] == off["stock_ms"] / on["gradkern_ms"]
 
 
-def test_timed_runs_take_turns_and_the_fastest_is_the_headline(monkeypatch):
+def test_timed_runs_take_turns_and_the_paired_median_is_the_headline(monkeypatch):
+    """A mode's ms is its fastest run; the speedup is the median of the rounds' stock / gradkern (here 1.25, 0.5
+    and 1.8: 1.25), not the fastest against the fastest (1.2)."""
     calls = []
     walls = iter([5.0, 4.0, 3.0, 6.0, 4.5, 2.5])  # stock, gradkern, stock, ...
 
@@ -80,8 +85,17 @@ def test_timed_runs_take_turns_and_the_fastest_is_the_headline(monkeypatch):
     assert rec["stock_wall_ms_all"] == [5.0, 3.0, 4.5] and rec["gradkern_wall_ms_all"] == [4.0, 6.0, 2.5]
     assert (rec["stock_ms"], rec["stock_ms_median"], rec["stock_issue_ms"]) == (3.0, 4.5, 1.5)
     assert (rec["gradkern_ms"], rec["gradkern_ms_median"], rec["gradkern_issue_ms"]) == (2.5, 4.0, 1.25)
-    assert rec["speedup"] == 3.0 / 2.5 and rec["speedup_median"] == 4.5 / 4.0
-    assert bench_models._speedup_cell(rec) == "1.20x" and bench_models._det_off_cell(rec) == "-"
+    assert rec["speedup"] == 5.0 / 4.0 and rec["speedup_min"] == 3.0 / 2.5 and rec["speedup_median"] == 4.5 / 4.0
+    assert bench_models._speedup_cell(rec) == "1.25x" and bench_models._det_off_cell(rec) == "-"
+
+
+def test_rounds_follow_the_step_time():
+    """Host-bound rows (short steps) take the most rounds, GPU-bound ones (slow steps) at least MIN_REPEATS, and
+    never more than asked."""
+    assert bench_models._rounds(7, 5.0, 21) == 21
+    assert bench_models._rounds(3, 40.0, 21) == bench_models.MIN_REPEATS
+    assert bench_models._rounds(3, 20.0, 21) == 12
+    assert bench_models._rounds(7, 5.0, 3) == 3
 
 
 def test_a_timed_run_warms_up_collects_and_times_with_the_collector_off(monkeypatch):

@@ -2,14 +2,16 @@
 
 A step is eager forward + backward + SGD step. Per model, batch (a host-bound small one and a GPU-bound large
 one, whose GPU work is several times a step's host issue time), dtype and deterministic mode (off, then on), the
-stock and gradkern steps are timed in turns (stock, gradkern, stock, ...), REPEATS runs each: warm-up steps, a
+stock and gradkern steps are timed in turns (stock, gradkern, stock, ...), 7 to REPEATS runs each: warm-up steps, a
 garbage collection, then with the collector off: synchronise, N steps back to back, synchronise; the wall clock / N
-(host time included) and the CPU-issue time / N (the clock read before the final synchronisation) are kept. The
-headline is the fastest run (host noise only adds time), the median and every run are in the JSON; speedup is
-stock's fastest / gradkern's fastest, and a deterministic row also compares gradkern with stock's deterministic-off
-row (the target: gradkern in deterministic mode as fast as stock without it). A mode that raises a RuntimeError
-about deterministic algorithms is reported as "raises". Without a GPU it runs tiny models through Triton's
-interpreter, one step each (those timings mean nothing)."""
+(host time included) and the CPU-issue time / N (the clock read before the final synchronisation) are kept. A
+mode's ms is its fastest run (host noise only adds time), the median and every run are in the JSON. The speedup
+is the median over rounds of stock's run / gradkern's run of the same round: a host-bound step's runs spread by up
+to 1.5x within a row, and the median of many adjacent pairs is steadier than the fastest against the fastest
+(docs/tuning/routing.md). A deterministic row also compares gradkern's fastest with stock's fastest in the
+deterministic-off row (the target: gradkern in deterministic mode as fast as stock without it). A mode that raises
+a RuntimeError about deterministic algorithms is reported as "raises". Without a GPU it runs tiny models through
+Triton's interpreter, one step each (those timings mean nothing)."""
 
 from __future__ import annotations
 
@@ -40,12 +42,16 @@ from .cli import _device_name, print_table
 __all__ = ["MODELS", "Config", "Workload", "stock_sparsemax", "stock_pytorch", "measure", "link_det_off", "run_models",
            "list_lines"]
 
-# On a GPU a row (model, config, dtype, deterministic mode) takes 2 modes x REPEATS timed runs of about TARGET_S
-# (at least MIN_STEPS steps) each, plus warm-ups: a few seconds, so that all 72 rows (9 models x 2 sizes x 2 dtypes
-# x 2 modes) finish in a few minutes, first-call compiles included.
-TARGET_S = 0.1  # seconds of timed steps per (row, mode, repeat)
+# On a GPU a row (model, config, dtype, deterministic mode) takes 2 modes x 7-21 timed runs of about TARGET_S (at
+# least MIN_STEPS steps) each, RUN_BUDGET_S a mode in all, plus warm-ups: a few seconds, so that all 80 rows finish
+# in about ten minutes, first-call compiles included. Short runs and many rounds: on rows whose two modes run the
+# same work, the paired median spread 0.98-1.04x with 21 runs of 35 ms against 0.92-1.13x for the fastest of 7 runs
+# of 100 ms (H200, docs/tuning/routing.md).
+TARGET_S = 0.035  # seconds of timed steps per (row, mode, repeat)
 MIN_STEPS, MAX_STEPS = 3, 2000
-REPEATS = 7  # timed runs per mode, stock and gradkern in turns; the fastest is the headline
+REPEATS = 21  # at most this many timed runs per mode (rounds), stock and gradkern in turns
+MIN_REPEATS = 7  # at least this many, however long a run
+RUN_BUDGET_S = 0.75  # seconds of timed steps per (row, mode): runs of slow steps (GPU-bound rows) take fewer rounds
 WARMUP = 3  # steps before the step-time estimate (the first gradkern call of a shape compiles its kernels)
 RUN_WARMUP = 2  # steps before each timed run
 
@@ -563,6 +569,11 @@ def _steps(fast_ms: float, slow_ms: float) -> int:
     return min(MAX_STEPS, max(MIN_STEPS, n))
 
 
+def _rounds(n: int, step_ms: float, most: int) -> int:
+    """Rounds of timed runs for n steps of step_ms: RUN_BUDGET_S of timed steps, MIN_REPEATS to `most`."""
+    return max(min(MIN_REPEATS, most), min(most, math.floor(RUN_BUDGET_S * 1e3 / (n * step_ms))))
+
+
 def _is_determinism_error(e: BaseException) -> bool:
     return isinstance(e, RuntimeError) and "deterministic" in str(e).lower()
 
@@ -609,7 +620,8 @@ def measure(cls, size: str, dtype: torch.dtype, deterministic: bool, device, gpu
             run_warmup: int = RUN_WARMUP) -> dict:
     """One table row: stock and gradkern training steps of model `cls` at config `size`, timed in turns. `warmup`
     steps per mode first (compiles), then (unless `steps` is given) a 2-step estimate that sets the steps per run;
-    then `repeats` rounds of one timed run per mode (stock, gradkern, stock, ...), each after `run_warmup` steps."""
+    then rounds of one timed run per mode (stock, gradkern, stock, ...), each after `run_warmup` steps: `repeats`
+    of them where `steps` is given, else `_rounds` of the estimate with `repeats` the most."""
     cfg = cls.configs[size]
     torch.manual_seed(0)
     work = cls.make(cfg.batch, dtype, device, **cfg.kw)
@@ -625,6 +637,8 @@ def measure(cls, size: str, dtype: torch.dtype, deterministic: bool, device, gpu
             if est is not None:
                 estimates.append(est)
         n = steps or (_steps(min(estimates), max(estimates)) if estimates else 0)
+        if not steps and estimates:
+            repeats = _rounds(n, max(estimates), repeats)
         for _ in range(repeats):
             for m in modes:  # in turns, so that drift (clocks, other load) hits both
                 t = m.run(lambda m=m: _timed_run(m.step, n, run_warmup, gpu))
@@ -638,10 +652,19 @@ def measure(cls, size: str, dtype: torch.dtype, deterministic: bool, device, gpu
            "run_warmup": run_warmup}
     for m in modes:
         rec.update(m.fields())
-    rec["speedup"] = _ratio(rec["stock_ms"], rec["gradkern_ms"])  # fastest runs: the headline
+    rec["speedup"] = _paired(modes)  # the headline
+    rec["speedup_min"] = _ratio(rec["stock_ms"], rec["gradkern_ms"])
     rec["speedup_median"] = _ratio(rec["stock_ms_median"], rec["gradkern_ms_median"])
     rec["stock_det_off_ms"] = rec["det_vs_stock_det_off"] = None  # (deterministic rows: set by link_det_off)
     return rec
+
+
+def _paired(modes: list[_Mode]) -> float | None:
+    """The median over rounds of stock's wall / gradkern's (None unless both modes ran every round)."""
+    stock, gk = modes
+    if stock.status != "ok" or gk.status != "ok" or not stock.wall or len(stock.wall) != len(gk.wall):
+        return None
+    return statistics.median(s / g for s, g in zip(stock.wall, gk.wall, strict=True))
 
 
 def link_det_off(records: list[dict]) -> None:
@@ -675,7 +698,7 @@ def _det_off_cell(rec: dict) -> str:
 
 
 HEADERS = ["model", "batch", "input", "dtype", "det", "stock min ms", "gradkern min ms",
-           "speedup (stock min / gradkern min)", "det vs stock det-off", "stock issue ms", "gradkern issue ms",
+           "speedup (median of paired runs)", "det vs stock det-off", "stock issue ms", "gradkern issue ms",
            "steps"]
 
 
@@ -724,10 +747,13 @@ def run_models(names: list[str] | None = None, dtypes: list[torch.dtype] | None 
     elapsed = time.perf_counter() - t_start
     print()
     print_table(HEADERS, [_row(r) for r in records])
-    print(f"\nmin ms: wall clock per training step (host included) of the fastest of the {repeats} timed runs per "
-          f"mode,\n  stock and gradkern in turns, each after {run_warmup} warm-up steps and a garbage collection, the "
-          "collector off while timed\n  (host noise only adds time; the medians and every run are in the JSON)\n"
-          "speedup: stock min ms / gradkern min ms, the same deterministic mode\n"
+    runs = f"{MIN_REPEATS} to {repeats}, by step time" if gpu else f"{repeats}"
+    print(f"\nmin ms: wall clock per training step (host included) of a mode's fastest timed run ({runs}: each "
+          f"row's count is in the JSON),\n  stock and gradkern in turns, each after {run_warmup} warm-up steps and a "
+          "garbage collection, the collector off while timed\n  (host noise only adds time; the medians and every run "
+          "are in the JSON)\n"
+          "speedup: the median over rounds of stock's run / gradkern's run of the round, the same deterministic mode\n"
+          "  (each round's two runs are adjacent in time; speedup_min, stock min / gradkern min, is in the JSON)\n"
           "det vs stock det-off (deterministic rows): stock's min ms with deterministic mode off (the same model, "
           "batch and dtype)\n  / gradkern's min ms with it on (the target: >= 1)\n"
           "issue ms: CPU time to issue a step in the fastest run (the clock read before the final synchronisation)\n"
@@ -741,7 +767,8 @@ def run_models(names: list[str] | None = None, dtypes: list[torch.dtype] | None 
               "gradkern": __version__, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
               "interpreter": not gpu, "cublas_workspace_config": os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
               "target_s": TARGET_S if gpu else None, "repeats": repeats, "run_warmup": run_warmup,
-              "headline": "min over repeats (ms fields); *_ms_median and *_all beside", "elapsed_s": elapsed,
+              "headline": "ms fields: min over a row's repeats (*_ms_median and *_all beside); speedup: median of the "
+                          "rounds' stock / gradkern (speedup_min, speedup_median beside)", "elapsed_s": elapsed,
               "records": records}
     if json_path:
         with open(json_path, "w") as f:
@@ -754,7 +781,7 @@ def run_models(names: list[str] | None = None, dtypes: list[torch.dtype] | None 
 
 # ------------------------------------------------------------------------------------------------- plot
 def plot(records: list[dict], dev_name: str, path: str) -> None:
-    """One panel per model: speedup (stock min / gradkern min) bars per batch and dtype, deterministic mode off and
+    """One panel per model: speedup (median of paired runs) bars per batch and dtype, deterministic mode off and
     on, and on each deterministic bar a mark at stock's deterministic-off min / gradkern's deterministic min."""
     import matplotlib
 
@@ -794,7 +821,7 @@ def plot(records: list[dict], dev_name: str, path: str) -> None:
         ax.set_xticks(range(len(groups)))
         ax.set_xticklabels([f"batch {b}\n{s}\n{d}" for _c, b, s, d in groups], fontsize=7)
         ax.set_title(model, fontsize=10)
-        ax.set_ylabel("speedup (stock min / gradkern min)", fontsize=8)
+        ax.set_ylabel("speedup (median of paired runs)", fontsize=8)
     for ax in list(axes.flat)[len(models):]:
         ax.set_visible(False)
     handles = [*(plt.Rectangle((0, 0), 1, 1, color=c) for c in colors.values()),
