@@ -453,42 +453,31 @@ bool plain_tensor(const at::Tensor& t) {
   return !t._fw_grad(/*level=*/0).defined();
 }
 
-// Whether a call may take the fast path at all (the descriptor's plan decides the rest); `needs`: which arguments
-// require grad, by schema position.
-bool ag_eligible(const torch::jit::Stack& stack, size_t n, std::vector<int64_t>& needs) {
-  if (!at::GradMode::is_enabled() || c10::impl::TorchDispatchModeTLS::stack_len() > 0 ||
+// How an autograd router takes a call. PYTHON: a tensor that is not plain, a torch-dispatch mode or functorch (the
+// Python override decides); BELOW: no graph wanted (grad mode off, or no argument requiring grad), so stock's forward
+// below autograd, as stock's autograd kernel would run it, without entering Python (where and lerp are registered in
+// mode "auto": their no-grad calls are most calls); GRAPH: the fast path, where the descriptor's plan allows it.
+// `needs`: which arguments require grad, by schema position.
+enum class AgCall { PYTHON, BELOW, GRAPH };
+
+AgCall ag_classify(const torch::jit::Stack& stack, size_t n, std::vector<int64_t>& needs) {
+  if (c10::impl::TorchDispatchModeTLS::stack_len() > 0 ||
       c10::impl::tls_is_dispatch_key_included(c10::DispatchKey::FuncTorchDynamicLayerFrontMode))
-    return false;
+    return AgCall::PYTHON;
+  const bool grad_mode = at::GradMode::is_enabled();
   bool any = false;
   for (size_t i = stack.size() - n; i < stack.size(); ++i) {
     const c10::IValue& v = stack[i];
     bool rg = false;
     if (v.isTensor() && v.toTensor().defined()) {
       const at::Tensor& t = v.toTensor();
-      if (!plain_tensor(t)) return false;
-      rg = t.requires_grad();
+      if (!plain_tensor(t)) return AgCall::PYTHON;
+      rg = grad_mode && t.requires_grad();
     }
     needs.push_back(rg);
     any = any || rg;
   }
-  return any;
-}
-
-// Whether a call wants no graph (grad mode off, or no argument requiring grad) and has only plain tensors, outside
-// torch-dispatch modes and functorch: stock's autograd kernel would run it below autograd, and so can the router
-// without entering Python (where and lerp are registered in mode "auto": their no-grad calls are most calls).
-bool needs_no_graph(const torch::jit::Stack& stack, size_t n) {
-  if (c10::impl::TorchDispatchModeTLS::stack_len() > 0 ||
-      c10::impl::tls_is_dispatch_key_included(c10::DispatchKey::FuncTorchDynamicLayerFrontMode))
-    return false;
-  const bool grad_mode = at::GradMode::is_enabled();
-  for (size_t i = stack.size() - n; i < stack.size(); ++i) {
-    const c10::IValue& v = stack[i];
-    if (!v.isTensor() || !v.toTensor().defined()) continue;
-    const at::Tensor& t = v.toTensor();
-    if (!plain_tensor(t) || (grad_mode && t.requires_grad())) return false;
-  }
-  return true;
+  return any ? AgCall::GRAPH : AgCall::BELOW;
 }
 
 using NodeRef = decltype(torch::autograd::Edge::function);  // (a shared_ptr or, in newer torch, an intrusive_ptr)
@@ -537,10 +526,15 @@ struct AgRouter final : c10::OperatorKernel {
     key.reserve(48);
     int device = -1;
     if (!g_enabled.load(std::memory_order_relaxed) || t_depth > 0) return call_python(entry, op, ks, stack);
-    if (!ag_eligible(*stack, n, needs)) {
-      if (!needs_no_graph(*stack, n)) return call_python(entry, op, ks, stack);
-      at::AutoDispatchBelowADInplaceOrView guard;  // (what stock's autograd kernel does when no graph is wanted)
-      return op.redispatchBoxed(ks & c10::after_autograd_keyset, stack);
+    switch (ag_classify(*stack, n, needs)) {
+      case AgCall::PYTHON:
+        return call_python(entry, op, ks, stack);
+      case AgCall::BELOW: {
+        at::AutoDispatchBelowADInplaceOrView guard;
+        return op.redispatchBoxed(ks & c10::after_autograd_keyset, stack);
+      }
+      case AgCall::GRAPH:
+        break;
     }
     if (!make_key(*stack, n, false, key, device)) return call_python(entry, op, ks, stack);
     key.insert(key.end(), needs.begin(), needs.end());
