@@ -162,9 +162,8 @@ def _max_over_rows(xb, start, end, N, sx_n, dmask, BLOCK_L: tl.constexpr, BLOCK_
                    W: tl.constexpr, INF: tl.constexpr):
     """The max of rows [start, end) of columns xb (pointers, [BLOCK_D]) and its first row, a tile of BLOCK_L rows at
     a time: (indices, the element's bits; N and +0.0 for an empty segment). Per tile, the largest order key
-    (_order_key: NaN on top) and the first row holding it: a max, then a min of the rows holding it. (Packing the key
-    and the row into one max was slower on an H200: 32-bit keys in int64 1.1-1.4x, 16-bit keys in int32 0.63x
-    against 0.67x stock over the bf16 sweep; docs/tuning/segment_max.md.)"""
+    (_order_key: NaN on top) and the first row holding it: a max, then a min of the rows holding it
+    (docs/tuning/segment_max.md, "The forward's max and its first row")."""
     lr = tl.arange(0, BLOCK_L)
     lowest = -(1 << (W - 1))  # below every key: rows past the segment's end
     best_key = tl.full([BLOCK_D], lowest, BITS)  # the lowest: no row seen yet

@@ -46,10 +46,9 @@ __all__ = ["fused_autograd", "plain_tensors", "plain_gradient", "direct_apply", 
 # repeat, segment_reduce): stock is deterministic for them, and the override costs host time on every call of its op
 STOCK_IN_AUTO = {"route": False, "route_doc": "stock (deterministic; an autograd-key override costs host time a call, "
                  "declined or not); gradkern's fused backward only in mode \"always\""}
-# ... and for one whose C++ node costs no more host time than stock's autograd node (where.self -37 us, lerp.Tensor
-# -27, lerp.Scalar +6 a forward + backward, H200) and gains in the model benchmark's gated-rnn: every problem its
-# override accepts, in mode "auto" too, where the native router is built (dispatch.auto_registers; in Python the
-# override costs 44-77 us more than stock's node); docs/tuning/routing.md
+# ... and for one whose C++ node costs no more host time than stock's autograd node and gains in a model step: every
+# problem its override accepts, in mode "auto" too, where the native router is built (dispatch.auto_registers);
+# the figures are in docs/tuning/routing.md
 NATIVE_IN_AUTO = {"route": None, "route_doc": "gradkern's fused backward for every problem the override accepts, "
                   "where the native router is built (its C++ autograd node costs no more host time than stock's); "
                   "stock (deterministic) where it is not"}

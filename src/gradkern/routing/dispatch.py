@@ -110,8 +110,8 @@ def routed_overloads() -> dict[str, str]:
 def auto_registers(info: OpInfo) -> bool:
     """Whether mode "auto" registers `info`'s routers: not where its route is stock for every descriptor
     (`route=False`: they would cost host time and route nothing), nor for an autograd-key op where the native
-    router is not built (its Python override costs 44-77 us a forward + backward more than stock's autograd node,
-    H200; docs/tuning/routing.md)."""
+    router is not built (its Python override costs more host time than stock's autograd node:
+    docs/tuning/routing.md)."""
     return info.route is not False and (info.dispatch != "autograd" or native.available())
 
 

@@ -1,16 +1,16 @@
 """`python -m gradkern bench --models`: training steps of small real architectures, stock PyTorch vs gradkern.
 
-A step is eager forward + backward + SGD step. Per model, batch (a host-bound small one and a GPU-bound large
-one, whose GPU work is several times a step's host issue time), dtype and deterministic mode (off, then on), the
-stock and gradkern steps are timed in turns (stock, gradkern, stock, ...), 7 to REPEATS runs each: warm-up steps, a
-garbage collection, then with the collector off: synchronise, N steps back to back, synchronise; the wall clock / N
-(host time included) and the CPU-issue time / N (the clock read before the final synchronisation) are kept. A
-mode's ms is its fastest run (host noise only adds time), the median and every run are in the JSON. The speedup
-is the median over rounds of stock's run / gradkern's run of the same round: a host-bound step's runs spread by up
-to 1.5x within a row, and the median of many adjacent pairs is steadier than the fastest against the fastest
+A step is eager forward + backward + SGD step. Per model, batch (a host-bound small one and a GPU-bound large one,
+whose GPU work is several times a step's host issue time), dtype and deterministic mode (off, then on), the stock
+and gradkern steps are timed in turns (stock, gradkern, stock, ...), MIN_REPEATS to REPEATS runs each: warm-up
+steps, a garbage collection, then with the collector off: synchronise, N steps back to back, synchronise; the wall
+clock / N (host time included) and the CPU-issue time / N (the clock read before the final synchronisation) are
+kept. A mode's ms is its fastest run (host noise only adds time), the median and every run are in the JSON. The
+speedup is the median over rounds of stock's run / gradkern's run of the same round: a host-bound step's runs are
+noisy, and the median of many adjacent pairs is steadier than the fastest against the fastest
 (docs/tuning/routing.md). A deterministic row also compares gradkern's fastest with stock's fastest in the
-deterministic-off row (the target: gradkern in deterministic mode as fast as stock without it). A mode that raises
-a RuntimeError about deterministic algorithms is reported as "raises". Without a GPU it runs tiny models through
+deterministic-off row (the target: gradkern in deterministic mode as fast as stock without it). A mode that raises a
+RuntimeError about deterministic algorithms is reported as "raises". Without a GPU it runs tiny models through
 Triton's interpreter, one step each (those timings mean nothing)."""
 
 from __future__ import annotations
@@ -42,11 +42,10 @@ from .cli import _device_name, print_table
 __all__ = ["MODELS", "Config", "Workload", "stock_sparsemax", "stock_pytorch", "measure", "link_det_off", "run_models",
            "list_lines"]
 
-# On a GPU a row (model, config, dtype, deterministic mode) takes 2 modes x 7-21 timed runs of about TARGET_S (at
-# least MIN_STEPS steps) each, RUN_BUDGET_S a mode in all, plus warm-ups: a few seconds, so that all 80 rows finish
-# in about ten minutes, first-call compiles included. Short runs and many rounds: on rows whose two modes run the
-# same work, the paired median spread 0.98-1.04x with 21 runs of 35 ms against 0.92-1.13x for the fastest of 7 runs
-# of 100 ms (H200, docs/tuning/routing.md).
+# On a GPU a row (model, config, dtype, deterministic mode) takes 2 modes x MIN_REPEATS to REPEATS timed runs of
+# TARGET_S (at least MIN_STEPS steps) each, RUN_BUDGET_S a mode in all, plus warm-ups: a few seconds, so that all
+# 80 rows finish in about ten minutes, first-call compiles included. Short runs and many rounds, because a
+# host-bound step's runs are noisy (docs/tuning/routing.md, "The bench's noise, measured").
 TARGET_S = 0.035  # seconds of timed steps per (row, mode, repeat)
 MIN_STEPS, MAX_STEPS = 3, 2000
 REPEATS = 21  # at most this many timed runs per mode (rounds), stock and gradkern in turns
