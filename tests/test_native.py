@@ -563,6 +563,10 @@ def test_autograd_planner_op_has_the_overloads_arguments(ag_ops):
     assert ag_ops.plans[-1][0] is True and ag_ops.plans[-1][1] == [0]  # (where saves the condition)
 
 
+# the autograd-key overloads mode "auto" routes over the C++ node (one per op)
+_AUTO_ROUTED = (("where_backward", "where.self"), ("lerp_backward", "lerp.Tensor"))
+
+
 @gpu_only
 def test_auto_mode_routes_where_and_lerp_through_the_cpp_node(monkeypatch):
     """enable()'s default mode registers where and lerp (not prelu) where the native router is built, and a plain
@@ -574,7 +578,7 @@ def test_auto_mode_routes_where_and_lerp_through_the_cpp_node(monkeypatch):
     with gradkern.use():
         assert "where.self" in dispatch._registered and "lerp.Tensor" in dispatch._registered
         assert "_prelu_kernel" not in dispatch._registered
-        for name, overload in (("where_backward", "where.self"), ("lerp_backward", "lerp.Tensor")):
+        for name, overload in _AUTO_ROUTED:
             info = REGISTRY[name]
             args, _ = info.aten_examples(DEVICE, torch.float32)[overload]
             wanted = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
@@ -598,12 +602,12 @@ def test_no_grad_calls_of_autograd_key_routes_stay_in_cpp(monkeypatch):
     with gradkern.use():
         pass  # (registered before the spy goes in: registration attaches the C++ router over the override it sees)
     calls = []
-    for name, overload in (("where_backward", "where.self"), ("lerp_backward", "lerp.Tensor")):
+    for name, overload in _AUTO_ROUTED:
         info = REGISTRY[name]
         override = info.aten[overload]
         monkeypatch.setitem(info.aten, overload, lambda *a, _o=override, **k: calls.append(1) or _o(*a, **k))
     with gradkern.use():
-        for name, overload in (("where_backward", "where.self"), ("lerp_backward", "lerp.Tensor")):
+        for name, overload in _AUTO_ROUTED:
             args, _ = REGISTRY[name].aten_examples(DEVICE, torch.float32)[overload]
             op = native.aten_overload(overload)
             plain = [a.detach() if isinstance(a, torch.Tensor) else a for a in args]
