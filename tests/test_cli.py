@@ -63,3 +63,21 @@ def test_host_table_times_each_autograd_overload_itself(monkeypatch):
     rows = bench._overheads(["lerp_backward"], torch.device(gradkern._runtime.DEVICE_TYPE), False)
     assert [r["path"].split()[0] for r in rows if "fwd+bwd" in r["path"]] == ["lerp.Scalar", "lerp.Tensor"]
     assert [str(op) for op in seen] == ["aten.lerp.Scalar", "aten.lerp.Tensor"]
+
+
+def test_host_row_keeps_each_sides_fastest_of_many_short_runs(monkeypatch):
+    """Bug: each side of a host row was its faster of two long runs, so one slow spell of the host moved a row past
+    its target (a row read 1.40x in one table, 1.05x in the next). A row takes `rounds` runs a side, alternating,
+    and keeps each side's fastest, wherever it falls."""
+    from gradkern.tools import bench
+
+    def stock():
+        pass
+
+    def ours():
+        pass
+    times = {stock: iter([9.0, 8.0, 8.5, 5.0, 9.0]), ours: iter([12.0, 11.0, 6.0, 13.0, 12.0])}
+    monkeypatch.setattr(bench, "host_overhead_us", lambda fn, calls: next(times[fn]))
+    row = bench._host_row("op", "gradkern.ops", "case", ours, stock, 200, 5, routed=False)
+    assert (row["aten_us"], row["gradkern_us"], row["ratio"]) == (5.0, 6.0, 1.2)
+    assert row["target_met"]

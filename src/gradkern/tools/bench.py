@@ -139,13 +139,16 @@ def run_bench(args) -> int:
 # host-cost targets (design.md): a routed op or gradkern.ops function at most this many times ATen's time a call,
 # an autograd-key route's forward+backward at most this many microseconds above stock's
 HOST_RATIO_TARGET, HOST_DELTA_TARGET_US = 1.2, 15.0
+# each side timed in this many short runs of `calls` calls, alternating, keeping its fastest: host noise only adds
+# time, and with two long runs a side one row read 1.40x in one table and 1.05x in the next (H200 machines)
+HOST_ROUNDS = 20
 
 
 def _overheads(names: list[str], device, gpu: bool) -> list[dict]:
     """Host µs per call at the "tiny" size, gradkern against stock in the same process, per op and path: the
     `gradkern.ops` function against stock's op, the ATen op routed by `use()` against the same call with gradkern
     unregistered (so stock pays no router), and for autograd-key routes forward + backward likewise."""
-    calls = 2000 if gpu else 3
+    calls, rounds = (200, HOST_ROUNDS) if gpu else (3, 2)  # (the interpreter: a smoke run)
     out = []
     for name in names:
         info = REGISTRY[name]
@@ -153,14 +156,14 @@ def _overheads(names: list[str], device, gpu: bool) -> list[dict]:
         a, kw = case.args, dict(case.kwargs)
         fn, stock = getattr(ops, name), info.stock()
         out.append(_host_row(name, "gradkern.ops", case.label, lambda: fn(*a, **kw), lambda: stock(*a, **kw),
-                             calls, routed=False))
+                             calls, rounds, routed=False))
         if info.dispatch == "backend" and name in info.aten:
             aten_op = getattr(torch.ops.aten, name)
-            out.append(_host_row(name, "routed", case.label, lambda: aten_op(*a, **kw), None, calls))
+            out.append(_host_row(name, "routed", case.label, lambda: aten_op(*a, **kw), None, calls, rounds))
         if info.dispatch == "autograd" and info.aten_examples is not None:
             for overload, (ea, ekw) in info.aten_examples(device, torch.float32).items():
                 step, path = _forward_backward(native.aten_overload(overload), ea, ekw)
-                out.append(_host_row(name, f"{overload} {path}", "example", step, None, calls))
+                out.append(_host_row(name, f"{overload} {path}", "example", step, None, calls, rounds))
     return out
 
 
@@ -175,11 +178,11 @@ def _forward_backward(op, args: tuple, kwargs: dict) -> tuple[Callable, str]:
 
 
 def _host_row(name: str, path: str, label: str, ours: Callable, stock: Callable | None, calls: int,
-              routed: bool = True) -> dict:
-    """Both timed twice, alternating, keeping each one's best. `stock` None: `ours` itself with gradkern
+              rounds: int, routed: bool = True) -> dict:
+    """Both timed `rounds` times, alternating, keeping each one's best. `stock` None: `ours` itself with gradkern
     unregistered; `routed`: `ours` runs under use()."""
     stock_us, ours_us = [], []
-    for _ in range(2):
+    for _ in range(rounds):
         dispatch.unregister()
         stock_us.append(_safe(lambda: host_overhead_us(stock or ours, calls), f"stock {name} {path}"))
         with use(routed, mode="always"):
