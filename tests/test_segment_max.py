@@ -435,7 +435,8 @@ def test_segment_reduce_lane_kernel_equals_stock(dtype, monkeypatch):
     data[0:3, 2] = 1.5  # and a three-way one in a short segment
     L = torch.tensor(lengths, device=DEVICE)
     calls = _spy(monkeypatch)
-    with config.override(sm.CONFIG, lanes_max_mean=1 << 30, lanes=8, lanes_cap=4, lens_max_s=0):
+    with config.override(sm.CONFIG, lanes_max_mean=1 << 30, lanes=8, lanes_min_programs=0, lanes_cap=4,
+                         lens_max_s=0):
         for g in (_data((len(lengths), 3), dtype, seed=3), torch.full((len(lengths), 3), 3.0, dtype=dtype,
                                                                       device=DEVICE)):
             for kw in ({"lengths": L}, {"offsets": _offsets(lengths)}, {"lengths": L.int()}):
@@ -674,7 +675,7 @@ def test_forward_kernels_give_the_same_bits(dtype):
     strided = _data((2, n, 6), dtype, seed=3, ties=True)[..., ::2]
     for x in (data, strided):
         outs = []
-        lanes = {"lanes_max_mean": 1 << 30, "rows_max_programs": 0}
+        lanes = {"lanes_max_mean": 1 << 30, "lanes_min_programs": 0, "rows_max_programs": 0}
         rows = {"rows_max_programs": 1 << 62, "rows_min_mean": 0, "rows_bd_max": 2}
         tile = {"lanes_max_inner": 0, "rows_max_programs": 0}
         for knobs in (tile, {"lanes": 8, "lanes_cap": 3, **lanes},
@@ -699,6 +700,33 @@ def test_forward_kernel_follows_the_mean_segment_length():
         return launch.kernel
     assert kernel(64, 64, 1) == kernel(64, 8, 3) == "_segment_max_fwd_lanes_kernel"
     assert kernel(64, 7, 1) == kernel(64, 64, 9) == "_segment_max_fwd_kernel"
+
+
+def test_lanes_a_program_follow_the_grid_and_the_mean_length():
+    """The lane kernels' block (`_lane_block`, from the shapes): `lanes` where that still gives lanes_min_programs
+    programs, else lanes_few; segments longer on average than lanes_max_mean take lanes_few lanes on grids of at
+    least lanes_few_min_programs programs up to lanes_few_max_inner columns, else the tile kernel. The forward and
+    segment_reduce's backward agree."""
+    def block(n, s, inner, **knobs):
+        data = torch.randn(n, inner, device=DEVICE, requires_grad=True)
+        offs = torch.linspace(0, n, s + 1, device=DEVICE).to(torch.int64)
+        with config.override(sm.CONFIG, rows_max_programs=0, lanes=16, lanes_few=4, **knobs):
+            (fwd,) = gradkern.plan("segment_max_forward", data, offs, 0).kernels
+            out = torch.segment_reduce(data, "max", offsets=offs, axis=0)
+            (bwd,) = gradkern.plan("_segment_reduce_backward", torch.ones_like(out), out, data, "max",
+                                   offsets=offs, axis=0).kernels
+        got = [(k.kernel, k.config.get("BLOCK_S")) for k in (fwd, bwd)]
+        assert got[0][1] == got[1][1] and got[0][0].endswith("fwd_lanes_kernel") == \
+            got[1][0].endswith("bwd_lanes_kernel"), got
+        return got[0][1] if got[0][0] == "_segment_max_fwd_lanes_kernel" else 0
+    assert block(64, 64, 1, lanes_min_programs=4) == 16  # 4 programs of 16 lanes
+    assert block(64, 64, 1, lanes_min_programs=5) == 4
+    assert block(64, 32, 2, lanes_min_programs=4) == 8  # (lanes over the columns: 16 // 2 segments)
+    assert block(640, 32, 1, lanes_few_min_programs=8) == 4  # mean 20 rows, 8 programs of 4 lanes
+    assert block(640, 32, 1, lanes_few_min_programs=9) == 0
+    assert block(640, 8, 1, lanes_few_min_programs=0) == 0  # mean 80 > lanes_few_max_mean
+    assert block(640, 32, 3, lanes_few_min_programs=0) == 0  # 3 columns > lanes_few_max_inner
+    assert block(640, 32, 3, lanes_few_min_programs=0, lanes_few_max_inner=3) == 1  # (4 lanes a segment)
 
 
 def test_few_segments_take_the_row_kernel():

@@ -599,14 +599,24 @@ class SegmentConfig:
     bwd_warps: int = 4
     # the forward's lane kernel, for inner widths up to lanes_max_inner and a mean segment length (rows / segments,
     # known from the shapes) up to lanes_max_mean: lanes (segment, column) a program, the most rows a lane takes (a
-    # longer segment takes the program, a tile at a time), warps (first values, not searched). Its lanes read rows a
-    # segment apart, so longer segments uncoalesce it (docs/tuning/segment_max.md). The segment_reduce backward's
-    # lane kernel takes the same fields where it reads no lengths itself (its A/B is in the same doc).
+    # longer segment takes the program, a tile at a time), warps (first values, not searched). The segment_reduce
+    # backward's lane kernel takes the same fields where it reads no lengths itself (docs/tuning/segment_max.md).
     lanes_max_inner: int = 8
     lanes_max_mean: int = 8
     lanes: int = 1024
     lanes_cap: int = 64
     lanes_warps: int = 4
+    # (_lane_block) lanes_few lanes a program, a lane a thread, where `lanes` would give fewer than
+    # lanes_min_programs programs (H200: 21845 x 3 power-law rows, 20 programs, 0.72x -> 2.79x stock); and, up to
+    # lanes_few_max_inner columns, for mean lengths up to lanes_few_max_mean, where the tile kernel's program a
+    # segment idles, on grids of at least lanes_few_min_programs (16M x 1, lengths 1-63, 4.1K programs: 0.15x ->
+    # 0.57x; 1.4M x 3 empty-heavy, 2.7K programs, lost in the backward: 1.13x -> 0.95x; 22M x 3, lengths 1-63, lost
+    # in bf16's backward: 0.94x -> 0.80x)
+    lanes_few: int = 128
+    lanes_min_programs: int = 1024
+    lanes_few_max_inner: int = 1
+    lanes_few_max_mean: int = 64
+    lanes_few_min_programs: int = 3072
     # the row-parallel forward (a program a tile of rows, whatever the segments) serves problems the tile kernel
     # would give fewer than rows_max_programs programs of at least rows_min_mean rows on average (a few long
     # segments: one program looping over each); where segments are many or short it is slower than the tile
@@ -753,10 +763,11 @@ def _fwd(data: torch.Tensor, offsets: torch.Tensor, axis: int, op: str):
         n_dblk = cdiv(inner, bd)
         if n >= cfg.rows_min_mean * s and outer * s * n_dblk < cfg.rows_max_programs:
             return _rows_plan(cfg, bits, strides, copies, split, outer, n, s, inner, _offsets_stride(offsets), pdl)
-        if inner <= cfg.lanes_max_inner and n <= cfg.lanes_max_mean * s:
+        lanes = _lane_block(cfg, outer, n, s, inner)
+        if lanes:
             # a lane a (segment, column); long segments a program each, in turn
             bd = next_pow2(inner)
-            bs = max(1, cfg.lanes // bd)
+            bs = max(1, lanes // bd)
             n_sblk = cdiv(s, bs)
             bl = max(1, min(cfg.tile // bd, cfg.bl_max))
             return _new_plan(outer * n_sblk, (s, n, inner, n_sblk, *strides, _offsets_stride(offsets)), copies,
@@ -927,6 +938,23 @@ def _check_segment_reduce(grad, output, data, reduce, lengths, offsets, axis) ->
     return s
 
 
+def _lane_block(cfg, outer: int, n: int, s: int, inner: int) -> int:
+    """Lanes a program of the lane kernels (forward, segment_reduce backward) for `outer` x `s` segments of `n` rows
+    and `inner` columns; 0 where the tile kernel serves. From the shapes alone (a plan's descriptor)."""
+    if inner > cfg.lanes_max_inner:
+        return 0
+    bd = next_pow2(inner)
+
+    def programs(lanes: int) -> int:
+        return outer * cdiv(s, max(1, lanes // bd))
+    if n <= cfg.lanes_max_mean * s:
+        return cfg.lanes if programs(cfg.lanes) >= cfg.lanes_min_programs else cfg.lanes_few
+    if inner <= cfg.lanes_few_max_inner and n <= cfg.lanes_few_max_mean * s \
+            and programs(cfg.lanes_few) >= cfg.lanes_few_min_programs:
+        return cfg.lanes_few
+    return 0
+
+
 def _segment_reduce_plan(data, seg, s: int, ends: bool, grad, output, pdl: bool) -> _Plan:
     """The segment_reduce backward's launch for a validated problem of `s` segments (`seg`: lengths or offsets)."""
     cfg = CONFIG.current
@@ -939,12 +967,13 @@ def _segment_reduce_plan(data, seg, s: int, ends: bool, grad, output, pdl: bool)
     n_dblk = cdiv(inner, bd)
     lens = ends and _reads_lengths(cfg, data, axis, s)
     math_dt = TL_MATH[_runtime.math_dtype(data.dtype)]
-    if not lens and inner <= cfg.lanes_max_inner and n <= cfg.lanes_max_mean * s:
+    lanes = 0 if lens else _lane_block(cfg, outer, n, s, inner)
+    if lanes:
         # a lane a (segment, column), as the forward's lane kernel; long segments a program each, in turn
         bd = next_pow2(inner)
         bl = max(1, min(cfg.tile // bd, cfg.bl_max))
-        n_sblk = cdiv(s, max(1, cfg.lanes // bd))
-        consts = {"BLOCK_S": max(1, cfg.lanes // bd), "BLOCK_D": bd, "CAP": cfg.lanes_cap, "BLOCK_L": bl,
+        n_sblk = cdiv(s, max(1, lanes // bd))
+        consts = {"BLOCK_S": max(1, lanes // bd), "BLOCK_D": bd, "CAP": cfg.lanes_cap, "BLOCK_L": bl,
                   "MATH": math_dt, "ENDS": ends, "TWO_PASS": (bl * bd <= cfg.small_tile, esize) not in
                   cfg.segred_one_pass, **split}
         return _new_plan(outer * n_sblk, (s, n, inner, n_sblk, *strides, _offsets_stride(seg)), copies, consts,
