@@ -425,7 +425,8 @@ def test_segment_reduce_lane_kernel_equals_stock(dtype, monkeypatch):
     """The segment_reduce backward's lane kernel (a lane a (segment, column) counting its ties, then writing; a
     segment longer than its cap taken by the whole program, as the tile kernel takes one): stock's gradients bit for
     bit, over ties with g > 0 (divided) and g < 0, NaN, empty segments, segments past the cap, several programs,
-    lengths (their cumsum) and offsets, and an outer dim with one row of lengths a slice."""
+    lengths (their cumsum) and offsets, and an outer dim with one row of lengths a slice; 16-bit and f64 data with
+    three rows a loop step (lanes_unroll), segment lengths not multiples of it."""
     lengths = [3, 0, 1, 1, 9, 2, 0, 0, 4, 1, 2]
     n = sum(lengths)
     data = _data((n, 3), dtype, ties=True)
@@ -436,7 +437,7 @@ def test_segment_reduce_lane_kernel_equals_stock(dtype, monkeypatch):
     L = torch.tensor(lengths, device=DEVICE)
     calls = _spy(monkeypatch)
     with config.override(sm.CONFIG, lanes_max_mean=1 << 30, lanes=8, lanes_min_programs=0, lanes_cap=4,
-                         lens_max_s=0):
+                         lens_max_s=0, lanes_unroll=1 if dtype == torch.float32 else 3):
         for g in (_data((len(lengths), 3), dtype, seed=3), torch.full((len(lengths), 3), 3.0, dtype=dtype,
                                                                       device=DEVICE)):
             for kw in ({"lengths": L}, {"offsets": _offsets(lengths)}, {"lengths": L.int()}):
@@ -679,7 +680,8 @@ def test_forward_kernels_give_the_same_bits(dtype):
         rows = {"rows_max_programs": 1 << 62, "rows_min_mean": 0, "rows_bd_max": 2}
         tile = {"lanes_max_inner": 0, "rows_max_programs": 0}
         for knobs in (tile, {"lanes": 8, "lanes_cap": 3, **lanes},
-                      {"lanes": 4, "lanes_cap": 64, **lanes}, {"rows_tile": 4, **rows}, {"rows_tile": 16, **rows},
+                      {"lanes": 4, "lanes_cap": 64, **lanes}, {"lanes": 4, "lanes_cap": 64, "lanes_unroll": 3, **lanes},
+                      {"rows_tile": 4, **rows}, {"rows_tile": 16, **rows},
                       {"rows_tile": 128, **rows}):
             with config.override(sm.CONFIG, **knobs):
                 outs.append(ops.segment_max_forward(x, offs, 1))
@@ -703,30 +705,31 @@ def test_forward_kernel_follows_the_mean_segment_length():
 
 
 def test_lanes_a_program_follow_the_grid_and_the_mean_length():
-    """The lane kernels' block (`_lane_block`, from the shapes): `lanes` where that still gives lanes_min_programs
-    programs, else lanes_few; segments longer on average than lanes_max_mean take lanes_few lanes on grids of at
-    least lanes_few_min_programs programs up to lanes_few_max_inner columns, else the tile kernel. The forward and
-    segment_reduce's backward agree."""
+    """The lane kernels' block (`_lane_block`, from the shapes): `lanes` (lanes_unroll rows a step) where that still
+    gives lanes_min_programs programs, else lanes_few (lanes_few_unroll); segments longer on average than
+    lanes_max_mean take lanes_few lanes on grids of at least lanes_few_min_programs programs, else the tile kernel.
+    The forward and segment_reduce's backward agree."""
     def block(n, s, inner, **knobs):
         data = torch.randn(n, inner, device=DEVICE, requires_grad=True)
         offs = torch.linspace(0, n, s + 1, device=DEVICE).to(torch.int64)
-        with config.override(sm.CONFIG, rows_max_programs=0, lanes=16, lanes_few=4, **knobs):
+        with config.override(sm.CONFIG, rows_max_programs=0, lanes=16, lanes_few=4, lanes_unroll=1,
+                             lanes_few_unroll=2, **knobs):
             (fwd,) = gradkern.plan("segment_max_forward", data, offs, 0).kernels
             out = torch.segment_reduce(data, "max", offsets=offs, axis=0)
             (bwd,) = gradkern.plan("_segment_reduce_backward", torch.ones_like(out), out, data, "max",
                                    offsets=offs, axis=0).kernels
-        got = [(k.kernel, k.config.get("BLOCK_S")) for k in (fwd, bwd)]
-        assert got[0][1] == got[1][1] and got[0][0].endswith("fwd_lanes_kernel") == \
+        got = [(k.kernel, k.config.get("BLOCK_S"), k.config.get("UNROLL")) for k in (fwd, bwd)]
+        assert got[0][1:] == got[1][1:] and got[0][0].endswith("fwd_lanes_kernel") == \
             got[1][0].endswith("bwd_lanes_kernel"), got
-        return got[0][1] if got[0][0] == "_segment_max_fwd_lanes_kernel" else 0
-    assert block(64, 64, 1, lanes_min_programs=4) == 16  # 4 programs of 16 lanes
-    assert block(64, 64, 1, lanes_min_programs=5) == 4
-    assert block(64, 32, 2, lanes_min_programs=4) == 8  # (lanes over the columns: 16 // 2 segments)
-    assert block(640, 32, 1, lanes_few_min_programs=8) == 4  # mean 20 rows, 8 programs of 4 lanes
+        return got[0][1:] if got[0][0] == "_segment_max_fwd_lanes_kernel" else 0
+    assert block(64, 64, 1, lanes_min_programs=4) == (16, 1)  # 4 programs of 16 lanes
+    assert block(64, 64, 1, lanes_min_programs=5) == (4, 2)
+    assert block(64, 32, 2, lanes_min_programs=4) == (8, 1)  # (lanes over the columns: 16 // 2 segments)
+    assert block(640, 32, 1, lanes_few_min_programs=8) == (4, 2)  # mean 20 rows, 8 programs of 4 lanes
     assert block(640, 32, 1, lanes_few_min_programs=9) == 0
     assert block(640, 8, 1, lanes_few_min_programs=0) == 0  # mean 80 > lanes_few_max_mean
-    assert block(640, 32, 3, lanes_few_min_programs=0) == 0  # 3 columns > lanes_few_max_inner
-    assert block(640, 32, 3, lanes_few_min_programs=0, lanes_few_max_inner=3) == 1  # (4 lanes a segment)
+    assert block(640, 32, 3, lanes_few_min_programs=0) == (1, 2)  # (4 lanes a segment)
+    assert block(640, 32, 9, lanes_few_min_programs=0) == 0  # 9 columns > lanes_max_inner
 
 
 def test_few_segments_take_the_row_kernel():

@@ -210,12 +210,13 @@ def _segment_max_fwd_kernel(x, offs, vals, idxs, S, N, INNER, n_dblk, SX, O_LO, 
 @triton.jit
 def _segment_max_fwd_lanes_kernel(x, offs, vals, idxs, S, N, INNER, n_sblk, SX, O_LO, I_LO, soff_o,
                                   BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, CAP: tl.constexpr,
-                                  BLOCK_L: tl.constexpr, BITS: tl.constexpr, W: tl.constexpr, INF: tl.constexpr,
-                                  SPLIT_O: tl.constexpr, SPLIT_I: tl.constexpr, PDL: tl.constexpr):
+                                  BLOCK_L: tl.constexpr, UNROLL: tl.constexpr, BITS: tl.constexpr, W: tl.constexpr,
+                                  INF: tl.constexpr, SPLIT_O: tl.constexpr, SPLIT_I: tl.constexpr,
+                                  PDL: tl.constexpr):
     """A program a block of BLOCK_S segments (all BLOCK_D >= INNER columns): segments of at most CAP rows take a
-    lane a (segment, column), looping over their rows together; each longer one then takes the whole program, its
-    rows a tile of BLOCK_L at a time (_max_over_rows). The same results as the tile kernel: strictly larger keys
-    win, so of equal ones (NaN too) the first row."""
+    lane a (segment, column), looping over their rows together, UNROLL rows a step (their loads independent); each
+    longer one then takes the whole program, its rows a tile of BLOCK_L at a time (_max_over_rows). The same
+    results as the tile kernel: strictly larger keys win, in row order, so of equal ones (NaN too) the first row."""
     sblk, _, outer = _ids(n_sblk, 1, PDL)
     segs = sblk * BLOCK_S + tl.arange(0, BLOCK_S)
     smask = segs < S
@@ -232,14 +233,16 @@ def _segment_max_fwd_lanes_kernel(x, offs, vals, idxs, S, N, INNER, n_sblk, SX, 
     best_key = tl.full([BLOCK_S, BLOCK_D], lowest, BITS)
     best_idx = tl.full([BLOCK_S, BLOCK_D], 0, tl.int64)
     best_bits = tl.zeros([BLOCK_S, BLOCK_D], BITS)
-    for r in range(0, tl.max(tl.where(short, lens, 0), axis=0)):
-        m = (short & (r < lens))[:, None] & dmask[None, :]
-        bits = tl.load(xb[None, :] + (start + r)[:, None] * SX[1], mask=m, other=0.0).to(BITS, bitcast=True)
-        key = tl.where(m, _order_key(bits, W, INF, BITS), lowest).to(BITS)  # (lowest is an int32 literal)
-        take = key > best_key
-        best_key = tl.where(take, key, best_key)
-        best_idx = tl.where(take, (start + r)[:, None], best_idx)
-        best_bits = tl.where(take, bits, best_bits)
+    for r0 in range(0, tl.max(tl.where(short, lens, 0), axis=0), UNROLL):
+        for u in tl.static_range(UNROLL):
+            r = r0 + u
+            m = (short & (r < lens))[:, None] & dmask[None, :]
+            bits = tl.load(xb[None, :] + (start + r)[:, None] * SX[1], mask=m, other=0.0).to(BITS, bitcast=True)
+            key = tl.where(m, _order_key(bits, W, INF, BITS), lowest).to(BITS)  # (lowest is an int32 literal)
+            take = key > best_key
+            best_key = tl.where(take, key, best_key)
+            best_idx = tl.where(take, (start + r)[:, None], best_idx)
+            best_bits = tl.where(take, bits, best_bits)
     empty = best_key == lowest
     o = (outer * S + segs)[:, None] * INNER + d[None, :]
     keep = short[:, None] & dmask[None, :]
@@ -427,10 +430,11 @@ def _segment_reduce_max_bwd_kernel(g, o, x, offs, gx, S, N, INNER, n_dblk, SG, S
 def _segment_reduce_max_bwd_lanes_kernel(g, o, x, offs, gx, S, N, INNER, n_sblk, SG, SO, SX, O_LO, I_LO, soff_o,
                                          BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, CAP: tl.constexpr,
                                          BLOCK_L: tl.constexpr, MATH: tl.constexpr, ENDS: tl.constexpr,
-                                         TWO_PASS: tl.constexpr, SPLIT_O: tl.constexpr, SPLIT_I: tl.constexpr,
-                                         PDL: tl.constexpr):
+                                         TWO_PASS: tl.constexpr, UNROLL: tl.constexpr, SPLIT_O: tl.constexpr,
+                                         SPLIT_I: tl.constexpr, PDL: tl.constexpr):
     """A program a block of BLOCK_S segments (all BLOCK_D >= INNER columns): segments of at most CAP rows take a
-    lane a (segment, column), which counts its ties over the segment's rows, then writes them; each longer one then
+    lane a (segment, column), which counts its ties over the segment's rows, then writes them (UNROLL rows a step,
+    their loads independent); each longer one then
     takes the whole program, a tile of BLOCK_L rows at a time (_segred_segment). The first and last blocks zero the
     rows before the first segment and after the last. The same results as _segment_reduce_max_bwd_kernel."""
     sblk, _, outer = _ids(n_sblk, 1, PDL)
@@ -459,17 +463,21 @@ def _segment_reduce_max_bwd_lanes_kernel(g, o, x, offs, gx, S, N, INNER, n_sblk,
     gv = tl.load(g + go + (segs * SG[1])[:, None] + gi[None, :], mask=sd, other=0.0).to(MATH)
     rows = tl.max(tl.where(short, lens, 0), axis=0)
     cnt = tl.zeros([BLOCK_S, BLOCK_D], tl.int32)
-    for r in range(0, rows):
-        m = (short & (r < lens))[:, None] & dmask[None, :]
-        v = tl.load(xb[None, :] + (start + r)[:, None] * SX[1], mask=m, other=0.0).to(MATH)
-        cnt += (((v != v) | (v == ov)) & m).to(tl.int32)
+    for r0 in range(0, rows, UNROLL):
+        for u in tl.static_range(UNROLL):
+            r = r0 + u
+            m = (short & (r < lens))[:, None] & dmask[None, :]
+            v = tl.load(xb[None, :] + (start + r)[:, None] * SX[1], mask=m, other=0.0).to(MATH)
+            cnt += (((v != v) | (v == ov)) & m).to(tl.int32)
     q = _tie_grad(gv, cnt, gx.dtype.element_ty, MATH)
     zero = tl.zeros([BLOCK_S, BLOCK_D], gx.dtype.element_ty)
-    for r in range(0, rows):
-        m = (short & (r < lens))[:, None] & dmask[None, :]
-        v = tl.load(xb[None, :] + (start + r)[:, None] * SX[1], mask=m, other=0.0).to(MATH)
-        sel = ((v != v) | (v == ov)) & m
-        tl.store(ob + ((start + r) * INNER)[:, None] + d[None, :], tl.where(sel, q, zero), mask=m)
+    for r0 in range(0, rows, UNROLL):
+        for u in tl.static_range(UNROLL):
+            r = r0 + u
+            m = (short & (r < lens))[:, None] & dmask[None, :]
+            v = tl.load(xb[None, :] + (start + r)[:, None] * SX[1], mask=m, other=0.0).to(MATH)
+            sel = ((v != v) | (v == ov)) & m
+            tl.store(ob + ((start + r) * INNER)[:, None] + d[None, :], tl.where(sel, q, zero), mask=m)
     long = smask & (lens > CAP)
     rank = tl.cumsum(long.to(tl.int32), axis=0) - 1
     for j in range(0, tl.sum(long.to(tl.int32), axis=0)):
@@ -607,16 +615,17 @@ class SegmentConfig:
     lanes_cap: int = 64
     lanes_warps: int = 4
     # (_lane_block) lanes_few lanes a program, a lane a thread, where `lanes` would give fewer than
-    # lanes_min_programs programs (H200: 21845 x 3 power-law rows, 20 programs, 0.72x -> 2.79x stock); and, up to
-    # lanes_few_max_inner columns, for mean lengths up to lanes_few_max_mean, where the tile kernel's program a
-    # segment idles, on grids of at least lanes_few_min_programs (16M x 1, lengths 1-63, 4.1K programs: 0.15x ->
-    # 0.57x; 1.4M x 3 empty-heavy, 2.7K programs, lost in the backward: 1.13x -> 0.95x; 22M x 3, lengths 1-63, lost
-    # in bf16's backward: 0.94x -> 0.80x)
+    # lanes_min_programs programs (H200: 21845 x 3 power-law rows, 20 programs, 0.72x -> 2.79x stock); and for mean
+    # lengths up to lanes_few_max_mean, where the tile kernel's program a segment idles, on grids of at least
+    # lanes_few_min_programs (16M x 1, lengths 1-63, 4.1K programs: 0.15x -> 0.72x; 1.4M x 3 empty-heavy, 2.7K
+    # programs, lost in the backward: 1.13x -> 0.95x). Rows a lane takes a loop step (independent loads in flight):
+    # lanes_unroll with `lanes` (unit lengths: 4 lost, 1.30x -> 0.72x), lanes_few_unroll with lanes_few
     lanes_few: int = 128
     lanes_min_programs: int = 1024
-    lanes_few_max_inner: int = 1
     lanes_few_max_mean: int = 64
     lanes_few_min_programs: int = 3072
+    lanes_unroll: int = 1
+    lanes_few_unroll: int = 4
     # the row-parallel forward (a program a tile of rows, whatever the segments) serves problems the tile kernel
     # would give fewer than rows_max_programs programs of at least rows_min_mean rows on average (a few long
     # segments: one program looping over each); where segments are many or short it is slower than the tile
@@ -763,7 +772,7 @@ def _fwd(data: torch.Tensor, offsets: torch.Tensor, axis: int, op: str):
         n_dblk = cdiv(inner, bd)
         if n >= cfg.rows_min_mean * s and outer * s * n_dblk < cfg.rows_max_programs:
             return _rows_plan(cfg, bits, strides, copies, split, outer, n, s, inner, _offsets_stride(offsets), pdl)
-        lanes = _lane_block(cfg, outer, n, s, inner)
+        lanes, unroll = _lane_block(cfg, outer, n, s, inner)
         if lanes:
             # a lane a (segment, column); long segments a program each, in turn
             bd = next_pow2(inner)
@@ -771,7 +780,8 @@ def _fwd(data: torch.Tensor, offsets: torch.Tensor, axis: int, op: str):
             n_sblk = cdiv(s, bs)
             bl = max(1, min(cfg.tile // bd, cfg.bl_max))
             return _new_plan(outer * n_sblk, (s, n, inner, n_sblk, *strides, _offsets_stride(offsets)), copies,
-                             {"BLOCK_S": bs, "BLOCK_D": bd, "CAP": cfg.lanes_cap, "BLOCK_L": bl, **bits, **split},
+                             {"BLOCK_S": bs, "BLOCK_D": bd, "CAP": cfg.lanes_cap, "BLOCK_L": bl,
+                              "UNROLL": unroll, **bits, **split},
                              cfg.lanes_warps, pdl, kernel=_segment_max_fwd_lanes_kernel)
         return _new_plan(outer * s * n_dblk, (s, n, inner, n_dblk, *strides, _offsets_stride(offsets)), copies,
                          {"BLOCK_L": bl, "BLOCK_D": bd, **bits, **split}, warps, pdl, kernel=_segment_max_fwd_kernel)
@@ -938,21 +948,22 @@ def _check_segment_reduce(grad, output, data, reduce, lengths, offsets, axis) ->
     return s
 
 
-def _lane_block(cfg, outer: int, n: int, s: int, inner: int) -> int:
-    """Lanes a program of the lane kernels (forward, segment_reduce backward) for `outer` x `s` segments of `n` rows
-    and `inner` columns; 0 where the tile kernel serves. From the shapes alone (a plan's descriptor)."""
+def _lane_block(cfg, outer: int, n: int, s: int, inner: int) -> tuple[int, int]:
+    """(lanes a program, rows a lane takes a loop step) of the lane kernels (forward, segment_reduce backward) for
+    `outer` x `s` segments of `n` rows and `inner` columns; (0, 0) where the tile kernel serves. From the shapes
+    alone (a plan's descriptor)."""
     if inner > cfg.lanes_max_inner:
-        return 0
+        return 0, 0
     bd = next_pow2(inner)
 
     def programs(lanes: int) -> int:
         return outer * cdiv(s, max(1, lanes // bd))
+    few = cfg.lanes_few, cfg.lanes_few_unroll
     if n <= cfg.lanes_max_mean * s:
-        return cfg.lanes if programs(cfg.lanes) >= cfg.lanes_min_programs else cfg.lanes_few
-    if inner <= cfg.lanes_few_max_inner and n <= cfg.lanes_few_max_mean * s \
-            and programs(cfg.lanes_few) >= cfg.lanes_few_min_programs:
-        return cfg.lanes_few
-    return 0
+        return (cfg.lanes, cfg.lanes_unroll) if programs(cfg.lanes) >= cfg.lanes_min_programs else few
+    if n <= cfg.lanes_few_max_mean * s and programs(cfg.lanes_few) >= cfg.lanes_few_min_programs:
+        return few
+    return 0, 0
 
 
 def _segment_reduce_plan(data, seg, s: int, ends: bool, grad, output, pdl: bool) -> _Plan:
@@ -967,13 +978,14 @@ def _segment_reduce_plan(data, seg, s: int, ends: bool, grad, output, pdl: bool)
     n_dblk = cdiv(inner, bd)
     lens = ends and _reads_lengths(cfg, data, axis, s)
     math_dt = TL_MATH[_runtime.math_dtype(data.dtype)]
-    lanes = 0 if lens else _lane_block(cfg, outer, n, s, inner)
+    lanes, unroll = (0, 0) if lens else _lane_block(cfg, outer, n, s, inner)
     if lanes:
         # a lane a (segment, column), as the forward's lane kernel; long segments a program each, in turn
         bd = next_pow2(inner)
         bl = max(1, min(cfg.tile // bd, cfg.bl_max))
         n_sblk = cdiv(s, max(1, lanes // bd))
         consts = {"BLOCK_S": max(1, lanes // bd), "BLOCK_D": bd, "CAP": cfg.lanes_cap, "BLOCK_L": bl,
+                  "UNROLL": unroll,
                   "MATH": math_dt, "ENDS": ends, "TWO_PASS": (bl * bd <= cfg.small_tile, esize) not in
                   cfg.segred_one_pass, **split}
         return _new_plan(outer * n_sblk, (s, n, inner, n_sblk, *strides, _offsets_stride(seg)), copies, consts,
