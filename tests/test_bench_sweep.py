@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import gradkern
-from conftest import DEVICE
+from conftest import DEVICE, gpu_only
 from gradkern.registry import REGISTRY
 from gradkern.tools import bench_sweep, cli
 
@@ -321,3 +321,22 @@ def test_records_say_who_serves_a_case_under_enable_and_its_speedup_there():
     rows = {r["op"]: r for r in bench_sweep.summarize(recs)["per_op"]}
     assert rows["hardsigmoid_backward"]["routed_min"] == 1.0 and rows["hardsigmoid_backward"]["routed_stock_cases"] == 1
     assert rows["_adaptive_avg_pool2d_backward"]["routed_geomean"] == pytest.approx(recs[1]["speedup_vs_aten"])
+
+
+@gpu_only
+def test_calls_of_seconds_are_timed_twice_not_by_do_bench(monkeypatch):
+    """A call of at least SLOW_MS is timed twice and the faster kept (do_bench makes 8 calls at the least: minutes
+    for stock's slowest segment cases); a short one goes to do_bench."""
+    import time
+
+    calls, long_s = [], bench_sweep.SLOW_MS * 1.5e-3
+
+    def call():  # (host time between the two events counts: the kernel is queued after the sleep)
+        calls.append(1)
+        time.sleep(long_s if len(calls) <= 2 else 0.0)
+        torch.empty(1, device="cuda").zero_()
+    assert bench_sweep._time_ms(call, True) >= bench_sweep.SLOW_MS and len(calls) == 2
+    calls.clear()
+    monkeypatch.setattr(bench_sweep, "SLOW_MS", 1e9)
+    bench_sweep._time_ms(call, True)
+    assert len(calls) > 2
