@@ -434,9 +434,9 @@ def _segment_reduce_max_bwd_lanes_kernel(g, o, x, offs, gx, S, N, INNER, n_sblk,
                                          SPLIT_I: tl.constexpr, PDL: tl.constexpr):
     """A program a block of BLOCK_S segments (all BLOCK_D >= INNER columns): segments of at most CAP rows take a
     lane a (segment, column), which counts its ties over the segment's rows, then writes them (UNROLL rows a step,
-    their loads independent); each longer one then
-    takes the whole program, a tile of BLOCK_L rows at a time (_segred_segment). The first and last blocks zero the
-    rows before the first segment and after the last. The same results as _segment_reduce_max_bwd_kernel."""
+    their loads independent); each longer one then takes the whole program, a tile of BLOCK_L rows at a time
+    (_segred_segment). The first and last blocks zero the rows before the first segment and after the last. The
+    same results as _segment_reduce_max_bwd_kernel."""
     sblk, _, outer = _ids(n_sblk, 1, PDL)
     segs = sblk * BLOCK_S + tl.arange(0, BLOCK_S)
     smask = segs < S
@@ -985,9 +985,8 @@ def _segment_reduce_plan(data, seg, s: int, ends: bool, grad, output, pdl: bool)
         bl = max(1, min(cfg.tile // bd, cfg.bl_max))
         n_sblk = cdiv(s, max(1, lanes // bd))
         consts = {"BLOCK_S": max(1, lanes // bd), "BLOCK_D": bd, "CAP": cfg.lanes_cap, "BLOCK_L": bl,
-                  "UNROLL": unroll,
-                  "MATH": math_dt, "ENDS": ends, "TWO_PASS": (bl * bd <= cfg.small_tile, esize) not in
-                  cfg.segred_one_pass, **split}
+                  "UNROLL": unroll, "MATH": math_dt, "ENDS": ends,
+                  "TWO_PASS": (bl * bd <= cfg.small_tile, esize) not in cfg.segred_one_pass, **split}
         return _new_plan(outer * n_sblk, (s, n, inner, n_sblk, *strides, _offsets_stride(seg)), copies, consts,
                          cfg.lanes_warps, pdl, kernel=_segment_reduce_max_bwd_lanes_kernel)
     tiles = (bl * bd <= cfg.small_tile, esize)  # the tile class
