@@ -521,11 +521,9 @@ struct AgRouter final : c10::OperatorKernel {
   explicit AgRouter(AgEntry* e) : entry(e) {}
 
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
-    const size_t n = op.schema().arguments().size();
-    std::vector<int64_t> key, needs;
-    key.reserve(48);
-    int device = -1;
     if (!g_enabled.load(std::memory_order_relaxed) || t_depth > 0) return call_python(entry, op, ks, stack);
+    const size_t n = op.schema().arguments().size();
+    std::vector<int64_t> needs;
     switch (ag_classify(*stack, n, needs)) {
       case AgCall::PYTHON:
         return call_python(entry, op, ks, stack);
@@ -536,6 +534,9 @@ struct AgRouter final : c10::OperatorKernel {
       case AgCall::GRAPH:
         break;
     }
+    std::vector<int64_t> key;  // (reserved only here: the calls above, disabled or no-grad ones, allocate none)
+    key.reserve(48);
+    int device = -1;
     if (!make_key(*stack, n, false, key, device)) return call_python(entry, op, ks, stack);
     key.insert(key.end(), needs.begin(), needs.end());
     auto find_plan = [&]() -> std::shared_ptr<const AgPlan> {
