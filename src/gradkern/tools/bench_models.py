@@ -44,8 +44,9 @@ __all__ = ["MODELS", "Config", "Workload", "stock_sparsemax", "stock_pytorch", "
 
 # On a GPU a row (model, config, dtype, deterministic mode) takes 2 modes x MIN_REPEATS to REPEATS timed runs of
 # TARGET_S (at least MIN_STEPS steps) each, RUN_BUDGET_S a mode in all, plus warm-ups: a few seconds, so that all
-# 80 rows finish in about ten minutes, first-call compiles included. Short runs and many rounds, because a
-# host-bound step's runs are noisy (docs/tuning/routing.md, "The bench's noise, measured").
+# 72 rows (9 models x 2 sizes x 2 dtypes x 2 modes) finish in about ten minutes, first-call compiles included.
+# Short runs and many rounds, because a host-bound step's runs are noisy (docs/tuning/routing.md, "The bench's
+# noise, measured").
 TARGET_S = 0.035  # seconds of timed steps per (row, mode, repeat)
 MIN_STEPS, MAX_STEPS = 3, 2000
 REPEATS = 21  # at most this many timed runs per mode (rounds), stock and gradkern in turns
