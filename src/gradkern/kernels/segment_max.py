@@ -614,12 +614,11 @@ class SegmentConfig:
     lanes: int = 1024
     lanes_cap: int = 64
     lanes_warps: int = 4
-    # (_lane_block) lanes_few lanes a program, a lane a thread, where `lanes` would give fewer than
-    # lanes_min_programs programs (H200: 21845 x 3 power-law rows, 20 programs, 0.72x -> 2.79x stock); and for mean
-    # lengths up to lanes_few_max_mean, where the tile kernel's program a segment idles, on grids of at least
-    # lanes_few_min_programs (16M x 1, lengths 1-63, 4.1K programs: 0.15x -> 0.72x; 1.4M x 3 empty-heavy, 2.7K
-    # programs, lost in the backward: 1.13x -> 0.95x). Rows a lane takes a loop step (independent loads in flight):
-    # lanes_unroll with `lanes` (unit lengths: 4 lost, 1.30x -> 0.72x), lanes_few_unroll with lanes_few
+    # (_lane_block) lanes_few lanes a program, a lane a thread: where `lanes` would leave fewer than
+    # lanes_min_programs programs, and for mean lengths up to lanes_few_max_mean on grids of at least
+    # lanes_few_min_programs (where the tile kernel's program a segment idles). Rows a lane takes a loop step (loads in
+    # flight together): lanes_unroll with `lanes`, lanes_few_unroll with lanes_few. Figures and the variants that
+    # lost: docs/tuning/segment_max.md, "Fewer lanes a program, more rows a step"
     lanes_few: int = 128
     lanes_min_programs: int = 1024
     lanes_few_max_mean: int = 64

@@ -140,7 +140,7 @@ def run_bench(args) -> int:
 # an autograd-key route's forward+backward at most this many microseconds above stock's
 HOST_RATIO_TARGET, HOST_DELTA_TARGET_US = 1.2, 15.0
 # each side timed in this many short runs of `calls` calls, alternating, keeping its fastest: host noise only adds
-# time, and with two long runs a side one row read 1.40x in one table and 1.09x in the next (H200 machines)
+# time, and two long runs a side let it move rows past the target and back (docs/tuning/routing.md, host table)
 HOST_ROUNDS = 20
 
 
