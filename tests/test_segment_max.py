@@ -420,13 +420,15 @@ def test_segment_reduce_backward_equals_stock(dtype, lengths_read, paths, monkey
     assert max(c["BLOCK_L"] for c in made) < 40, "a segment spans tiles"
 
 
+@pytest.mark.parametrize("write_rows", [1, 2], ids=["write-a-lane", "write-2-rows"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
-def test_segment_reduce_lane_kernel_equals_stock(dtype, monkeypatch):
+def test_segment_reduce_lane_kernel_equals_stock(dtype, write_rows, monkeypatch):
     """The segment_reduce backward's lane kernel (a lane a (segment, column) counting its ties, then writing; a
     segment longer than its cap taken by the whole program, as the tile kernel takes one): stock's gradients bit for
     bit, over ties with g > 0 (divided) and g < 0, NaN, empty segments, segments past the cap, several programs,
     lengths (their cumsum) and offsets, and an outer dim with one row of lengths a slice; 16-bit and f64 data with
-    three rows a loop step (lanes_unroll), segment lengths not multiples of it."""
+    three rows a loop step (lanes_unroll), segment lengths not multiples of it; the writing pass a lane a (segment,
+    column) or two rows of a segment side by side (lanes_write_rows: most segments take several steps)."""
     lengths = [3, 0, 1, 1, 9, 2, 0, 0, 4, 1, 2]
     n = sum(lengths)
     data = _data((n, 3), dtype, ties=True)
@@ -436,8 +438,9 @@ def test_segment_reduce_lane_kernel_equals_stock(dtype, monkeypatch):
     data[0:3, 2] = 1.5  # and a three-way one in a short segment
     L = torch.tensor(lengths, device=DEVICE)
     calls = _spy(monkeypatch)
-    with config.override(sm.CONFIG, lanes_max_mean=1 << 30, lanes=8, lanes_min_programs=0, lanes_cap=4,
-                         lens_max_s=0, lanes_unroll=1 if dtype == torch.float32 else 3):
+    with config.override(sm.CONFIG, lanes_max_mean=1 << 30, lanes=8, lanes_few=8, lanes_min_programs=0, lanes_cap=4,
+                         lens_max_s=0, lanes_unroll=1 if dtype == torch.float32 else 3,
+                         lanes_write_rows=((dtype.itemsize, write_rows),)):
         for g in (_data((len(lengths), 3), dtype, seed=3), torch.full((len(lengths), 3), 3.0, dtype=dtype,
                                                                       device=DEVICE)):
             for kw in ({"lengths": L}, {"offsets": _offsets(lengths)}, {"lengths": L.int()}):
@@ -448,8 +451,10 @@ def test_segment_reduce_lane_kernel_equals_stock(dtype, monkeypatch):
         (_, gx), (_, gxs) = _both(data2, _data((2, 3, 3), dtype, seed=1), lengths=lengths2, axis=1)
         assert_bitwise_equal(gx, gxs, "outer dim")
         kernels = {p.kernel.__name__ for p in sm._plans.values() if p.kernel is not None}
+        write = {p.consts["WRITE_R"] for p in sm._plans.values() if p.kernel is not None}
     assert calls, "gradkern's kernel did not run"
     assert kernels == {"_segment_reduce_max_bwd_lanes_kernel"}
+    assert write == {write_rows}
 
 
 def test_segment_reduce_tie_count_rounding_in_bf16_and_f16():

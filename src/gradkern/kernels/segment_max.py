@@ -430,11 +430,13 @@ def _segment_reduce_max_bwd_kernel(g, o, x, offs, gx, S, N, INNER, n_dblk, SG, S
 def _segment_reduce_max_bwd_lanes_kernel(g, o, x, offs, gx, S, N, INNER, n_sblk, SG, SO, SX, O_LO, I_LO, soff_o,
                                          BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, CAP: tl.constexpr,
                                          BLOCK_L: tl.constexpr, MATH: tl.constexpr, ENDS: tl.constexpr,
-                                         TWO_PASS: tl.constexpr, UNROLL: tl.constexpr, SPLIT_O: tl.constexpr,
-                                         SPLIT_I: tl.constexpr, PDL: tl.constexpr):
+                                         TWO_PASS: tl.constexpr, UNROLL: tl.constexpr, WRITE_R: tl.constexpr,
+                                         SPLIT_O: tl.constexpr, SPLIT_I: tl.constexpr, PDL: tl.constexpr):
     """A program a block of BLOCK_S segments (all BLOCK_D >= INNER columns): segments of at most CAP rows take a
     lane a (segment, column), which counts its ties over the segment's rows, then writes them (UNROLL rows a step,
-    their loads independent); each longer one then takes the whole program, a tile of BLOCK_L rows at a time
+    their loads independent; with WRITE_R > 1 the writing pass takes WRITE_R consecutive rows of a segment side by
+    side across the lanes instead, so that a warp's stores fill sectors where a lane a segment wrote one element
+    a sector); each longer one then takes the whole program, a tile of BLOCK_L rows at a time
     (_segred_segment). The first and last blocks zero the rows before the first segment and after the last. The
     same results as _segment_reduce_max_bwd_kernel."""
     sblk, _, outer = _ids(n_sblk, 1, PDL)
@@ -470,14 +472,24 @@ def _segment_reduce_max_bwd_lanes_kernel(g, o, x, offs, gx, S, N, INNER, n_sblk,
             v = tl.load(xb[None, :] + (start + r)[:, None] * SX[1], mask=m, other=0.0).to(MATH)
             cnt += (((v != v) | (v == ov)) & m).to(tl.int32)
     q = _tie_grad(gv, cnt, gx.dtype.element_ty, MATH)
-    zero = tl.zeros([BLOCK_S, BLOCK_D], gx.dtype.element_ty)
-    for r0 in range(0, rows, UNROLL):
-        for u in tl.static_range(UNROLL):
-            r = r0 + u
-            m = (short & (r < lens))[:, None] & dmask[None, :]
-            v = tl.load(xb[None, :] + (start + r)[:, None] * SX[1], mask=m, other=0.0).to(MATH)
-            sel = ((v != v) | (v == ov)) & m
-            tl.store(ob + ((start + r) * INNER)[:, None] + d[None, :], tl.where(sel, q, zero), mask=m)
+    if WRITE_R == 1:
+        zero = tl.zeros([BLOCK_S, BLOCK_D], gx.dtype.element_ty)
+        for r0 in range(0, rows, UNROLL):
+            for u in tl.static_range(UNROLL):
+                r = r0 + u
+                m = (short & (r < lens))[:, None] & dmask[None, :]
+                v = tl.load(xb[None, :] + (start + r)[:, None] * SX[1], mask=m, other=0.0).to(MATH)
+                sel = ((v != v) | (v == ov)) & m
+                tl.store(ob + ((start + r) * INNER)[:, None] + d[None, :], tl.where(sel, q, zero), mask=m)
+    else:  # a [segments, WRITE_R rows, columns] tile a step (the rows' second read: from L1 or L2)
+        zero3 = tl.zeros([BLOCK_S, WRITE_R, BLOCK_D], gx.dtype.element_ty)
+        for r0 in range(0, rows, WRITE_R):
+            r = r0 + tl.arange(0, WRITE_R)
+            m = (short[:, None] & (r[None, :] < lens[:, None]))[:, :, None] & dmask[None, None, :]
+            rr = start[:, None] + r[None, :]
+            v = tl.load(xb[None, None, :] + (rr * SX[1])[:, :, None], mask=m, other=0.0).to(MATH)
+            sel = ((v != v) | (v == ov[:, None, :])) & m
+            tl.store(ob + (rr * INNER)[:, :, None] + d[None, None, :], tl.where(sel, q[:, None, :], zero3), mask=m)
     long = smask & (lens > CAP)
     rank = tl.cumsum(long.to(tl.int32), axis=0) - 1
     for j in range(0, tl.sum(long.to(tl.int32), axis=0)):
@@ -625,6 +637,11 @@ class SegmentConfig:
     lanes_few_min_programs: int = 3072
     lanes_unroll: int = 1
     lanes_few_unroll: int = 4
+    # rows of a segment side by side in the segment_reduce backward's writing pass with lanes_few lanes, by element
+    # size (else 1: a lane a (segment, column), as it counts); 16M x 1 rows in segments of 1-63: f32 0.42x -> 1.00x
+    # stock at 8, bf16 0.46x -> 1.17x at 4 (f64 not measured: 4). docs/tuning/segment_max.md, "Writing rows side by
+    # side"
+    lanes_write_rows: tuple[tuple[int, int], ...] = ((2, 4), (4, 8), (8, 4))
     # the row-parallel forward (a program a tile of rows, whatever the segments) serves problems the tile kernel
     # would give fewer than rows_max_programs programs of at least rows_min_mean rows on average (a few long
     # segments: one program looping over each); where segments are many or short it is slower than the tile
@@ -978,13 +995,14 @@ def _segment_reduce_plan(data, seg, s: int, ends: bool, grad, output, pdl: bool)
     lens = ends and _reads_lengths(cfg, data, axis, s)
     math_dt = TL_MATH[_runtime.math_dtype(data.dtype)]
     lanes, unroll = (0, 0) if lens else _lane_block(cfg, outer, n, s, inner)
+    write_rows = dict(cfg.lanes_write_rows).get(esize, 1) if lanes == cfg.lanes_few else 1
     if lanes:
         # a lane a (segment, column), as the forward's lane kernel; long segments a program each, in turn
         bd = next_pow2(inner)
         bl = max(1, min(cfg.tile // bd, cfg.bl_max))
         n_sblk = cdiv(s, max(1, lanes // bd))
         consts = {"BLOCK_S": max(1, lanes // bd), "BLOCK_D": bd, "CAP": cfg.lanes_cap, "BLOCK_L": bl,
-                  "UNROLL": unroll, "MATH": math_dt, "ENDS": ends,
+                  "UNROLL": unroll, "WRITE_R": write_rows, "MATH": math_dt, "ENDS": ends,
                   "TWO_PASS": (bl * bd <= cfg.small_tile, esize) not in cfg.segred_one_pass, **split}
         return _new_plan(outer * n_sblk, (s, n, inner, n_sblk, *strides, _offsets_stride(seg)), copies, consts,
                          cfg.lanes_warps, pdl, kernel=_segment_reduce_max_bwd_lanes_kernel)
