@@ -709,6 +709,25 @@ def test_forward_kernel_follows_the_mean_segment_length():
     assert kernel(64, 7, 1) == kernel(64, 64, 9) == "_segment_max_fwd_kernel"
 
 
+def test_forward_tile_columns_follow_the_element_size_and_the_mean_length():
+    """The forward tile kernel's columns (a plan's choice, from the shapes): a tile row of fwd_row_bytes (32 f32 or
+    64 bf16 columns) where segments fill rows, more (up to fwd_min_tile elements a program) where they are one row
+    long; fwd_row_bytes = 0 gives bd_max, as before."""
+    def block_d(n, s, inner, dtype, **knobs):
+        data = torch.randn(n, inner, device=DEVICE).to(dtype)
+        offs = torch.linspace(0, n, s + 1, device=DEVICE).to(torch.int64)
+        with config.override(sm.CONFIG, rows_max_programs=0, **knobs):
+            (launch,) = gradkern.plan("segment_max_forward", data, offs, 0).kernels
+        assert launch.kernel == "_segment_max_fwd_kernel"
+        return launch.config["BLOCK_D"]
+    assert block_d(256, 8, 64, torch.float32) == 32  # mean 32 rows
+    assert block_d(256, 8, 64, torch.bfloat16) == 64
+    assert block_d(256, 8, 64, torch.float32, fwd_row_bytes=0) == 64
+    assert block_d(16, 16, 256, torch.float32) == 128  # unit lengths: 128 columns a program
+    assert block_d(16, 16, 40, torch.float32) == 64  # (no more than the columns' power of two)
+    assert block_d(64, 16, 256, torch.float32) == 32  # mean 4 rows: 4 x 32 fills the 128 elements
+
+
 def test_lanes_a_program_follow_the_grid_and_the_mean_length():
     """The lane kernels' block (`_lane_block`, from the shapes): `lanes` (lanes_unroll rows a step) where that still
     gives lanes_min_programs programs, else lanes_few (lanes_few_unroll); segments longer on average than

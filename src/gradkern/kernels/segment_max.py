@@ -613,6 +613,12 @@ class SegmentConfig:
     large_warps: int = 4
     # a small tile's warps: the forward 1.2-3.4x faster with one than with four
     fwd_warps: int = 1
+    # the forward tile kernel's columns at most (0: bd_max): a tile row of fwd_row_bytes (one 128-byte line), or
+    # more where segments are too short to fill fwd_min_tile elements a program (unit lengths: 128 columns). H200,
+    # the sweep's D >= 40 cases against bd_max: f32 min / geomean 0.27x / 0.71x -> 0.46x / 0.88x (bf16 keeps 64
+    # columns but for unit lengths). docs/tuning/segment_max.md, "A line a tile row"
+    fwd_row_bytes: int = 128
+    fwd_min_tile: int = 128
     # segment_max's backward: lanes (segment, column) a program, and its warps (first values, not searched; the
     # sweep's f32 cases at 0.86-3.6x stock on an H200: docs/tuning/segment_max.md)
     bwd_block: int = 1024
@@ -670,10 +676,11 @@ class SegmentConfig:
 CONFIG = Tunable("segment_max", SegmentConfig())
 
 
-def _blocks(cfg: SegmentConfig, inner: int, n: int, s: int, small_warps: int) -> tuple[int, int, int]:
+def _blocks(cfg: SegmentConfig, inner: int, n: int, s: int, small_warps: int,
+            bd_max: int | None = None) -> tuple[int, int, int]:
     """(BLOCK_L, BLOCK_D, num_warps) from the inner size and the mean segment length; `small_warps` for a small
-    tile."""
-    bd = min(next_pow2(max(inner, 1)), cfg.bd_max)
+    tile; at most `bd_max` columns (cfg.bd_max by default)."""
+    bd = min(next_pow2(max(inner, 1)), bd_max or cfg.bd_max)
     mean = max(1, n // max(s, 1))
     bl = max(1, min(next_pow2(mean), max(1, cfg.tile // bd), cfg.bl_max))
     return bl, bd, small_warps if bl * bd <= cfg.small_tile else cfg.large_warps
@@ -784,7 +791,10 @@ def _fwd(data: torch.Tensor, offsets: torch.Tensor, axis: int, op: str):
         strides, copies, split = _layouts((data,), axis)
         outer, inner = math.prod(data.shape[:axis]), math.prod(data.shape[axis + 1:])
         bits = {"BITS": _BITS[data.element_size()], "W": 8 * data.element_size(), "INF": _INF_BITS[data.dtype]}
-        bl, bd, warps = _blocks(cfg, inner, n, s, cfg.fwd_warps)  # the tile kernel's
+        mean = max(1, n // max(s, 1))
+        cols = cfg.fwd_row_bytes // data.element_size()
+        bl, bd, warps = _blocks(cfg, inner, n, s, cfg.fwd_warps,  # the tile kernel's
+                                max(cols, cfg.fwd_min_tile // next_pow2(mean)) if cols else None)
         n_dblk = cdiv(inner, bd)
         if n >= cfg.rows_min_mean * s and outer * s * n_dblk < cfg.rows_max_programs:
             return _rows_plan(cfg, bits, strides, copies, split, outer, n, s, inner, _offsets_stride(offsets), pdl)
