@@ -1,7 +1,9 @@
 """Sweep launch constants on the GPU machine: `python scripts/tune.py compile GROUP I` compiles config I of a
 group (run many at once: Triton's on-disk cache is shared), `python scripts/tune.py time GROUP...` times every
 config of the groups in one process and writes $OUT/tune-GROUP.json, one record per (config, op, dtype, case) with
-the GPU, torch and Triton versions and the date. A config overrides fields of an op family's frozen config object
+the GPU, torch and Triton versions and the date. The cases are the ops' registry cases (TUNE_SIZE: their size), or
+with TUNE_CASES=sweep the `bench --sweep` cases, TUNE_CASES="sweep:D=1 |D=3 " those whose label holds one of the
+'|'-separated strings. A config overrides fields of an op family's frozen config object
 (`gradkern.config.override`); the plans are rebuilt for it. Every result is also checked against stock PyTorch (a
 config that is fast but wrong shows as such). The values chosen from these figures are the families' shipped
 configs; results depend only on the shape, dtype and the config, never on timing."""
@@ -14,6 +16,7 @@ import os
 import sys
 import time
 import traceback
+from dataclasses import dataclass
 from types import MappingProxyType
 from unittest import mock
 
@@ -28,6 +31,7 @@ from gradkern.launch import launcher
 from gradkern.registry import REGISTRY
 from gradkern.routing.dispatch import use
 from gradkern.testing import check_case
+from gradkern.tools import bench_sweep
 
 F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
 
@@ -88,6 +92,16 @@ GROUPS = {  # name: (ops, dtypes, configs); each config overrides only what it n
                 (segment_max.CONFIG, {"lanes_max_inner": 0}),
                 (segment_max.CONFIG, {"rows_max_programs": 1 << 62, "rows_min_mean": 0}),
                 (segment_max.CONFIG, {"rows_max_programs": 1 << 62, "rows_min_mean": 0, "rows_tile": 512}), DEFAULTS]),
+    # the segment_reduce backward's rows written side by side (lanes_write_rows), every element size alike: 1 (a
+    # lane a segment), 4, 8, 16, 32; with TUNE_CASES="sweep:D=1 lengths u|D=1 lengths e|D=3 "
+    "segwrite": (["_segment_reduce_backward"], [F32, BF16],
+                 [DEFAULTS] + [(segment_max.CONFIG, {"lanes_write_rows": ((2, r), (4, r), (8, r))})
+                               for r in (1, 4, 8, 16, 32)]),
+    # the forward tile kernel's columns: as shipped, bd_max (before the line a row), fwd_min_tile 64 and 256; with
+    # TUNE_CASES="sweep:D=40 |D=64 |D=100 |D=256 |D=1000 "
+    "segcols": (["segment_max_forward"], [F32, BF16],
+                [DEFAULTS, (segment_max.CONFIG, {"fwd_row_bytes": 0}), (segment_max.CONFIG, {"fwd_min_tile": 64}),
+                 (segment_max.CONFIG, {"fwd_min_tile": 256})]),
     "segred": (["_segment_reduce_backward"], [F32, F16],
                [DEFAULTS] + [_sr(*c) for c in ((48, 32, 1, 2), (64, 40, 2, 1), (56, 48, 2, 4), (56, 40, 1, 2),
                                                 (72, 64, 1, 1), (48, 32, 2, 1), (56, 40, 1, 2))]),
@@ -197,11 +211,27 @@ def _read(x, out, BLOCK: tl.constexpr, CHUNK: tl.constexpr):
     tl.store(out + pid, tl.sum(acc, 0))
 
 
+@dataclass(frozen=True)
+class _SweepCase:  # a `bench --sweep` case, built, as a registry Case's fields (stock: its own stock call, if any)
+    label: str
+    args: tuple
+    kwargs: dict
+    bytes: int
+    stock: tuple | None
+
+
 def _cases(group):
     ops, dtypes, _ = GROUPS[group]
+    source, _, labels = os.environ.get("TUNE_CASES", "registry").partition(":")
     for op in ops:
         for dtype in dtypes:
             torch.manual_seed(0)
+            if source == "sweep":
+                for c in bench_sweep.sweep_cases(op, dtype, torch.cuda.is_available()):
+                    if any(part in c.label for part in labels.split("|")):
+                        b = c.build(_runtime.default_device())
+                        yield op, dtype, _SweepCase(c.label, b.args, b.kwargs, b.bytes, b.stock)
+                continue
             for case in REGISTRY[op].cases(_runtime.default_device(), dtype, os.environ.get("TUNE_SIZE", "large")):
                 yield op, dtype, case
 
@@ -242,8 +272,8 @@ def time_group(group: str, out_dir: str) -> None:
     with use(False):
         stock = {}
         for op, dtype, case in cases:
-            fn = REGISTRY[op].stock()
-            stock[(op, dtype, case.label)] = _ms(lambda: fn(*case.args, **dict(case.kwargs)))
+            fn, a, kw = getattr(case, "stock", None) or (REGISTRY[op].stock(), case.args, dict(case.kwargs))
+            stock[(op, dtype, case.label)] = _ms(lambda: fn(*a, **kw))
         for i, group_config in enumerate(configs):
             _apply(group_config)
             for op, dtype, case in cases:
@@ -255,7 +285,7 @@ def time_group(group: str, out_dir: str) -> None:
                     ok = f"{type(e).__name__}: {str(e)[:200]}"
                 t = _ms(lambda: fn(*a, **kw))
                 base = stock[(op, dtype, case.label)]
-                rec = {**env, "group": group, "config": i, "family": getattr(config[0], "name", "defaults"),
+                rec = {**env, "group": group, "config": i, "family": getattr(group_config[0], "name", "defaults"),
                        "values": {k: repr(v) for k, v in group_config[1].items()}, "op": op,
                        "dtype": _runtime.DTYPE_NAMES[dtype], "case": case.label, "ms": t, "stock_ms": base,
                        "gbs": case.bytes / t / 1e6, "vs_stock": base / t, "check": ok}

@@ -4,6 +4,7 @@ with every swap, bounded caches, and every tuned family declared through it."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import threading
 
 import pytest
@@ -104,9 +105,7 @@ def test_checked_validates_a_problem_once_and_remembers_no_failure():
     assert "bad" not in cache
 
 
-def test_every_tune_group_applies_and_the_defaults_come_back():
-    """scripts/tune.py's configs name real fields of real config objects (a renamed field fails here, not on the
-    GPU machine), and after the last one every family's config is its default again."""
+def _tune():
     import pathlib
     import sys
 
@@ -115,8 +114,31 @@ def test_every_tune_group_applies_and_the_defaults_come_back():
         import tune
     finally:
         sys.path.pop(0)
+    return tune
+
+
+def test_every_tune_group_applies_and_the_defaults_come_back():
+    """scripts/tune.py's configs name real fields of real config objects (a renamed field fails here, not on the
+    GPU machine), and after the last one every family's config is its default again."""
+    tune = _tune()
     for _ops, _dtypes, configs in tune.GROUPS.values():
         for group_config in configs:
             tune._apply(group_config)
     tune._apply(tune.DEFAULTS)
+    assert all(t.current is t.default for t in config.tunables().values())
+
+
+def test_tune_times_a_group_over_sweep_cases(tmp_path, monkeypatch):
+    """`tune.py time GROUP` writes a record per (config, op, dtype, case), each checked against stock: over the
+    sweep's cases whose label TUNE_CASES names (a case with its own stock call: segment_max_forward's is
+    segment_reduce). It once raised at its first record (the config module indexed for the group's config)."""
+    tune = _tune()
+    monkeypatch.setenv("TUNE_CASES", "sweep:D=3 lengths unit")
+    tune.time_group("segcols", str(tmp_path))
+    records = json.loads((tmp_path / "tune-segcols.json").read_text())
+    configs = len(tune.GROUPS["segcols"][2])
+    assert len(records) == configs * 2  # (one case, f32 and bf16)
+    assert {r["config"] for r in records} == set(range(configs))
+    assert all(r["check"] == "ok" and r["case"].startswith("N=") and r["stock_ms"] > 0 for r in records)
+    assert {r["family"] for r in records} == {"defaults", "segment_max"}
     assert all(t.current is t.default for t in config.tunables().values())
