@@ -340,3 +340,35 @@ def test_calls_of_seconds_are_timed_twice_not_by_do_bench(monkeypatch):
     monkeypatch.setattr(bench_sweep, "SLOW_MS", 1e9)
     bench_sweep._time_ms(call, True)
     assert len(calls) > 2
+
+
+def test_run_case_script_runs_one_sweep_case_for_a_profiler(capsys, monkeypatch):
+    """scripts/run_case.py (the case a profiler catches): the first case whose label holds the text, gradkern's op
+    or the sweep's stock call, under a config override (restored after); exit 2 where no case matches."""
+    import pathlib
+    import sys
+
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "scripts"))
+    try:
+        import run_case
+    finally:
+        sys.path.pop(0)
+    from gradkern import config
+    from gradkern.kernels import segment_max as sm
+
+    seen = []
+    real = config.override
+
+    def spy(tunable, *a, **changes):
+        seen.append((tunable.name, changes))
+        return real(tunable, *a, **changes)
+
+    monkeypatch.setattr(config, "override", spy)
+    assert run_case.main(["_segment_reduce_backward", "f32", "D=1 lengths u", "--repeat", "1",
+                          "--config", "segment_max", "lanes_write_rows=((4, 2),)"]) == 0
+    assert seen == [("segment_max", {"lanes_write_rows": ((4, 2),)})]
+    assert sm.CONFIG.current is sm.CONFIG.default
+    assert run_case.main(["segment_max_forward", "bf16", "D=3 lengths u", "--stock", "--repeat", "1"]) == 0
+    assert run_case.main(["segment_max_forward", "bf16", "no such case"]) == 2
+    out = capsys.readouterr()
+    assert "ran gradkern 1x" in out.out and "ran stock 1x" in out.out and "no such case" in out.err
