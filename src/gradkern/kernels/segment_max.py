@@ -613,10 +613,9 @@ class SegmentConfig:
     large_warps: int = 4
     # a small tile's warps: the forward 1.2-3.4x faster with one than with four
     fwd_warps: int = 1
-    # the forward tile kernel's columns at most (0: bd_max): a tile row of fwd_row_bytes (one 128-byte line), or
-    # more where segments are too short to fill fwd_min_tile elements a program (unit lengths: 128 columns). H200,
-    # the sweep's D >= 40 cases against bd_max: f32 min / geomean 0.27x / 0.71x -> 0.46x / 0.88x (bf16 keeps 64
-    # columns but for unit lengths). docs/tuning/segment_max.md, "A line a tile row"
+    # the forward tile kernel's columns at most (0: bd_max): a tile row of fwd_row_bytes (one 128-byte line, so a
+    # warp's loads of a row fill it), or more where segments are too short to fill fwd_min_tile elements a program
+    # (unit lengths: 128 columns). Figures and the variants that lost: docs/tuning/segment_max.md, "A line a tile row"
     fwd_row_bytes: int = 128
     fwd_min_tile: int = 128
     # segment_max's backward: lanes (segment, column) a program, and its warps (first values, not searched; the
@@ -644,9 +643,8 @@ class SegmentConfig:
     lanes_unroll: int = 1
     lanes_few_unroll: int = 4
     # rows of a segment side by side in the segment_reduce backward's writing pass with lanes_few lanes, by element
-    # size (else 1: a lane a (segment, column), as it counts); 16M x 1 rows in segments of 1-63: f32 0.42x -> 1.00x
-    # stock at 8, bf16 0.46x -> 1.17x at 4 (f64 not measured: 4). docs/tuning/segment_max.md, "Writing rows side by
-    # side"
+    # size (else 1: a lane a (segment, column), as it counts), so that a warp's stores fill sectors; f64's is not
+    # measured. Figures: docs/tuning/segment_max.md, "Writing rows side by side"
     lanes_write_rows: tuple[tuple[int, int], ...] = ((2, 4), (4, 8), (8, 4))
     # the row-parallel forward (a program a tile of rows, whatever the segments) serves problems the tile kernel
     # would give fewer than rows_max_programs programs of at least rows_min_mean rows on average (a few long
@@ -677,11 +675,13 @@ CONFIG = Tunable("segment_max", SegmentConfig())
 
 
 def _blocks(cfg: SegmentConfig, inner: int, n: int, s: int, small_warps: int,
-            bd_max: int | None = None) -> tuple[int, int, int]:
+            row_esize: int = 0) -> tuple[int, int, int]:
     """(BLOCK_L, BLOCK_D, num_warps) from the inner size and the mean segment length; `small_warps` for a small
-    tile; at most `bd_max` columns (cfg.bd_max by default)."""
-    bd = min(next_pow2(max(inner, 1)), bd_max or cfg.bd_max)
+    tile. At most cfg.bd_max columns, or with `row_esize` (the forward's element size, where fwd_row_bytes is set)
+    a line a tile row, more where segments are too short to fill fwd_min_tile elements a program."""
     mean = max(1, n // max(s, 1))
+    cols = cfg.fwd_row_bytes // row_esize if row_esize else 0
+    bd = min(next_pow2(max(inner, 1)), max(cols, cfg.fwd_min_tile // next_pow2(mean)) if cols else cfg.bd_max)
     bl = max(1, min(next_pow2(mean), max(1, cfg.tile // bd), cfg.bl_max))
     return bl, bd, small_warps if bl * bd <= cfg.small_tile else cfg.large_warps
 
@@ -791,10 +791,7 @@ def _fwd(data: torch.Tensor, offsets: torch.Tensor, axis: int, op: str):
         strides, copies, split = _layouts((data,), axis)
         outer, inner = math.prod(data.shape[:axis]), math.prod(data.shape[axis + 1:])
         bits = {"BITS": _BITS[data.element_size()], "W": 8 * data.element_size(), "INF": _INF_BITS[data.dtype]}
-        mean = max(1, n // max(s, 1))
-        cols = cfg.fwd_row_bytes // data.element_size()
-        bl, bd, warps = _blocks(cfg, inner, n, s, cfg.fwd_warps,  # the tile kernel's
-                                max(cols, cfg.fwd_min_tile // next_pow2(mean)) if cols else None)
+        bl, bd, warps = _blocks(cfg, inner, n, s, cfg.fwd_warps, data.element_size())  # the tile kernel's
         n_dblk = cdiv(inner, bd)
         if n >= cfg.rows_min_mean * s and outer * s * n_dblk < cfg.rows_max_programs:
             return _rows_plan(cfg, bits, strides, copies, split, outer, n, s, inner, _offsets_stride(offsets), pdl)

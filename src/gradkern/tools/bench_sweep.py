@@ -89,8 +89,7 @@ MIN_CASES = 24  # per op and dtype, at either scale
 INTERP_CASES = 2  # cases per (op, dtype) a run without a GPU does unless --cases says otherwise
 WARMUP_MS, REP_MS = 5, 25  # do_bench per timing: a sweep is ~2,000 cases; the median of 25 ms of runs is stable
 # calls at least this long are timed twice, the faster kept (the first may pay a lazy start-up): do_bench makes 8
-# calls at the least, 15-40 s a case for stock's segment_reduce at 64M power-law rows (1.8 s forward, 4.8 s
-# backward on an H200)
+# calls at the least, tens of seconds a case for stock's segment_reduce at 64M power-law rows (seconds a call)
 SLOW_MS = 50.0
 LARGE_BYTES = 64 << 20  # the summary's "large" cases: moving at least this many bytes
 
