@@ -88,13 +88,16 @@ def test_special_values(dtype):
            3.0, 3.0, 1.0,  # ties: first
            inf, 5.0, inf,  # +inf
            -0.0, 0.0]  # -0 and 0 compare equal: the first one
+    sub = torch.finfo(dtype).smallest_normal / 4  # subnormals are ordered (a compare that flushes them ties them)
+    col += [sub, 2 * sub, -2 * sub, -sub]
     data = torch.tensor(col, dtype=torch.float64).to(dtype).to(DEVICE)
-    offs = _offsets([4, 2, 3, 3, 2])
+    offs = _offsets([4, 2, 3, 3, 2, 2, 2])
     vals, idxs = gradkern.segment_max(data, offs)
-    assert idxs.cpu().tolist() == [1, 4, 6, 9, 12]
+    assert idxs.cpu().tolist() == [1, 4, 6, 9, 12, 15, 17]
     v = vals.cpu().double()
     assert math.isnan(v[0]) and v[1] == -inf and v[2] == 3 and v[3] == inf
     assert v[4] == 0 and math.copysign(1, v[4]) == -1  # the first of the tied zeros: -0.0
+    assert v[5] == 2 * sub and v[6] == -sub
 
 
 _NEG_NAN = {torch.float16: 0xFE01 - (1 << 16), torch.bfloat16: 0xFFC1 - (1 << 16),  # sign set, a payload

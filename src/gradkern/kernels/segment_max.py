@@ -208,11 +208,21 @@ def _segment_max_fwd_kernel(x, offs, vals, idxs, S, N, INNER, n_dblk, SX, O_LO, 
 
 
 @triton.jit
+def _compared(v, MATH: tl.constexpr):
+    """v upcast for a float compare (the interpreter and Triton 3.9 misorder 16-bit compares); bf16 by its bits,
+    as the GPU converts it: the interpreter's conversion flushes its subnormals to zero, which would tie them."""
+    if v.dtype.is_bf16():
+        return (v.to(tl.int16, bitcast=True).to(tl.int32) << 16).to(tl.float32, bitcast=True)
+    else:
+        return v.to(MATH)
+
+
+@triton.jit
 def _segment_max_fwd_lanes_kernel(x, offs, vals, idxs, S, N, INNER, n_sblk, SX, O_LO, I_LO, soff_o,
                                   BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, CAP: tl.constexpr,
                                   BLOCK_L: tl.constexpr, UNROLL: tl.constexpr, BITS: tl.constexpr, W: tl.constexpr,
-                                  INF: tl.constexpr, SPLIT_O: tl.constexpr, SPLIT_I: tl.constexpr,
-                                  PDL: tl.constexpr):
+                                  INF: tl.constexpr, MATH: tl.constexpr, SPLIT_O: tl.constexpr,
+                                  SPLIT_I: tl.constexpr, PDL: tl.constexpr):
     """A program a block of BLOCK_S segments (all BLOCK_D >= INNER columns): segments of at most CAP rows take a
     lane a (segment, column), looping over their rows together, UNROLL rows a step (their loads independent); each
     longer one then takes the whole program, its rows a tile of BLOCK_L at a time (_max_over_rows). The same
@@ -229,25 +239,26 @@ def _segment_max_fwd_lanes_kernel(x, offs, vals, idxs, S, N, INNER, n_sblk, SX, 
     dmask = d < INNER
     xo, xi = _offsets(outer, d, SX, O_LO, I_LO, SPLIT_O, SPLIT_I)
     xb = x + xo + xi
-    lowest = -(1 << (W - 1))
-    best_key = tl.full([BLOCK_S, BLOCK_D], lowest, BITS)
-    best_idx = tl.full([BLOCK_S, BLOCK_D], 0, tl.int64)
-    best_bits = tl.zeros([BLOCK_S, BLOCK_D], BITS)
-    for r0 in range(0, tl.max(tl.where(short, lens, 0), axis=0), UNROLL):
+    # rows counted from the segment's start, in 32 bits (a short segment has at most CAP); each lane's first row
+    # loaded before the loop, later ones compared as floats: a row wins where it is larger, or NaN where the best so
+    # far is not (the keys' order: zeros equal, NaN on top, the first of equals kept), with no key and no bits kept
+    # apart from the best element itself; rows past a lane's end load -inf, which never wins
+    n_r = tl.where(short, lens, 0).to(tl.int32)
+    p = xb[None, :] + start[:, None] * SX[1]
+    best = tl.load(p, mask=(n_r > 0)[:, None] & dmask[None, :], other=0.0)
+    best_r = tl.zeros([BLOCK_S, BLOCK_D], tl.int32)
+    for r0 in range(1, tl.max(n_r, axis=0), UNROLL):
         for u in tl.static_range(UNROLL):
             r = r0 + u
-            m = (short & (r < lens))[:, None] & dmask[None, :]
-            bits = tl.load(xb[None, :] + (start + r)[:, None] * SX[1], mask=m, other=0.0).to(BITS, bitcast=True)
-            key = tl.where(m, _order_key(bits, W, INF, BITS), lowest).to(BITS)  # (lowest is an int32 literal)
-            take = key > best_key
-            best_key = tl.where(take, key, best_key)
-            best_idx = tl.where(take, (start + r)[:, None], best_idx)
-            best_bits = tl.where(take, bits, best_bits)
-    empty = best_key == lowest
+            v = tl.load(p + r * SX[1], mask=(r < n_r)[:, None] & dmask[None, :], other=float("-inf"))
+            vm, bm = _compared(v, MATH), _compared(best, MATH)
+            take = (vm > bm) | ((vm != vm) & (bm == bm))
+            best = tl.where(take, v, best)
+            best_r = tl.where(take, r, best_r)
     o = (outer * S + segs)[:, None] * INNER + d[None, :]
     keep = short[:, None] & dmask[None, :]
-    tl.store(vals + o, tl.where(empty, 0, best_bits).to(vals.dtype.element_ty, bitcast=True), mask=keep)
-    tl.store(idxs + o, tl.where(empty, N, best_idx), mask=keep)
+    tl.store(vals + o, best, mask=keep)  # (an empty segment's: the +0.0 loaded)
+    tl.store(idxs + o, tl.where((n_r > 0)[:, None], start[:, None] + best_r, N), mask=keep)
     long = smask & (lens > CAP)
     rank = tl.cumsum(long.to(tl.int32), axis=0) - 1
     for j in range(0, tl.sum(long.to(tl.int32), axis=0)):
@@ -642,6 +653,10 @@ class SegmentConfig:
     lanes_few_min_programs: int = 3072
     lanes_unroll: int = 1
     lanes_few_unroll: int = 4
+    # the forward lane kernel's tile (elements) for a segment longer than lanes_cap, which takes the program: few
+    # programs loop over one, but its registers bound every program's occupancy (H200, 22M x 3 in segments of 1-63,
+    # none longer than the cap: 1024 0.41x stock, 256 0.63x; docs/tuning/segment_max.md, "Float compares")
+    lanes_long_tile: int = 256
     # rows of a segment side by side in the segment_reduce backward's writing pass with lanes_few lanes, by element
     # size (else 1: a lane a (segment, column), as it counts), so that a warp's stores fill sectors; f64's is not
     # measured. Figures: docs/tuning/segment_max.md, "Writing rows side by side"
@@ -801,10 +816,10 @@ def _fwd(data: torch.Tensor, offsets: torch.Tensor, axis: int, op: str):
             bd = next_pow2(inner)
             bs = max(1, lanes // bd)
             n_sblk = cdiv(s, bs)
-            bl = max(1, min(cfg.tile // bd, cfg.bl_max))
+            bl = max(1, min(cfg.lanes_long_tile // bd, cfg.bl_max))
             return _new_plan(outer * n_sblk, (s, n, inner, n_sblk, *strides, _offsets_stride(offsets)), copies,
                              {"BLOCK_S": bs, "BLOCK_D": bd, "CAP": cfg.lanes_cap, "BLOCK_L": bl,
-                              "UNROLL": unroll, **bits, **split},
+                              "UNROLL": unroll, "MATH": TL_MATH[_runtime.math_dtype(data.dtype)], **bits, **split},
                              cfg.lanes_warps, pdl, kernel=_segment_max_fwd_lanes_kernel)
         return _new_plan(outer * s * n_dblk, (s, n, inner, n_dblk, *strides, _offsets_stride(offsets)), copies,
                          {"BLOCK_L": bl, "BLOCK_D": bd, **bits, **split}, warps, pdl, kernel=_segment_max_fwd_kernel)
