@@ -448,6 +448,17 @@ def test_tilings_repeats_and_index_widths_give_the_same_bits(op, monkeypatch):
     assert launches[-1].consts["I64"] and "BLOCK" in launches[-1].consts
 
 
+def test_gather_tiles_give_a_thread_fewer_elements_the_more_candidate_slots(monkeypatch):
+    """Each candidate slot is unrolled for every element a thread holds: 27 slots (3/1/1) take one element a
+    thread, 8 slots (kernel 2, stride 1) two, one slot (kernel 2, stride 2) the tile's four."""
+    launches = record_launches(monkeypatch, mp)
+    cfg = mp.CONFIG.current
+    for k, s, p, per_thread in ((3, 1, 1, 1), (2, 1, 0, 2), (2, 2, 0, 4)):
+        _tiled(MAX3D, _max3d((1, 2, 16, 16, 64), k, s, p), "lines")
+        c = launches[-1].consts
+        assert c["BA"] * c["BB"] == 32 * cfg.warps * per_thread, (k, s, p)
+
+
 def _outputs_side_problems():
     """Problems whose inputs have several candidates: overlapping, dilated and ceil_mode windows, adaptive sizes
     that do not divide, ties (an input summing several outputs), channels_last, strided grad_output and indices."""
@@ -468,14 +479,17 @@ def test_outputs_side_gives_the_gathers_bits(dtype, monkeypatch):
     """The outputs' side (few outputs, several candidates an input) sums the gather's terms in the gather's order
     and accumulator: the same bits, every problem; where the plan picks it by default it is the one launched."""
     launches = record_launches(monkeypatch, mp)
+    orders = set()
     for op, label, args in _outputs_side_problems():
         args = tuple(a.to(dtype) if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args)
         gather = _tiled(op, args, "lines")
         launches.clear()
         outputs = _tiled(op, args, "outputs")
         assert "BLOCK" in launches[-1].consts, (op, label)  # (the outputs' side's launch)
+        orders.add(launches[-1].consts["CL"])
         assert_bitwise_equal(outputs, gather, f"{op} {label}")
         check_case(op, args, what=f"{op} {label} (default plan)")
+    assert orders == {False, True}, "outputs taken in both orders: W fastest and channels fastest"
     # the default: the outputs' side where inputs are at least outputs_side_ratio times the outputs, and from
     # outputs_side_min_inputs inputs (a small problem keeps the gather's one launch)
     args = _adaptive((2, 3, 13, 11), (4, 3), dtype=dtype)

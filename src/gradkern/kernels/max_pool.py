@@ -98,6 +98,11 @@ class MaxPoolConfig(GridLimits):
     tile: int = 512
     #: warps a program (fewer for a tile below 32 elements a warp)
     warps: int = 4
+    #: a gather tile's elements a thread at most this many divided by the candidate slots an input (a power of two,
+    #: at least 1): each slot is unrolled, so its loads and masks take registers for every element a thread; 27
+    #: slots (3/1/1) one element (166 -> 72 registers), 8 slots two. Figures: docs/tuning/max_pool.md, "Elements
+    #: a thread by candidate slots"
+    slot_budget: int = 16
     #: columns a "lines" tile spans at most (wider rows: several column blocks)
     max_bw: int = 128
     #: channels a "channels" tile spans at most (more channels: several channel blocks)
@@ -315,12 +320,13 @@ def _max_pool_backward_kernel(gi, go, xi, n_tiles, n_b, n_rows, SIZES, GS, XS, I
 def _outputs_side_kernel(gi, go, xi, n_out, SIZES, GS, XS, IS, MAG, WD: tl.constexpr, WH: tl.constexpr,
                          WW: tl.constexpr, TD: tl.constexpr, TH: tl.constexpr, TW: tl.constexpr,
                          MAGIC: tl.constexpr, ADAPTIVE: tl.constexpr, ACC: tl.constexpr, BLOCK: tl.constexpr,
-                         I64: tl.constexpr):
+                         CL: tl.constexpr, I64: tl.constexpr):
     """`_gather`'s sums from the outputs' side, for problems with few outputs and several candidates an input
     (overlapping windows): grad_input is zeroed before; output o takes input i = indices[o] where o's window holds
     it, sums g over i's candidates whose index is i (the gather's order and accumulator: the same bits) and writes
     the sum if o is the first of them. One writer an input (no atomics); an input no output took keeps its zero.
-    SIZES (C, D, H, W, Do, Ho, Wo); GS, XS, IS the (N, C, D, H, W) strides of grad_output, indices, grad_input."""
+    SIZES (C, D, H, W, Do, Ho, Wo); GS, XS, IS the (N, C, D, H, W) strides of grad_output, indices, grad_input;
+    CL: the outputs taken channels fastest (the indices' channels_last order), so that a warp's loads coalesce."""
     C, D, H, W = SIZES[0], SIZES[1], SIZES[2], SIZES[3]
     DO, HO, WO = SIZES[4], SIZES[5], SIZES[6]
     if I64:
@@ -329,14 +335,22 @@ def _outputs_side_kernel(gi, go, xi, n_out, SIZES, GS, XS, IS, MAG, WD: tl.const
         f = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = f < n_out
     f = tl.minimum(f, n_out - 1)
-    ow = f % WO
-    q = f // WO
+    if CL:
+        c = f % C
+        q = f // C
+    else:
+        q = f
+    ow = q % WO
+    q = q // WO
     oh = q % HO
     q = q // HO
     od = q % DO
     q = q // DO
-    c = q % C
-    n = q // C
+    if CL:
+        n = q
+    else:
+        c = q % C
+        n = q // C
     base_g = n * GS[0] + c * GS[1]
     base_x = n * XS[0] + c * XS[1]
     idx = tl.load(xi + base_x + od * XS[2] + oh * XS[3] + ow * XS[4], mask=m, other=-1)
@@ -508,6 +522,11 @@ def _pow2_part(n: int) -> int:
     return n & -n if n else 1 << 30
 
 
+def _pow2_floor(n: int) -> int:
+    """The largest power of two at most n (0 where n < 1)."""
+    return 1 << (n.bit_length() - 1) if n > 0 else 0
+
+
 def _block(size: int, cap: int, least: int) -> int:
     """The column block along an axis of `size`: the power of two, at most `cap` and at least `least` (or
     size's next power of two), whose blocks waste the fewest lanes past the axis' end; the widest among equals
@@ -586,7 +605,8 @@ def _plan(spec: _Spec, g_shape: tuple, g_stride: tuple, x_stride: tuple, shape: 
     istr_k, gstr_k, xstr_k = (tuple(v if k == col_axis else v // a for k, v in enumerate(st))
                               for st, a in zip((istr, gstr, xstr), aligns, strict=True))
     align = (*aligns, min(_pow2_part(c if channels else w_in), 16))  # (and the column axis' size: see _below)
-    ba = min(triton.next_power_of_2(n_rows), max(1, cfg.tile // bb))
+    per_thread = max(1, min(cfg.tile // (32 * cfg.warps), _pow2_floor(cfg.slot_budget // math.prod(ks))))
+    ba = min(triton.next_power_of_2(n_rows), max(1, min(cfg.tile, 32 * cfg.warps * per_thread) // bb))
     n_tiles = cdiv(n_rows, ba) * n_b
     # 32-bit index math unless a row index, the candidates' arithmetic, an input's flat index or an offset into a
     # tensor (a masked lane's too: candidates up to KS steps past the outputs or a lean dim's (i + p) // s, the
@@ -627,7 +647,7 @@ def _plan(spec: _Spec, g_shape: tuple, g_stride: tuple, x_stride: tuple, shape: 
         # few outputs: the same sums from the outputs' side (`_outputs_side_kernel`)
         consts = launch_consts({"WD": wins[0], "WH": wins[1], "WW": wins[2], "TD": ks[0], "TH": ks[1], "TW": ks[2],
                                 "MAGIC": magic, "ADAPTIVE": window is None, "ACC": acc,
-                                "BLOCK": cfg.outputs_block, "I64": i64}, cfg.warps)
+                                "BLOCK": cfg.outputs_block, "CL": 0 < xstr[1] < xstr[4], "I64": i64}, cfg.warps)
         args = (n_out, (c, *ins, *outs), gstr, xstr, istr, mag)
         return _Plan(shape, stride, cdiv(n_out, cfg.outputs_block), args, consts, _outputs_side_kernel)
     return _Plan(shape, stride, min(n_tiles, cfg.max_programs), args, consts)
