@@ -170,6 +170,17 @@ def test_window_arguments_as_aten_takes_them():
         assert_bitwise_equal(ops.avg_pool3d_backward(g, x, k, s, p, False, True, None), first, f"{k} {s} {p}")
 
 
+def test_windows_overlapping_along_w_at_stride_1_take_a_word_a_thread(monkeypatch):
+    """A term's loads along W at stride 1 are runs shifted by a column (unaligned): tiles of one 4-byte word a
+    thread there (one f32 element, two bf16), the overlapping windows' tile where W's stride is 2."""
+    launches = record_launches(monkeypatch, ap)
+    cfg = ap.CONFIG.current
+    for dtype, s, per_thread in ((torch.float32, (1,), 1), (torch.bfloat16, (1,), 2), (torch.float32, (1, 1, 2), 0)):
+        ops.avg_pool3d_backward(*_problem((2, 2, 8, 16, 32), (3,), s, (1,), dtype=dtype))
+        c = launches[-1].consts
+        assert c["BR"] * c["BW"] == (32 * cfg.warps * per_thread or cfg.tile), (dtype, s)
+
+
 def test_repeats_tilings_and_index_widths_give_the_same_values(monkeypatch):
     """Each element sums its terms in one order whatever the tiling: runs repeated, tiles of several rows (the
     default here), of one row, two columns wide, programs that take several tiles in turn (the grid-stride loop,

@@ -63,6 +63,11 @@ class AvgPoolConfig(GridLimits):
     #: ... for 16-bit dtypes (half the bytes an element): H100, bf16 over the sweep, min / geomean vs ATen 0.83x /
     #: 1.48x, against 0.76x / 1.35x at 1024
     tile_one_term_16: int = 2048
+    #: ... where windows overlap along W at stride 1 (a term's loads are runs shifted by a column, so unaligned):
+    #: this many bytes a thread (one f32 element, two 16-bit). A thread's 4 columns then load as scalars 16 bytes
+    #: apart a lane: the L1 saturates (H200, 3/1/1 f32 at 512: 96% L1 busy, 71 us; at 128 28 us). Figures:
+    #: docs/tuning/avg_pool.md, "Shifted runs"
+    shifted_thread_bytes: int = 4
     #: columns a tile spans at most (wider rows: several column blocks)
     max_bw: int = 128
     #: warps a program (fewer for a tile below 32 elements a warp)
@@ -262,7 +267,12 @@ def _plan(g_shape: tuple, g_stride: tuple, x_shape: tuple, win: _Window, mode: i
     n_rows = n * c * d_in * h_in
     bw = min(triton.next_power_of_2(w_in), cfg.max_bw)
     one_term = all(k <= st for k, st in zip(win.kernel, win.stride, strict=True))
-    tile = (cfg.tile_one_term_16 if dtype.itemsize == 2 else cfg.tile_one_term) if one_term else cfg.tile
+    if one_term:
+        tile = cfg.tile_one_term_16 if dtype.itemsize == 2 else cfg.tile_one_term
+    elif win.kernel[2] > 1 and win.stride[2] == 1:
+        tile = min(cfg.tile, 32 * cfg.warps * max(1, cfg.shifted_thread_bytes // dtype.itemsize))
+    else:
+        tile = cfg.tile
     br = min(triton.next_power_of_2(n_rows), max(1, tile // bw))
     n_cb = cdiv(w_in, bw)
     n_tiles = cdiv(n_rows, br) * n_cb
