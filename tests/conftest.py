@@ -43,12 +43,13 @@ def dtype_id(d: torch.dtype) -> str:
 
 
 @contextlib.contextmanager
-def small_pad_tiles(unroll: int = 1):
+def small_pad_tiles(unroll: int = 1, loop_unroll_3d: int = 0):
     """Pad plans with 8-element tiles at most 4 columns wide, so that planes span many tiles and the border strips
-    cross tile edges (what large planes get), and replicate pads wider than `unroll` in loops."""
+    cross tile edges (what large planes get), and replicate pads wider than `unroll` in loops (after `loop_unroll_3d`
+    sources a side unrolled)."""
     from gradkern.kernels import pad
 
-    with config.override(pad.CONFIG, tile=(8, 8, 8), max_bw=4, unroll=unroll):
+    with config.override(pad.CONFIG, tile=(8, 8, 8), max_bw=4, unroll=unroll, loop_unroll_3d=loop_unroll_3d):
         yield
 
 

@@ -169,7 +169,7 @@ def _record_pad_loops() -> None:
     """Replicate pad's loop paths (pads wider than _UNROLL, here 0 or 1) over many-tile planes, as test_pad's
     small_tiles fixture runs them: the registry's examples never reach them (their pads are unrolled)."""
     for unroll in (0, 1):
-        with small_pad_tiles(unroll):
+        with small_pad_tiles(unroll, loop_unroll_3d=unroll):
             for d in (1, 2, 3):
                 info = REGISTRY[f"replication_pad{d}d_backward"]
                 for case in info.cases(DEVICE, torch.float32, "small"):

@@ -21,6 +21,7 @@ from gradkern.testing import (
     assert_repeats_bitwise,
     check_case,
     poison_like,
+    record_launches,
     run_reference,
 )
 
@@ -104,6 +105,19 @@ def small_tiles():
 @pytest.mark.parametrize("op, shape, pads", _OP_CASES)
 def test_small_tile_plan_matches_stock(op, shape, pads, dtype, small_tiles):
     check_case(op, _problem(op, shape, pads, dtype), what=f"{op} small tiles {shape} pad {pads}")
+
+
+@pytest.mark.parametrize("loop_unroll", [0, 1])
+def test_wide_3d_replicate_pads_loop_after_loop_unroll_sources(loop_unroll, monkeypatch):
+    """3-D pads wider than `unroll` loop over their extra planes, rows and columns after `loop_unroll_3d` of them
+    a side unrolled (0 by default: the loops nest, and unrolled sources multiply the code at each level)."""
+    launches = record_launches(monkeypatch, padmod)
+    with small_pad_tiles(unroll=2, loop_unroll_3d=loop_unroll):
+        for shape, pads in (((1, 2, 3, 4, 5), (3, 2, 1, 4, 3, 0)), ((2, 1, 4, 3, 2), (0, 5, 3, 1, 0, 0))):
+            op = "replication_pad3d_backward"
+            check_case(op, _problem(op, shape, pads, torch.float32), what=f"{op} {shape} pad {pads}")
+            c = launches[-1].consts
+            assert c["LOOPS"] and max(c["UNROLL"][:3]) <= 1 + loop_unroll, c["UNROLL"]
 
 
 @pytest.mark.parametrize("op", OPS)

@@ -559,6 +559,11 @@ class PadConfig(GridLimits):  # (max_programs: past it, a program does several p
     min_thread_elements: int = 2
     #: replicate pads up to this many a side unrolled (their loads in flight together), wider ones in loops
     unroll: int = 4
+    #: ... and where a 3-D pad is wider, this many a side unrolled before the loops: they nest (planes, rows,
+    #: columns) and every unrolled source is inlined at each level, so 3-D pad 7 with 4 compiled to 24K SASS lines,
+    #: 128 registers and a stack in 45 s (sm_90, offline; 73 s for the first call on an H200), with 0 to 6K lines
+    #: and 48 registers in 2 s (2-D pad 7 with 4: 3 s). Figures: docs/tuning/pad.md, "Wide 3-D pads' loops"
+    loop_unroll_3d: int = 0
     #: registers a thread (ptxas --maxrregcount) by (dims, size, reflect), none where absent: only 16-bit 3d gains
     #: (reflect 96: 1.02-1.04x against none; replicate 80, which early_strips needs), elsewhere caps lose
     maxnreg: tuple[tuple[tuple[int, int, bool], int], ...] = (((3, 2, False), 80), ((3, 2, True), 96))
@@ -715,9 +720,10 @@ def _plan(spec: _Spec, g_shape, g_strides, self_shape, pads, out_strides, dtype:
         nd, nxh, nxw, loops = 3, 0, 0, False
     else:  # replicate: the most source planes, extra rows and columns a side; past cfg.unroll, the rest in loops
         planes_max = 1 + (max(pd_lo, 0) + max(pd_hi, 0) if d_in == 1 else max(pd_lo, pd_hi, 0))
-        nd = min(planes_max, 1 + cfg.unroll)
-        nxh, nxw = min(max(ph_lo, ph_hi, 0), cfg.unroll), min(max(pw_lo, pw_hi, 0), cfg.unroll)
-        loops = planes_max > nd or max(pads) > cfg.unroll  # (compiled only where needed: they double the code)
+        loops = planes_max > 1 + cfg.unroll or max(pads) > cfg.unroll  # (compiled only where needed)
+        unroll = cfg.loop_unroll_3d if loops and spec.dims == 3 else cfg.unroll
+        nd = min(planes_max, 1 + unroll)
+        nxh, nxw = min(max(ph_lo, ph_hi, 0), unroll), min(max(pw_lo, pw_hi, 0), unroll)
     # replicate's extra sources of both ends along a dim share one load per source, but in a dim of size 1
     sides_h, sides_w = 2 if h_in == 1 else 1, 2 if w_in == 1 else 1
     vec = _vec(gstr, pw_lo, dtype.itemsize)
