@@ -26,7 +26,7 @@ import triton.language as tl
 
 from gradkern import _runtime, config
 from gradkern.engines import multi_pointwise, reduction
-from gradkern.kernels import pad, prelu, segment_max, sparsemax
+from gradkern.kernels import avg_pool, max_pool, pad, prelu, segment_max, sparsemax
 from gradkern.launch import launcher
 from gradkern.registry import REGISTRY
 from gradkern.routing.dispatch import use
@@ -102,6 +102,24 @@ GROUPS = {  # name: (ops, dtypes, configs); each config overrides only what it n
     "segcols": (["segment_max_forward"], [F32, BF16],
                 [DEFAULTS, (segment_max.CONFIG, {"fwd_row_bytes": 0}), (segment_max.CONFIG, {"fwd_min_tile": 64}),
                  (segment_max.CONFIG, {"fwd_min_tile": 256})]),
+    # the forward lane kernel's long-segment tile (lanes_long_tile: 256 shipped, 1024 before, 512); with
+    # TUNE_CASES="sweep:D=1 |D=3 "
+    "seglong": (["segment_max_forward"], [F32, BF16],
+                [DEFAULTS] + [(segment_max.CONFIG, {"lanes_long_tile": t}) for t in (1024, 512)]),
+    # 3-D replicate pads wider than `unroll`: sources unrolled before the loops (loop_unroll_3d: 0 shipped, 4
+    # before, 2, 1); with TUNE_CASES="sweep:pad (7, 7" (a 3-D pad 7 with 4 compiles for over 40 s)
+    "pad3d_loops": (["replication_pad3d_backward"], [F32, BF16],
+                    [DEFAULTS] + [(pad.CONFIG, {"loop_unroll_3d": u}) for u in (4, 2, 1)]),
+    # max pooling's gather tiles: the slot budget as shipped, the old tiles (4 elements a thread whatever the
+    # slots), then fixed tiles of 128 on 4 warps, 256 on 8 and 256 on 4; with TUNE_CASES="sweep:" (every case)
+    "maxpool": (["max_pool3d_with_indices_backward", "adaptive_max_pool3d_backward"], [F32, BF16],
+                [DEFAULTS, (max_pool.CONFIG, {"slot_budget": 1 << 20})]
+                + [(max_pool.CONFIG, {"tile": t, "warps": w}) for t, w in ((128, 4), (256, 8), (256, 4))]),
+    # avg_pool3d's overlapping tiles: shipped (a word a thread where W's stride is 1), the old tiles, 128 and 256
+    # everywhere; with TUNE_CASES="sweep:"
+    "avgpool": (["avg_pool3d_backward"], [F32, BF16, F16],
+                [DEFAULTS, (avg_pool.CONFIG, {"shifted_thread_bytes": 1 << 20})]
+                + [(avg_pool.CONFIG, {"tile": t}) for t in (128, 256)]),
     "segred": (["_segment_reduce_backward"], [F32, F16],
                [DEFAULTS] + [_sr(*c) for c in ((48, 32, 1, 2), (64, 40, 2, 1), (56, 48, 2, 4), (56, 40, 1, 2),
                                                 (72, 64, 1, 1), (48, 32, 2, 1), (56, 40, 1, 2))]),
