@@ -44,7 +44,7 @@ from ..config import PlanCache, Tunable
 from ..errors import InvalidProblem, Unsupported
 from ..launch.checks import check_tensor
 from ..launch.launcher import launch, launch_consts, pdl_ok
-from ..launch.tl_helpers import TL_MATH, cast_out, gdc_wait
+from ..launch.tl_helpers import TL_MATH, cast_in, cast_out, gdc_wait
 from ..registry import Case, register_op
 from ..routing import dispatch
 from ..routing.autograd import STOCK_IN_AUTO, plain_tensors
@@ -208,16 +208,6 @@ def _segment_max_fwd_kernel(x, offs, vals, idxs, S, N, INNER, n_dblk, SX, O_LO, 
 
 
 @triton.jit
-def _compared(v, MATH: tl.constexpr):
-    """v upcast for a float compare (the interpreter and Triton 3.9 misorder 16-bit compares); bf16 by its bits,
-    as the GPU converts it: the interpreter's conversion flushes its subnormals to zero, which would tie them."""
-    if v.dtype.is_bf16():
-        return (v.to(tl.int16, bitcast=True).to(tl.int32) << 16).to(tl.float32, bitcast=True)
-    else:
-        return v.to(MATH)
-
-
-@triton.jit
 def _segment_max_fwd_lanes_kernel(x, offs, vals, idxs, S, N, INNER, n_sblk, SX, O_LO, I_LO, soff_o,
                                   BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, CAP: tl.constexpr,
                                   BLOCK_L: tl.constexpr, UNROLL: tl.constexpr, BITS: tl.constexpr, W: tl.constexpr,
@@ -226,7 +216,8 @@ def _segment_max_fwd_lanes_kernel(x, offs, vals, idxs, S, N, INNER, n_sblk, SX, 
     """A program a block of BLOCK_S segments (all BLOCK_D >= INNER columns): segments of at most CAP rows take a
     lane a (segment, column), looping over their rows together, UNROLL rows a step (their loads independent); each
     longer one then takes the whole program, its rows a tile of BLOCK_L at a time (_max_over_rows). The same
-    results as the tile kernel: strictly larger keys win, in row order, so of equal ones (NaN too) the first row."""
+    results as the tile kernel: a row wins only where it is strictly larger in the keys' order (_order_key), so of
+    equal ones (NaN too) the first row."""
     sblk, _, outer = _ids(n_sblk, 1, PDL)
     segs = sblk * BLOCK_S + tl.arange(0, BLOCK_S)
     smask = segs < S
@@ -251,7 +242,7 @@ def _segment_max_fwd_lanes_kernel(x, offs, vals, idxs, S, N, INNER, n_sblk, SX, 
         for u in tl.static_range(UNROLL):
             r = r0 + u
             v = tl.load(p + r * SX[1], mask=(r < n_r)[:, None] & dmask[None, :], other=float("-inf"))
-            vm, bm = _compared(v, MATH), _compared(best, MATH)
+            vm, bm = cast_in(v, MATH), cast_in(best, MATH)  # (the interpreter and Triton 3.9 misorder 16-bit compares)
             take = (vm > bm) | ((vm != vm) & (bm == bm))
             best = tl.where(take, v, best)
             best_r = tl.where(take, r, best_r)
@@ -655,7 +646,7 @@ class SegmentConfig:
     lanes_few_unroll: int = 4
     # the forward lane kernel's tile (elements) for a segment longer than lanes_cap, which takes the program: few
     # programs loop over one, but its registers bound every program's occupancy (H200, 22M x 3 in segments of 1-63,
-    # none longer than the cap: 1024 0.41x stock, 256 0.63x; docs/tuning/segment_max.md, "Float compares")
+    # none longer than the cap: 56 registers, 0.63x stock; docs/tuning/segment_max.md, "Float compares")
     lanes_long_tile: int = 256
     # rows of a segment side by side in the segment_reduce backward's writing pass with lanes_few lanes, by element
     # size (else 1: a lane a (segment, column), as it counts), so that a warp's stores fill sectors; f64's is not

@@ -39,6 +39,16 @@ def _round_bf16(x):
 
 
 @triton.jit
+def cast_in(x, MATH: tl.constexpr):
+    """`x.to(MATH)`, exact everywhere: bf16 by its bits (the top half of a float32), because Triton's interpreter
+    flushes bf16 subnormals to zero on the way up (seen with triton 3.9); compiled, it is the same shift."""
+    if x.dtype.is_bf16():
+        return (x.to(tl.int16, bitcast=True).to(tl.int32) << 16).to(tl.float32, bitcast=True).to(MATH)
+    else:
+        return x.to(MATH)
+
+
+@triton.jit
 def cast_out(x, DT: tl.constexpr):
     """`x.to(DT)` with round-to-nearest-even everywhere: Triton's interpreter truncates fp32 -> bf16
     (seen with triton 3.9), compiled Triton rounds; this makes both round."""
