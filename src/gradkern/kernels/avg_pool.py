@@ -64,9 +64,9 @@ class AvgPoolConfig(GridLimits):
     #: 1.48x, against 0.76x / 1.35x at 1024
     tile_one_term_16: int = 2048
     #: ... where windows overlap along W at stride 1 (a term's loads are runs shifted by a column, so unaligned):
-    #: this many bytes a thread (one f32 element, two 16-bit). A thread's 4 columns then load as scalars 16 bytes
-    #: apart a lane: the L1 saturates (H200, 3/1/1 f32 at 512: 96% L1 busy, 71 us; at 128 28 us). Figures:
-    #: docs/tuning/avg_pool.md, "Shifted runs"
+    #: this many bytes a thread (one f32 element, two 16-bit): several columns a thread would load as scalars 16
+    #: bytes apart a lane and saturate the L1 (H200, 3/1/1 f32: 1.53x stock). Figures: docs/tuning/avg_pool.md,
+    #: "Shifted runs"
     shifted_thread_bytes: int = 4
     #: columns a tile spans at most (wider rows: several column blocks)
     max_bw: int = 128

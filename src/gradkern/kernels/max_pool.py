@@ -100,8 +100,8 @@ class MaxPoolConfig(GridLimits):
     warps: int = 4
     #: a gather tile's elements a thread at most this many divided by the candidate slots an input (a power of two,
     #: at least 1): each slot is unrolled, so its loads and masks take registers for every element a thread; 27
-    #: slots (3/1/1) one element (166 -> 72 registers), 8 slots two. Figures: docs/tuning/max_pool.md, "Elements
-    #: a thread by candidate slots"
+    #: slots (3/1/1) one element (72 registers), 8 slots two. Figures: docs/tuning/max_pool.md, "Elements a thread
+    #: by candidate slots"
     slot_budget: int = 16
     #: columns a "lines" tile spans at most (wider rows: several column blocks)
     max_bw: int = 128

@@ -560,9 +560,8 @@ class PadConfig(GridLimits):  # (max_programs: past it, a program does several p
     #: replicate pads up to this many a side unrolled (their loads in flight together), wider ones in loops
     unroll: int = 4
     #: ... and where a 3-D pad is wider, this many a side unrolled before the loops: they nest (planes, rows,
-    #: columns) and every unrolled source is inlined at each level, so 3-D pad 7 with 4 compiled to 24K SASS lines,
-    #: 128 registers and a stack in 45 s (sm_90, offline; 73 s for the first call on an H200), with 0 to 6K lines
-    #: and 48 registers in 2 s (2-D pad 7 with 4: 3 s). Figures: docs/tuning/pad.md, "Wide 3-D pads' loops"
+    #: columns) and every unrolled source is inlined at each level, multiplying the code (3-D pad 7: 48 registers,
+    #: 2 s to compile for sm_90). Figures: docs/tuning/pad.md, "Wide 3-D pads' loops"
     loop_unroll_3d: int = 0
     #: registers a thread (ptxas --maxrregcount) by (dims, size, reflect), none where absent: only 16-bit 3d gains
     #: (reflect 96: 1.02-1.04x against none; replicate 80, which early_strips needs), elsewhere caps lose
