@@ -42,6 +42,19 @@ def dtype_id(d: torch.dtype) -> str:
     return _runtime.DTYPE_NAMES[d]
 
 
+def import_script(name: str):
+    """The module scripts/<name>.py (the scripts are not a package)."""
+    import importlib
+    import pathlib
+    import sys
+
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "scripts"))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.pop(0)
+
+
 @contextlib.contextmanager
 def small_pad_tiles(unroll: int = 1, loop_unroll_3d: int = 0):
     """Pad plans with 8-element tiles at most 4 columns wide, so that planes span many tiles and the border strips

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import gradkern
-from conftest import DEVICE, gpu_only
+from conftest import DEVICE, gpu_only, import_script
 from gradkern.registry import REGISTRY
 from gradkern.tools import bench_sweep, cli
 
@@ -345,14 +345,7 @@ def test_calls_of_seconds_are_timed_twice_not_by_do_bench(monkeypatch):
 def test_run_case_script_runs_one_sweep_case_for_a_profiler(capsys, monkeypatch):
     """scripts/run_case.py (the case a profiler catches): the first case whose label holds the text, gradkern's op
     or the sweep's stock call, under a config override (restored after); exit 2 where no case matches."""
-    import pathlib
-    import sys
-
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "scripts"))
-    try:
-        import run_case
-    finally:
-        sys.path.pop(0)
+    run_case = import_script("run_case")
     from gradkern import config
     from gradkern.kernels import segment_max as sm
 

@@ -9,6 +9,7 @@ import threading
 
 import pytest
 
+from conftest import import_script
 from gradkern import config
 from gradkern.config import PlanCache, Tunable, override, plan_builder
 
@@ -106,15 +107,7 @@ def test_checked_validates_a_problem_once_and_remembers_no_failure():
 
 
 def _tune():
-    import pathlib
-    import sys
-
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "scripts"))
-    try:
-        import tune
-    finally:
-        sys.path.pop(0)
-    return tune
+    return import_script("tune")
 
 
 def test_every_tune_group_applies_and_the_defaults_come_back():
