@@ -106,10 +106,13 @@ GROUPS = {  # name: (ops, dtypes, configs); each config overrides only what it n
     # TUNE_CASES="sweep:D=1 |D=3 "
     "seglong": (["segment_max_forward"], [F32, BF16],
                 [DEFAULTS] + [(segment_max.CONFIG, {"lanes_long_tile": t}) for t in (1024, 512)]),
-    # 3-D replicate pads wider than `unroll`: sources unrolled before the loops (loop_unroll_3d: 0 shipped, 4
-    # before, 2, 1); with TUNE_CASES="sweep:pad (7, 7" (a 3-D pad 7 with 4 compiles for over 40 s)
-    "pad3d_loops": (["replication_pad3d_backward"], [F32, BF16],
-                    [DEFAULTS] + [(pad.CONFIG, {"loop_unroll_3d": u}) for u in (4, 2, 1)]),
+    # replicate pads wider than `unroll`: strip parts a source a lane (loop_lanes 1024 shipped, 256, 4096), or
+    # per-element loops (loop_lanes 0) after loop_unroll_3d sources (0, and 4 before the thirteenth session); with
+    # TUNE_CASES="sweep:pad (7, 7|pad (7, 2, 1, 0)|pad (7, 1)" (a 3-D pad 7 with 4 compiles for over 40 s)
+    "pad_wide": (["replication_pad1d_backward", "replication_pad2d_backward", "replication_pad3d_backward"],
+                 [F32, BF16],
+                 [DEFAULTS] + [(pad.CONFIG, {"loop_lanes": n}) for n in (256, 4096)]
+                 + [(pad.CONFIG, {"loop_lanes": 0, "loop_unroll_3d": u}) for u in (0, 4)]),
     # max pooling's gather tiles: the slot budget as shipped, the old tiles (4 elements a thread whatever the
     # slots), then fixed tiles of 128 on 4 warps, 256 on 8 and 256 on 4; with TUNE_CASES="sweep:" (every case)
     "maxpool": (["max_pool3d_with_indices_backward", "adaptive_max_pool3d_backward"], [F32, BF16],

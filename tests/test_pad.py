@@ -109,10 +109,11 @@ def test_small_tile_plan_matches_stock(op, shape, pads, dtype, small_tiles):
 
 @pytest.mark.parametrize("loop_unroll", [0, 1])
 def test_wide_3d_replicate_pads_loop_after_loop_unroll_sources(loop_unroll, monkeypatch):
-    """3-D pads wider than `unroll` loop over their extra planes, rows and columns after `loop_unroll_3d` of them
-    a side unrolled (0 by default: the loops nest, and unrolled sources multiply the code at each level)."""
+    """3-D pads wider than `unroll`, in per-element loops (`loop_lanes` 0), loop over their extra planes, rows and
+    columns after `loop_unroll_3d` of them a side unrolled (the loops nest, and unrolled sources multiply the code at
+    each level)."""
     launches = record_launches(monkeypatch, padmod)
-    with small_pad_tiles(unroll=2, loop_unroll_3d=loop_unroll):
+    with small_pad_tiles(unroll=2, loop_unroll_3d=loop_unroll), config.override(padmod.CONFIG, loop_lanes=0):
         for shape, pads in (((1, 2, 3, 4, 5), (3, 2, 1, 4, 3, 0)), ((2, 1, 4, 3, 2), (0, 5, 3, 1, 0, 0))):
             op = "replication_pad3d_backward"
             check_case(op, _problem(op, shape, pads, torch.float32), what=f"{op} {shape} pad {pads}")
@@ -305,8 +306,8 @@ def test_edge_columns_in_the_bulk_agree_with_their_own_part(op, w_in, w_pads, sp
     problem = _problem(op, shape, pads, torch.float32)
     tile = (16, 16, 16) if split else padmod.CONFIG.current.tile  # (16 elements: 2 or 4 rows of the 7 or 3 columns)
     results = {}
-    for edges in (frozenset({(d, 4)}), frozenset()):
-        with config.override(padmod.CONFIG, tile=tile, edges=edges):
+    for edges in (frozenset({(d, 4)}), frozenset()):  # (wide pads' per-element loops: lanes store their own part)
+        with config.override(padmod.CONFIG, tile=tile, edges=edges, loop_lanes=0):
             plan = _plan(op, *problem)
             assert plan.consts["EDGES"] is bool(edges) and plan.consts["EARLY"] is not split
             results[bool(edges)] = check_case(op, problem, what=f"{op} pad {pads} EDGES={bool(edges)}")
@@ -322,7 +323,7 @@ CORNERS = {2: [((2, 2, 7, 9), (2, 1, 0, 3)), ((1, 3, 5, 4), (3, 3, 2, 1)), ((1, 
 @pytest.mark.parametrize("op", ["replication_pad2d_backward", "replication_pad3d_backward"])
 @pytest.mark.parametrize("split", [False, True])  # whole-plane tiles (EARLY), or tiles of a few rows
 def test_corners_a_source_a_lane_and_per_element_match_stock(op, split):
-    """Replicate's corners (strip rows x strip columns) summed a source a lane (`_corner_lanes`) and each element's
+    """Replicate's corners (strip rows x strip columns) summed a source a lane (`_strip_lanes`) and each element's
     sources in turn (`corner_lanes=0`) both match stock."""
     tile = (16, 16, 16) if split else padmod.CONFIG.current.tile  # (tiles of 16 elements)
     for shape, pads in CORNERS[_dims(op)]:
@@ -330,7 +331,29 @@ def test_corners_a_source_a_lane_and_per_element_match_stock(op, split):
         for lanes in (1024, 0):
             with config.override(padmod.CONFIG, tile=tile, corner_lanes=lanes):
                 plan = _plan(op, *problem)
-                assert (plan.consts["CS"] > 0) is (lanes > 0) and (split or plan.consts["EARLY"])
+                assert (plan.consts["LANES"][2] > 0) is (lanes > 0) and (split or plan.consts["EARLY"])
+                check_case(op, problem, what=f"{op} {shape} pad {pads} lanes {lanes} split {split}")
+
+
+# replicate pads wider than `unroll` (so in loops): symmetric, a crop, dims of size 1 (both ends' pads on one index)
+WIDE = {1: [((2, 3, 5), (7, 6)), ((1, 1, 1), (6, 5)), ((3, 4), (-2, 7))],
+        2: [((1, 2, 5, 6), (7, 7, 7, 7)), ((2, 1, 3), (5, 6, -1, 7)), ((1, 1, 1, 5), (6, 5, 7, 5))],
+        3: [((1, 1, 2, 3, 4), (7,) * 6), ((1, 1, 3, 4, 5), (-1, 6, 5, -2, 6, 0)),
+            ((1, 1, 1, 1, 5), (6, 5, 7, 5, 5, 6))]}
+
+
+@pytest.mark.parametrize("op", [f"replication_pad{d}d_backward" for d in (1, 2, 3)])
+@pytest.mark.parametrize("split", [False, True])  # whole-plane tiles (EARLY), or tiles of a few rows
+def test_wide_pads_strip_parts_a_source_a_lane_match_stock(op, split):
+    """Wide replicate pads' strip parts summed a source a lane (`loop_lanes`: all sources in one chunk of lanes, or
+    4 lanes an element taking their sources in turn) and each element's sources in turn (0) all match stock."""
+    tile = (16, 16, 16) if split else padmod.CONFIG.current.tile
+    for shape, pads in WIDE[_dims(op)]:
+        problem = _problem(op, shape, pads, torch.float32)
+        for lanes in (1024, 4, 0):
+            with config.override(padmod.CONFIG, tile=tile, loop_lanes=lanes):
+                c = _plan(op, *problem).consts
+                assert c["LOOPS"] and (min(c["LANES"]) > 0) is (lanes > 0), c["LANES"]
                 check_case(op, problem, what=f"{op} {shape} pad {pads} lanes {lanes} split {split}")
 
 

@@ -24,9 +24,10 @@ for all but the border planes). Along H and W, the indices with extra sources fo
   grad_output's strides and the left W pad allow (`_vec`);
 * if the tile holds part of a strip, after a barrier, its strip elements are rewritten in three disjoint parts:
   strip rows x other columns with all their H sources ([SH, BW] chunks), other rows x strip columns with all
-  their W sources ([BH, SW]), and the corners with all sources ([SH, SW]; replicate's a source a lane, each
-  element's lanes summed). The loads of a part are unrolled (replicate's extra rows and columns up to
-  `PadConfig.unroll` per side, wider pads loop), so they are in flight together.
+  their W sources ([BH, SW]), and the corners with all sources ([SH, SW]). The loads of a part are unrolled
+  (replicate's extra rows and columns up to `PadConfig.unroll` per side), so they are in flight together; replicate's
+  corners, and every part of its wider pads, are summed a source a lane, each element's lanes in a fixed order
+  (`_strip_lanes`; a wide pad's lanes take their sources a chunk at a time).
   The pad rows they read (which no bulk load touched) were asked of L2 before the bulk (a prefetch, on a GPU).
   Where a tile is its whole plane (so it holds every strip), the strip parts' values are gathered before the bulk
   store and only stored after the barrier (but reflect's with GEOM below). Where a tile holds every column and the
@@ -71,7 +72,7 @@ from ..registry import Case, register_op
 #   a dim's strips (`_strips`), HS / WS = (a0, a1, b0, b1): the input ranges [a0, a1) and [b0, b1)
 #   a tile's part of them (`_tile_strips`), RL (rows) / CL (columns) = (n_a, n_b, a, b): n_a indices from a, n_b from b
 #   a plane's source planes (`_source_planes`), PL = (o0, o1, o2, v0, v01, count)
-#   the tile, T = (h, rm, w, cm): its rows ([BH, 1]) and columns ([1, BW]) with their masks
+#   the tile, T = (h, rm, w, cm, h0, w0): its rows ([BH, 1]) and columns ([1, BW]) with their masks, and its first
 #   (constexpr, from the plan) the unrolled loads, UNROLL = (ND, NXH, NXW, SIDES_H, SIDES_W)
 @triton.jit
 def _source_planes(d, DD, REFLECT: tl.constexpr):
@@ -265,7 +266,7 @@ def _strip_chunk(src, dst, gsD, PL, t0, c0, T, RL, CL, HS, WS, HD, WD, isH, isW,
     """One chunk of a strip part: the tile's strip rows [t0, t0 + SH) of its list (ROWS; else its rows outside the
     strips) x its strip columns [c0, c0 + SW) (COLS; else its columns outside the strips), each element with all
     its sources along the strip dims and its direct one along the others, as (values, grad_input pointers, mask)."""
-    h, rm, w, cm = T
+    h, rm, w, cm, _h0, _w0 = T
     if ROWS:
         ts = t0 + tl.arange(0, SH)[:, None]
         hh = _strip_index(ts, RL)
@@ -285,45 +286,73 @@ def _strip_chunk(src, dst, gsD, PL, t0, c0, T, RL, CL, HS, WS, HD, WD, isH, isW,
 
 
 @triton.jit
-def _corner_lanes(src, dst, gsD, PL, t0, c0, RL, CL, HD, WD, isH, isW, SH: tl.constexpr, SW: tl.constexpr,
-                  UNROLL: tl.constexpr, CS: tl.constexpr, ACC: tl.constexpr):
-    """Replicate's corner chunk (strip rows [t0, t0 + SH) x strip columns [c0, c0 + SW)) with all their sources, a
-    source a lane: element e owns lanes [e*CS, (e+1)*CS), lane s loads its source (plane k, row j, column i), and
-    each element's lanes are summed (a reduction in one fixed order). As (values, grad_input pointers, mask), like
-    `_strip_chunk`, whose per-element form spends its instructions on each source's index and mask in turn."""
-    NH: tl.constexpr = 1 + UNROLL[3] * UNROLL[1]  # (the most sources a row has, 1 + SIDES_H * NXH; NW: a column)
-    NW: tl.constexpr = 1 + UNROLL[4] * UNROLL[2]
-    H_in, H_out, sH, ph_lo = HD
-    W_in, W_out, sW, pw_lo = WD
-    o0, _o1, _o2, _v0, _v01, count = PL
-    e = tl.arange(0, SH * SW)[:, None]
-    s = tl.arange(0, CS)[None, :]
-    ts = t0 + e // SW
-    tc = c0 + e % SW
-    hh = _strip_index(ts, RL)
-    ww = _strip_index(tc, CL)
-    em = (ts < RL[0] + RL[1]) & (tc < CL[0] + CL[1])
+def _lane_sources(src, gsD, o0, count, h0, nh, w0, nw, em, s, NH, NW, sH, sW, ACC: tl.constexpr):
+    """Lanes s ([1, L]) of elements em ([E, 1]): lane s loads source s (plane k, row j, column i) of the NH x NW
+    sources a source plane at most, where the element has it (rows [h0, h0 + nh), columns [w0, w0 + nw), planes
+    [o0, o0 + count)); 0 elsewhere."""
     k = s // (NH * NW)
     j = (s // NW) % NH  # (its row and column among the element's sources)
     i = s % NW
+    m = em & (j < nh) & (i < nw) & (k < count)  # (a lane past its element's sources fails one of these)
+    return tl.load(src + (o0 + k).to(tl.int64) * gsD + (h0 + j) * sH + (w0 + i) * sW, mask=m, other=0.0).to(ACC)
+
+
+@triton.jit
+def _strip_lanes(src, dst, gsD, PL, t0, c0, T, RL, CL, HS, WS, HD, WD, isH, isW, ROWS: tl.constexpr,
+                 COLS: tl.constexpr, R: tl.constexpr, C: tl.constexpr, L: tl.constexpr, NH: tl.constexpr,
+                 NW: tl.constexpr, LOOPS: tl.constexpr, ACC: tl.constexpr):
+    """Replicate's chunk of a strip part, as `_strip_chunk` (R strip rows from t0 of the list (ROWS), else the
+    tile's R rows outside the strips; likewise C columns), each element with all its sources, a source a lane:
+    element e owns L lanes, and its lanes are summed (a reduction in one fixed order). Where a pad is wide (LOOPS),
+    lane l takes sources l, l + L, ... in turn, so a source plane's loads are in flight together where the
+    per-element form waits for each in turn. As (values, grad_input pointers, mask), each [R * C, 1]."""
+    H_in, H_out, sH, ph_lo = HD
+    W_in, W_out, sW, pw_lo = WD
+    o0, _o1, _o2, _v0, _v01, count = PL
+    e = tl.arange(0, R * C)[:, None]
+    if ROWS:
+        ts = t0 + e // C
+        hh = _strip_index(ts, RL)
+        rmk = ts < RL[0] + RL[1]
+    else:
+        hh = T[4] + e // C  # (the tile's rows, from its first)
+        rmk = (hh < H_in) & _outside(hh, HS)
+    if COLS:
+        tc = c0 + e % C
+        ww = _strip_index(tc, CL)
+        cmk = tc < CL[0] + CL[1]
+    else:
+        ww = T[5] + e % C
+        cmk = (ww < W_in) & _outside(ww, WS)
+    em = rmk & cmk
     h0, nh = _replicate_range(hh, H_in, H_out, ph_lo)
     w0, nw = _replicate_range(ww, W_in, W_out, pw_lo)
-    m = em & (j < nh) & (i < nw) & (k < count)  # (a lane past its element's sources fails one of these)
-    val = tl.sum(tl.load(src + (o0 + k).to(tl.int64) * gsD + (h0 + j) * sH + (w0 + i) * sW, mask=m, other=0.0).to(ACC),
-                 axis=1, keep_dims=True)
+    s = tl.arange(0, L)[None, :]
+    NH_: tl.constexpr = 1 + ROWS * (NH - 1)  # (a lane's source index strides: along H and W, NH and NW a plane)
+    NW_: tl.constexpr = 1 + COLS * (NW - 1)
+    if LOOPS:
+        acc = tl.zeros([R * C, L], ACC)
+        for s0 in range(0, count * (NH_ * NW_), L):
+            acc += _lane_sources(src, gsD, o0, count, h0, nh, w0, nw, em, s0 + s, NH_, NW_, sH, sW, ACC)
+    else:  # L lanes hold every source
+        acc = _lane_sources(src, gsD, o0, count, h0, nh, w0, nw, em, s, NH_, NW_, sH, sW, ACC)
+    val = tl.sum(acc, axis=1, keep_dims=True)
     return cast_out(val, dst.dtype.element_ty), dst + hh * isH + ww * isW, em
 
 
 @triton.jit
-def _corner_chunk(src, dst, gsD, PL, t0, c0, T, RL, CL, HS, WS, HD, WD, isH, isW, SH: tl.constexpr,
-                  SW: tl.constexpr, UNROLL: tl.constexpr, LOOPS: tl.constexpr, CS: tl.constexpr,
-                  REFLECT: tl.constexpr, CROP: tl.constexpr, ACC: tl.constexpr):
-    """The corner chunk: a source a lane where the plan gives lanes (CS > 0: replicate with every source unrolled),
-    else `_strip_chunk`'s per-element form."""
-    if CS > 0:
-        return _corner_lanes(src, dst, gsD, PL, t0, c0, RL, CL, HD, WD, isH, isW, SH, SW, UNROLL, CS, ACC)
+def _chunk(src, dst, gsD, PL, t0, c0, T, RL, CL, HS, WS, HD, WD, isH, isW, ROWS: tl.constexpr, COLS: tl.constexpr,
+           SH: tl.constexpr, SW: tl.constexpr, UNROLL: tl.constexpr, LOOPS: tl.constexpr, LANES: tl.constexpr,
+           PART: tl.constexpr, REFLECT: tl.constexpr, CROP: tl.constexpr, ACC: tl.constexpr):
+    """A chunk of a strip part (PART: 0 rows, 1 columns, 2 corners): a source a lane where the plan gives it lanes
+    (LANES[PART] > 0: replicate, `_strip_lanes`), else `_strip_chunk`'s per-element form."""
+    if LANES[PART] > 0:
+        R: tl.constexpr = SH if ROWS else T[0].shape[0]
+        C: tl.constexpr = SW if COLS else T[2].shape[1]
+        return _strip_lanes(src, dst, gsD, PL, t0, c0, T, RL, CL, HS, WS, HD, WD, isH, isW, ROWS, COLS, R, C,
+                            LANES[PART], LANES[3], LANES[4], LOOPS, ACC)
     else:
-        return _strip_chunk(src, dst, gsD, PL, t0, c0, T, RL, CL, HS, WS, HD, WD, isH, isW, True, True, SH, SW, UNROLL,
+        return _strip_chunk(src, dst, gsD, PL, t0, c0, T, RL, CL, HS, WS, HD, WD, isH, isW, ROWS, COLS, SH, SW, UNROLL,
                             LOOPS, REFLECT, CROP, ACC)
 
 
@@ -399,10 +428,10 @@ def _plane_at(gi, g, p, DIV, gs0, gs1, ISTR, MAGIC: tl.constexpr):
 def _tile(src, dst, d, T, h0, h1, w0, RL, CL, DD, HD, WD, HS, WS, isH, isW, REFLECT: tl.constexpr,
           CROP: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr, UNROLL: tl.constexpr, LOOPS: tl.constexpr,
           ACC: tl.constexpr, BW: tl.constexpr, PREFETCH: tl.constexpr, EARLY: tl.constexpr, EDGES: tl.constexpr,
-          CS: tl.constexpr):
+          LANES: tl.constexpr):
     """The tile T (rows [h0, h1), columns from w0) of plane d of grad_input (at `dst`; its grad_output planes at
     `src`): the bulk, then the strip parts."""
-    h, rm, w, cm = T
+    h, rm, w, cm, _h0, _w0 = T
     gsD = DD[2]
     PL = _source_planes(d, DD, REFLECT)
     if PREFETCH:  # (the first source plane's; 3d pad 2 1.00-1.05x)
@@ -413,12 +442,12 @@ def _tile(src, dst, d, T, h0, h1, w0, RL, CL, DD, HD, WD, HS, WS, isH, isW, REFL
     if EARLY:
         # the tile is its whole plane: it holds every strip, each part in one chunk, whose values come first, so
         # that their loads are in flight with the bulk's (after the barrier, each part waited for its own)
-        vr, pr, mr = _strip_chunk(src, dst, gsD, PL, 0, 0, T, RL, CL, HS, WS, HD, WD, isH, isW, True, False, SH, SW,
-                                  UNROLL, LOOPS, REFLECT, CROP, ACC)
-        vx, px, mx = _corner_chunk(src, dst, gsD, PL, 0, 0, T, RL, CL, HS, WS, HD, WD, isH, isW, SH, SW, UNROLL,
-                                   LOOPS, CS, REFLECT, CROP, ACC)
-        vc, pc, mc = _strip_chunk(src, dst, gsD, PL, 0, 0, T, RL, CL, HS, WS, HD, WD, isH, isW, False, True, SH, SW,
-                                  UNROLL, LOOPS, REFLECT, CROP, ACC)
+        vr, pr, mr = _chunk(src, dst, gsD, PL, 0, 0, T, RL, CL, HS, WS, HD, WD, isH, isW, True, False, SH, SW,
+                            UNROLL, LOOPS, LANES, 0, REFLECT, CROP, ACC)
+        vx, px, mx = _chunk(src, dst, gsD, PL, 0, 0, T, RL, CL, HS, WS, HD, WD, isH, isW, True, True, SH, SW,
+                            UNROLL, LOOPS, LANES, 2, REFLECT, CROP, ACC)
+        vc, pc, mc = _chunk(src, dst, gsD, PL, 0, 0, T, RL, CL, HS, WS, HD, WD, isH, isW, False, True, SH, SW,
+                            UNROLL, LOOPS, LANES, 1, REFLECT, CROP, ACC)
         out = cast_out(acc, dst.dtype.element_ty)
         if EDGES:
             out = _with_edges(out, vc, w, CL, SW)
@@ -443,17 +472,17 @@ def _tile(src, dst, d, T, h0, h1, w0, RL, CL, DD, HD, WD, HS, WS, isH, isW, REFL
             # sources; unless EDGES), strip rows x strip columns (all sources). (Two parts, the strip rows over every
             # column with all their sources, were 0.87-0.93x)
             for t0 in range(0, n_rows, SH):
-                vs, ps, ms = _strip_chunk(src, dst, gsD, PL, t0, 0, T, RL, CL, HS, WS, HD, WD, isH, isW, True, False,
-                                          SH, SW, UNROLL, LOOPS, REFLECT, CROP, ACC)
+                vs, ps, ms = _chunk(src, dst, gsD, PL, t0, 0, T, RL, CL, HS, WS, HD, WD, isH, isW, True, False, SH,
+                                    SW, UNROLL, LOOPS, LANES, 0, REFLECT, CROP, ACC)
                 tl.store(ps, vs, mask=ms)
                 for c0 in range(0, n_cols, SW):
-                    vx, px, mx = _corner_chunk(src, dst, gsD, PL, t0, c0, T, RL, CL, HS, WS, HD, WD, isH, isW, SH, SW,
-                                               UNROLL, LOOPS, CS, REFLECT, CROP, ACC)
+                    vx, px, mx = _chunk(src, dst, gsD, PL, t0, c0, T, RL, CL, HS, WS, HD, WD, isH, isW, True, True,
+                                        SH, SW, UNROLL, LOOPS, LANES, 2, REFLECT, CROP, ACC)
                     tl.store(px, vx, mask=mx)
             if not EDGES:
                 for c0 in range(0, n_cols, SW):
-                    vs, ps, ms = _strip_chunk(src, dst, gsD, PL, 0, c0, T, RL, CL, HS, WS, HD, WD, isH, isW, False,
-                                              True, SH, SW, UNROLL, LOOPS, REFLECT, CROP, ACC)
+                    vs, ps, ms = _chunk(src, dst, gsD, PL, 0, c0, T, RL, CL, HS, WS, HD, WD, isH, isW, False, True,
+                                        SH, SW, UNROLL, LOOPS, LANES, 1, REFLECT, CROP, ACC)
                     tl.store(ps, vs, mask=ms)
 
 
@@ -462,7 +491,7 @@ def _pad_backward_kernel(gi, g, GRID, PLANE, SIZES, GSTR, ISTR, PADS, HS, WS, RE
                          CROP: tl.constexpr, BH: tl.constexpr, BW: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr,
                          UNROLL: tl.constexpr, LOOPS: tl.constexpr, PLANES_LOOP: tl.constexpr, ACC: tl.constexpr,
                          I64: tl.constexpr, VEC: tl.constexpr, PREFETCH: tl.constexpr, EARLY: tl.constexpr,
-                         EDGES: tl.constexpr, CS: tl.constexpr, GEOM: tl.constexpr, MAGIC: tl.constexpr):
+                         EDGES: tl.constexpr, LANES: tl.constexpr, GEOM: tl.constexpr, MAGIC: tl.constexpr):
     """GRID = (planes, planes a program, row tiles, column tiles), PLANE = (Q1 and the magic numbers of D_in and Q1,
     `_magic`), SIZES = (D, H, W of grad_input, then of grad_output), GSTR / ISTR = grad_output's / grad_input's
     (Q0, Q1, D, H, W) strides, PADS = (D's front, H's top and bottom, W's left and right pads), HS / WS = the H / W
@@ -505,7 +534,7 @@ def _pad_backward_kernel(gi, g, GRID, PLANE, SIZES, GSTR, ISTR, PADS, HS, WS, RE
     else:
         rm = h < H_in
         cm = w < W_in
-    T = (h, rm, w, cm)
+    T = (h, rm, w, cm, h0, w0)
     # the tile's parts of the border strips (input rows / columns with more than their direct source)
     RL = _tile_strips(h0, h1, HS)
     CL = _tile_strips(w0, w1, WS)
@@ -518,11 +547,11 @@ def _pad_backward_kernel(gi, g, GRID, PLANE, SIZES, GSTR, ISTR, PADS, HS, WS, RE
         for i in range(tl.minimum(planes - first, per_program)):
             src, dst, d = _plane_at(gi, g, first + i, DIV, gs0, gs1, ISTR, MAGIC)
             _tile(src, dst, d, T, h0, h1, w0, RL, CL, DD, HD, WD, HS, WS, ISTR[3], ISTR[4], REFLECT, CROP, SH, SW,
-                  UNROLL, LOOPS, ACC, BW, PREFETCH, EARLY, EDGES, CS)
+                  UNROLL, LOOPS, ACC, BW, PREFETCH, EARLY, EDGES, LANES)
     else:
         src, dst, d = _plane_at(gi, g, pg, DIV, gs0, gs1, ISTR, MAGIC)
         _tile(src, dst, d, T, h0, h1, w0, RL, CL, DD, HD, WD, HS, WS, ISTR[3], ISTR[4], REFLECT, CROP, SH, SW, UNROLL,
-              LOOPS, ACC, BW, PREFETCH, EARLY, EDGES, CS)
+              LOOPS, ACC, BW, PREFETCH, EARLY, EDGES, LANES)
 
 
 # ----------------------------------------------------------------------------------------------- host
@@ -559,9 +588,10 @@ class PadConfig(GridLimits):  # (max_programs: past it, a program does several p
     min_thread_elements: int = 2
     #: replicate pads up to this many a side unrolled (their loads in flight together), wider ones in loops
     unroll: int = 4
-    #: ... and where a 3-D pad is wider, this many a side unrolled before the loops: they nest (planes, rows,
-    #: columns) and every unrolled source is inlined at each level, multiplying the code (3-D pad 7: 48 registers,
-    #: 2 s to compile for sm_90). Figures: docs/tuning/pad.md, "Wide 3-D pads' loops"
+    #: ... and where a 3-D pad is wider and takes per-element loops (`loop_lanes` 0), this many a side unrolled
+    #: before them: they nest (planes, rows, columns) and every unrolled source is inlined at each level, multiplying
+    #: the code (3-D pad 7: 48 registers, 2 s to compile for sm_90). Figures: docs/tuning/pad.md, "Wide 3-D pads'
+    #: loops"
     loop_unroll_3d: int = 0
     #: registers a thread (ptxas --maxrregcount) by (dims, size, reflect), none where absent: only 16-bit 3d gains
     #: (reflect 96: 1.02-1.04x against none; replicate 80, which early_strips needs), elsewhere caps lose
@@ -575,9 +605,12 @@ class PadConfig(GridLimits):  # (max_programs: past it, a program does several p
     #: (dims, size) where a tile holding every column selects its column strips into the bulk tile before its store
     #: (one column a side; under GEOM up to four columns): f32 3d replicate pad 1 0.5777 -> 0.5577 ms
     edges: frozenset[tuple[int, int]] = frozenset({(1, 4), (2, 4), (3, 4), (3, 2)})
-    #: replicate's corner chunk is summed a source a lane (`_corner_lanes`) where its lanes (elements x sources, a
+    #: replicate's corner chunk is summed a source a lane (`_strip_lanes`) where its lanes (elements x sources, a
     #: power of two each) are at most this many: 16-bit 3d pad 2 48.6 -> 46.1 us; reflect's larger chunks lose
     corner_lanes: int = 1024
+    #: lanes a chunk where a replicate pad is wide (loops): every strip part a source a lane, the sources past a
+    #: chunk's lanes in turn; 0: per-element loops, which wait for each source in turn (3-D pad 7 f32 0.14x stock)
+    loop_lanes: int = 1024
     #: (dims, size) where a tile that is exactly its plane (H and W powers of two, within `tile`) runs without masks
     #: and with the plane's sizes, pads and strips as constants (GEOM: a compile per plane shape and pads): bf16 3d
     #: replicate pad 2 46.9 -> 43.1 us; f32 and split tiles lose
@@ -720,23 +753,34 @@ def _plan(spec: _Spec, g_shape, g_strides, self_shape, pads, out_strides, dtype:
     else:  # replicate: the most source planes, extra rows and columns a side; past cfg.unroll, the rest in loops
         planes_max = 1 + (max(pd_lo, 0) + max(pd_hi, 0) if d_in == 1 else max(pd_lo, pd_hi, 0))
         loops = planes_max > 1 + cfg.unroll or max(pads) > cfg.unroll  # (compiled only where needed)
-        unroll = cfg.loop_unroll_3d if loops and spec.dims == 3 else cfg.unroll
+        # (with `loop_lanes`, only the bulk's source planes unroll: the strip parts take lanes)
+        unroll = cfg.loop_unroll_3d if loops and spec.dims == 3 and not cfg.loop_lanes else cfg.unroll
         nd = min(planes_max, 1 + unroll)
         nxh, nxw = min(max(ph_lo, ph_hi, 0), unroll), min(max(pw_lo, pw_hi, 0), unroll)
     # replicate's extra sources of both ends along a dim share one load per source, but in a dim of size 1
     sides_h, sides_w = 2 if h_in == 1 else 1, 2 if w_in == 1 else 1
     vec = _vec(gstr, pw_lo, dtype.itemsize)
-    # replicate's corner chunk a source a lane (`_corner_lanes`): lanes an element, where every source is unrolled and
-    # the chunk's lanes stay few; else 0 (the per-element form)
-    lanes = triton.next_power_of_2(nd * (1 + sides_h * nxh) * (1 + sides_w * nxw))
-    cs = 0 if spec.reflect or loops or sh * sw * lanes > cfg.corner_lanes else lanes
+    # the strip parts' lanes an element (rows, columns, corners; 0: the per-element form) and a lane's source index
+    # strides along H and W (`_strip_lanes`): with loops (`loop_lanes`), every part's, at most that many lanes a
+    # chunk, the strides the most sources an index has, to a power of two (a shift: a division took most of the
+    # lanes' instructions); else replicate's corners where every source is unrolled and the chunk's lanes stay few
+    if loops and cfg.loop_lanes:
+        most_h = gsize[3] if h_in == 1 else 1 + max(ph_lo, ph_hi, 0)  # (a dim of size 1: every output)
+        most_w = gsize[4] if w_in == 1 else 1 + max(pw_lo, pw_hi, 0)
+        nh, nw = triton.next_power_of_2(most_h), triton.next_power_of_2(most_w)
+        lanes = (*(min(triton.next_power_of_2(planes_max * n), max(1, cfg.loop_lanes // (r * c)))
+                   for r, c, n in ((sh, bw, nh), (bh, sw, nw), (sh, sw, nh * nw))), nh, nw)
+    else:
+        nh, nw = 1 + sides_h * nxh, 1 + sides_w * nxw
+        corner = triton.next_power_of_2(nd * nh * nw)
+        lanes = (0, 0, 0 if spec.reflect or loops or sh * sw * corner > cfg.corner_lanes else corner, nh, nw)
     # GEOM: the tile is exactly its plane, so it runs unmasked with its plane's geometry as constants
     geom = (spec.dims, dtype.itemsize) in cfg.geom and h_in == bh and w_in == bw
     early = (cfg.early_strips and n_hb == n_wb == 1 and hs[1] + hs[3] > 0 and ws[1] + ws[3] > 0
              and not (geom and spec.reflect))
     # EDGES: a tile holds every column (so both strips) and they are one column a side (so sw == 2), or with GEOM
     # (where the selects cost little) at most four columns in all
-    edges = (spec.dims, dtype.itemsize) in cfg.edges and n_wb == 1 and (
+    edges = (spec.dims, dtype.itemsize) in cfg.edges and n_wb == 1 and not lanes[1] and (
         ws[1] - ws[0] == 1 and ws[3] - ws[2] == 1 or geom and sw == 4)
     cap = cfg.maxnreg_geom if geom else dict(cfg.maxnreg).get((spec.dims, dtype.itemsize, spec.reflect))
     warps = tile_warps(bh * bw, cfg.warps, cfg.min_thread_elements) if cfg.min_thread_elements else cfg.warps
@@ -744,7 +788,7 @@ def _plan(spec: _Spec, g_shape, g_strides, self_shape, pads, out_strides, dtype:
         "REFLECT": spec.reflect, "CROP": crop, "BH": bh, "BW": bw, "SH": sh, "SW": sw,
         "UNROLL": (nd, nxh, nxw, sides_h, sides_w), "LOOPS": loops, "PLANES_LOOP": per_program > 1, "ACC": acc,
         "I64": i64, "VEC": vec, "PREFETCH": not _runtime.INTERPRET and (ph_lo > 0 or ph_hi > 0), "EARLY": early,
-        "EDGES": edges, "CS": cs,
+        "EDGES": edges, "LANES": lanes,
         "GEOM": (h_in, w_in, *gsize[3:], ph_lo, ph_hi, pw_lo, pw_hi, *hs, *ws) if geom else None,
         "MAGIC": (per_program == 1 and d_in > 1, per_program == 1 and q1 > 1),
     }, warps, **({"maxnreg": cap} if cap else {}))
