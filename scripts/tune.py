@@ -106,6 +106,10 @@ GROUPS = {  # name: (ops, dtypes, configs); each config overrides only what it n
     # TUNE_CASES="sweep:D=1 |D=3 "
     "seglong": (["segment_max_forward"], [F32, BF16],
                 [DEFAULTS] + [(segment_max.CONFIG, {"lanes_long_tile": t}) for t in (1024, 512)]),
+    # the lane kernels' grid bound for segments of 9-64 rows on average (lanes_few_min_programs: 2048 shipped, 3072
+    # before, 1024); with TUNE_CASES="sweep:D=1 |D=3 "
+    "segfew": (["segment_max_forward", "_segment_reduce_backward"], [F32, BF16],
+               [DEFAULTS] + [(segment_max.CONFIG, {"lanes_few_min_programs": n}) for n in (3072, 1024)]),
     # replicate pads wider than `unroll`: strip parts a source a lane (loop_lanes 1024 shipped, 256, 4096), or
     # per-element loops (loop_lanes 0) after loop_unroll_3d sources (0, and 4 before the thirteenth session); with
     # TUNE_CASES="sweep:pad (7, 7|pad (7, 2, 1, 0)|pad (7, 1)" (a 3-D pad 7 with 4 compiles for over 40 s)

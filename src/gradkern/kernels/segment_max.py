@@ -635,13 +635,14 @@ class SegmentConfig:
     lanes_warps: int = 4
     # (_lane_block) lanes_few lanes a program, a lane a thread: where `lanes` would leave fewer than
     # lanes_min_programs programs, and for mean lengths up to lanes_few_max_mean on grids of at least
-    # lanes_few_min_programs (where the tile kernel's program a segment idles). Rows a lane takes a loop step (loads in
-    # flight together): lanes_unroll with `lanes`, lanes_few_unroll with lanes_few. Figures and the variants that
-    # lost: docs/tuning/segment_max.md, "Fewer lanes a program, more rows a step"
+    # lanes_few_min_programs (where the tile kernel's program a segment idles; 2048: forward 1.4M x 3 empty-heavy
+    # 0.35x -> 0.70x stock, 3072 before). Rows a lane takes a loop step (loads in flight together): lanes_unroll with
+    # `lanes`, lanes_few_unroll with lanes_few. Figures and the variants that lost: docs/tuning/segment_max.md,
+    # "Fewer lanes a program, more rows a step"
     lanes_few: int = 128
     lanes_min_programs: int = 1024
     lanes_few_max_mean: int = 64
-    lanes_few_min_programs: int = 3072
+    lanes_few_min_programs: int = 2048
     lanes_unroll: int = 1
     lanes_few_unroll: int = 4
     # the forward lane kernel's tile (elements) for a segment longer than lanes_cap, which takes the program: few
