@@ -110,6 +110,10 @@ GROUPS = {  # name: (ops, dtypes, configs); each config overrides only what it n
     # before, 1024); with TUNE_CASES="sweep:D=1 |D=3 "
     "segfew": (["segment_max_forward", "_segment_reduce_backward"], [F32, BF16],
                [DEFAULTS] + [(segment_max.CONFIG, {"lanes_few_min_programs": n}) for n in (3072, 1024)]),
+    # the forward lane kernel for wide rows (fwd_lanes_max_inner: 256 shipped, 8 before); with
+    # TUNE_CASES="sweep:D=40|D=64|D=100|D=256|D=1000"
+    "segwide": (["segment_max_forward"], [F32, BF16],
+                [DEFAULTS, (segment_max.CONFIG, {"fwd_lanes_max_inner": 8})]),
     # replicate pads wider than `unroll`: strip parts a source a lane (loop_lanes 1024 shipped, 256, 4096), or
     # per-element loops (loop_lanes 0) after loop_unroll_3d sources (0, and 4 before the thirteenth session); with
     # TUNE_CASES="sweep:pad (7, 7|pad (7, 2, 1, 0)|pad (7, 1)" (a 3-D pad 7 with 4 compiles for over 40 s)

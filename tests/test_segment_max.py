@@ -682,16 +682,25 @@ def test_forward_kernels_give_the_same_bits(dtype):
     data[1, 0, :] = -0.0
     data[1, 1, :] = 0.0
     strided = _data((2, n, 6), dtype, seed=3, ties=True)[..., ::2]
-    for x in (data, strided):
+    wide = _data((2, n, 12), dtype, seed=5, ties=True)  # (past lanes_max_inner: lanes at means past lanes_max_mean)
+    wide[1, 2, 10] = float("nan")
+    for x in (data, strided, wide):
         outs = []
         lanes = {"lanes_max_mean": 1 << 30, "lanes_min_programs": 0, "rows_max_programs": 0}
+        if x is wide:
+            lanes = {"lanes_max_mean": 0, "lanes_few_max_mean": 1 << 30, "lanes_few_min_programs": 0,
+                     "rows_max_programs": 0}
         rows = {"rows_max_programs": 1 << 62, "rows_min_mean": 0, "rows_bd_max": 2}
-        tile = {"lanes_max_inner": 0, "rows_max_programs": 0}
-        for knobs in (tile, {"lanes": 8, "lanes_cap": 3, **lanes},
-                      {"lanes": 4, "lanes_cap": 64, **lanes}, {"lanes": 4, "lanes_cap": 64, "lanes_unroll": 3, **lanes},
+        tile = {"lanes_max_inner": 0, "fwd_lanes_max_inner": 0, "rows_max_programs": 0}
+        for knobs in (tile, {"lanes": 8, "lanes_few": 16, "lanes_cap": 3, **lanes},
+                      {"lanes": 4, "lanes_few": 16, "lanes_cap": 64, **lanes},
+                      {"lanes": 4, "lanes_cap": 64, "lanes_unroll": 3, "lanes_few_unroll": 3, **lanes},
                       {"rows_tile": 4, **rows}, {"rows_tile": 16, **rows},
                       {"rows_tile": 128, **rows}):
             with config.override(sm.CONFIG, **knobs):
+                if knobs is not tile and "rows_tile" not in knobs:
+                    (launch,) = gradkern.plan("segment_max_forward", x, offs, 1).kernels
+                    assert launch.kernel == "_segment_max_fwd_lanes_kernel", (x.shape, knobs)
                 outs.append(ops.segment_max_forward(x, offs, 1))
         ev, ei = _expected(x, offs, 1)
         for vals, idxs in outs:
@@ -702,14 +711,18 @@ def test_forward_kernels_give_the_same_bits(dtype):
 def test_forward_kernel_follows_the_mean_segment_length():
     """The lane kernel serves narrow data whose segments are short on average (rows / segments, from the shapes:
     a plan's choice is a function of the descriptor); longer ones take the tile kernel."""
-    def kernel(n, s, inner):
+    def kernel(n, s, inner, **knobs):
         data = torch.randn(n, inner, device=DEVICE)
         offs = torch.linspace(0, n, s + 1, device=DEVICE).to(torch.int64)
-        with config.override(sm.CONFIG, rows_max_programs=0):
+        with config.override(sm.CONFIG, rows_max_programs=0, **knobs):
             (launch,) = gradkern.plan("segment_max_forward", data, offs, 0).kernels
         return launch.kernel
     assert kernel(64, 64, 1) == kernel(64, 8, 3) == "_segment_max_fwd_lanes_kernel"
     assert kernel(64, 7, 1) == kernel(64, 64, 9) == "_segment_max_fwd_kernel"
+    # wide rows (past lanes_max_inner, up to fwd_lanes_max_inner) only at means past lanes_max_mean (here 20)
+    few = {"lanes_few_min_programs": 0}
+    assert kernel(640, 32, 9, **few) == kernel(640, 32, 256, **few) == "_segment_max_fwd_lanes_kernel"
+    assert kernel(640, 32, 257, **few) == kernel(64, 32, 40, **few) == "_segment_max_fwd_kernel"  # (mean 2)
 
 
 def test_forward_tile_columns_follow_the_element_size_and_the_mean_length():
@@ -756,7 +769,7 @@ def test_lanes_a_program_follow_the_grid_and_the_mean_length():
     assert block(640, 32, 1, lanes_few_min_programs=9) == 0
     assert block(640, 8, 1, lanes_few_min_programs=0) == 0  # mean 80 > lanes_few_max_mean
     assert block(640, 32, 3, lanes_few_min_programs=0) == (1, 2)  # (4 lanes a segment)
-    assert block(640, 32, 9, lanes_few_min_programs=0) == 0  # 9 columns > lanes_max_inner
+    assert block(640, 32, 9, lanes_few_min_programs=0, fwd_lanes_max_inner=8) == 0  # 9 columns > lanes_max_inner
 
 
 def test_few_segments_take_the_row_kernel():

@@ -649,6 +649,11 @@ class SegmentConfig:
     # programs loop over one, but its registers bound every program's occupancy (H200, 22M x 3 in segments of 1-63,
     # none longer than the cap: 56 registers, 0.63x stock; docs/tuning/segment_max.md, "Float compares")
     lanes_long_tile: int = 256
+    # the forward's lane kernel also for inner widths past lanes_max_inner up to this many, but only at mean lengths
+    # past lanes_max_mean (lanes_few): H200, the forward's D >= 40 sweep cases, bf16 0.26x / 0.67x -> 0.33x / 0.86x
+    # stock (min / geomean). At lower means a few long segments (power-law) hold a program in the long loop, whose
+    # tile is a few rows of wide ones: 2x slower. (The segment_reduce backward lost at any mean: lanes_max_inner.)
+    fwd_lanes_max_inner: int = 256
     # rows of a segment side by side in the segment_reduce backward's writing pass with lanes_few lanes, by element
     # size (else 1: a lane a (segment, column), as it counts), so that a warp's stores fill sectors; f64's is not
     # measured. Figures: docs/tuning/segment_max.md, "Writing rows side by side"
@@ -802,7 +807,7 @@ def _fwd(data: torch.Tensor, offsets: torch.Tensor, axis: int, op: str):
         n_dblk = cdiv(inner, bd)
         if n >= cfg.rows_min_mean * s and outer * s * n_dblk < cfg.rows_max_programs:
             return _rows_plan(cfg, bits, strides, copies, split, outer, n, s, inner, _offsets_stride(offsets), pdl)
-        lanes, unroll = _lane_block(cfg, outer, n, s, inner)
+        lanes, unroll = _lane_block(cfg, outer, n, s, inner, cfg.fwd_lanes_max_inner)
         if lanes:
             # a lane a (segment, column); long segments a program each, in turn
             bd = next_pow2(inner)
@@ -978,11 +983,11 @@ def _check_segment_reduce(grad, output, data, reduce, lengths, offsets, axis) ->
     return s
 
 
-def _lane_block(cfg, outer: int, n: int, s: int, inner: int) -> tuple[int, int]:
+def _lane_block(cfg, outer: int, n: int, s: int, inner: int, max_inner: int) -> tuple[int, int]:
     """(lanes a program, rows a lane takes a loop step) of the lane kernels (forward, segment_reduce backward) for
-    `outer` x `s` segments of `n` rows and `inner` columns; (0, 0) where the tile kernel serves. From the shapes
-    alone (a plan's descriptor)."""
-    if inner > cfg.lanes_max_inner:
+    `outer` x `s` segments of `n` rows and `inner` columns, up to `max_inner` (past lanes_max_inner, only at means
+    past lanes_max_mean); (0, 0) where the tile kernel serves. From the shapes alone (a plan's descriptor)."""
+    if inner > max_inner or inner > cfg.lanes_max_inner and n <= cfg.lanes_max_mean * s:
         return 0, 0
     bd = next_pow2(inner)
 
@@ -1008,7 +1013,7 @@ def _segment_reduce_plan(data, seg, s: int, ends: bool, grad, output, pdl: bool)
     n_dblk = cdiv(inner, bd)
     lens = ends and _reads_lengths(cfg, data, axis, s)
     math_dt = TL_MATH[_runtime.math_dtype(data.dtype)]
-    lanes, unroll = (0, 0) if lens else _lane_block(cfg, outer, n, s, inner)
+    lanes, unroll = (0, 0) if lens else _lane_block(cfg, outer, n, s, inner, cfg.lanes_max_inner)
     write_rows = dict(cfg.lanes_write_rows).get(esize, 1) if lanes == cfg.lanes_few else 1
     if lanes:
         # a lane a (segment, column), as the forward's lane kernel; long segments a program each, in turn
