@@ -72,7 +72,8 @@ from ..registry import Case, register_op
 #   a dim's strips (`_strips`), HS / WS = (a0, a1, b0, b1): the input ranges [a0, a1) and [b0, b1)
 #   a tile's part of them (`_tile_strips`), RL (rows) / CL (columns) = (n_a, n_b, a, b): n_a indices from a, n_b from b
 #   a plane's source planes (`_source_planes`), PL = (o0, o1, o2, v0, v01, count)
-#   the tile, T = (h, rm, w, cm, h0, w0): its rows ([BH, 1]) and columns ([1, BW]) with their masks, and its first
+#   the tile, T = (h, rm, w, cm, h0, w0): its rows ([BH, 1]) and columns ([1, BW]) with their masks, its first row
+#   and column
 #   (constexpr, from the plan) the unrolled loads, UNROLL = (ND, NXH, NXW, SIDES_H, SIDES_W)
 @triton.jit
 def _source_planes(d, DD, REFLECT: tl.constexpr):
@@ -304,8 +305,8 @@ def _strip_lanes(src, dst, gsD, PL, t0, c0, T, RL, CL, HS, WS, HD, WD, isH, isW,
     """Replicate's chunk of a strip part, as `_strip_chunk` (R strip rows from t0 of the list (ROWS), else the
     tile's R rows outside the strips; likewise C columns), each element with all its sources, a source a lane:
     element e owns L lanes, and its lanes are summed (a reduction in one fixed order). Where a pad is wide (LOOPS),
-    lane l takes sources l, l + L, ... in turn, so a source plane's loads are in flight together where the
-    per-element form waits for each in turn. As (values, grad_input pointers, mask), each [R * C, 1]."""
+    lane l takes sources l, l + L, ... in turn, so a chunk's loads are in flight together where the per-element
+    loops wait for each source in turn. As (values, grad_input pointers, mask), each [R * C, 1]."""
     H_in, H_out, sH, ph_lo = HD
     W_in, W_out, sW, pw_lo = WD
     o0, _o1, _o2, _v0, _v01, count = PL
