@@ -610,7 +610,8 @@ class PadConfig(GridLimits):  # (max_programs: past it, a program does several p
     #: power of two each) are at most this many: 16-bit 3d pad 2 48.6 -> 46.1 us; reflect's larger chunks lose
     corner_lanes: int = 1024
     #: lanes a chunk where a replicate pad is wide (loops): every strip part a source a lane, the sources past a
-    #: chunk's lanes in turn; 0: per-element loops, which wait for each source in turn (3-D pad 7 f32 0.14x stock)
+    #: chunk's lanes in turn; 0: per-element loops, which wait for each source in turn. 3-D pad 7 f32: 0.79x stock
+    #: (docs/tuning/pad.md, "Wide pads' strip parts a source a lane")
     loop_lanes: int = 1024
     #: (dims, size) where a tile that is exactly its plane (H and W powers of two, within `tile`) runs without masks
     #: and with the plane's sizes, pads and strips as constants (GEOM: a compile per plane shape and pads): bf16 3d

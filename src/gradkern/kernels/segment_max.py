@@ -636,8 +636,8 @@ class SegmentConfig:
     # (_lane_block) lanes_few lanes a program, a lane a thread: where `lanes` would leave fewer than
     # lanes_min_programs programs, and for mean lengths up to lanes_few_max_mean on grids of at least
     # lanes_few_min_programs (where the tile kernel's program a segment idles; 2048: forward 1.4M x 3 empty-heavy
-    # 0.35x -> 0.70x stock, 3072 before). Rows a lane takes a loop step (loads in flight together): lanes_unroll with
-    # `lanes`, lanes_few_unroll with lanes_few. Figures and the variants that lost: docs/tuning/segment_max.md,
+    # 0.70x stock). Rows a lane takes a loop step (loads in flight together): lanes_unroll with `lanes`,
+    # lanes_few_unroll with lanes_few. Figures and the variants that lost: docs/tuning/segment_max.md,
     # "Fewer lanes a program, more rows a step"
     lanes_few: int = 128
     lanes_min_programs: int = 1024
@@ -650,9 +650,9 @@ class SegmentConfig:
     # none longer than the cap: 56 registers, 0.63x stock; docs/tuning/segment_max.md, "Float compares")
     lanes_long_tile: int = 256
     # the forward's lane kernel also for inner widths past lanes_max_inner up to this many, but only at mean lengths
-    # past lanes_max_mean (lanes_few): H200, the forward's D >= 40 sweep cases, bf16 0.26x / 0.67x -> 0.33x / 0.86x
-    # stock (min / geomean). At lower means a few long segments (power-law) hold a program in the long loop, whose
-    # tile is a few rows of wide ones: 2x slower. (The segment_reduce backward lost at any mean: lanes_max_inner.)
+    # past lanes_max_mean (at lower means a few long segments hold a program in the long loop, whose tile is a few
+    # wide rows). H200, the forward's D >= 40 sweep cases, bf16: 0.33x / 0.86x stock (min / geomean); the variants:
+    # docs/tuning/segment_max.md, "Wide rows in the lane kernel"
     fwd_lanes_max_inner: int = 256
     # rows of a segment side by side in the segment_reduce backward's writing pass with lanes_few lanes, by element
     # size (else 1: a lane a (segment, column), as it counts), so that a warp's stores fill sectors; f64's is not
