@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from gradkern import _runtime, config
-from gradkern.engines import multi_pointwise, reduction
+from gradkern.engines import elementwise, multi_pointwise, reduction
 from gradkern.kernels import avg_pool, max_pool, pad, prelu, segment_max, sparsemax
 from gradkern.launch import launcher
 from gradkern.registry import REGISTRY
@@ -51,6 +51,7 @@ def _sr(r2, r4, w2, w4):  # segment_reduce's small tiles: register caps and warp
 
 
 DEFAULTS = (None, {})  # the families' shipped configs
+_TILED = ({"tiled_tile": 0}, {"tiled_warps": 4}, {"tiled_tile": 2048, "tiled_warps": 4})  # both pointwise engines
 
 def _caps(**by_size):  # pad's register caps ((dims, element size, reflect), cap) pairs, both modes alike: d3e2=80
     return tuple(((int(k[1]), int(k[3:]), mode), v) for k, v in by_size.items() for mode in (False, True))
@@ -177,6 +178,12 @@ GROUPS = {  # name: (ops, dtypes, configs); each config overrides only what it n
                         {"row_bytes_16": 1024}, {"long_tile_bytes": 16384},
                         {"row_bytes_16": 1024, "long_tile_bytes": 16384}, {"o_warps": 8},
                         {"row_bytes_16": 4096, "o_warps": 8})] + [DEFAULTS]),
+    # the strided pass's 2-D tiles where an input is read across the output's layout: shipped (4096 on 8 warps),
+    # never (the 1-D runs before), 4 warps, 2048 on 4; with TUNE_CASES="sweep:transposed|channels_last|mixed"
+    "tiled": (["elu_backward", "hardsigmoid_backward"], [F32, BF16], [DEFAULTS] + [
+        (elementwise.CONFIG, c) for c in _TILED]),
+    "tiled_multi": (["where_backward", "lerp_backward", "prelu_backward"], [F32, BF16], [DEFAULTS] + [
+        (multi_pointwise.CONFIG, c) for c in _TILED]),
     "repeat": (["repeat_backward"], [F32, BF16],  # (the step-sum switch it also tried is gone: step sums stay)
                [DEFAULTS, (reduction.CONFIG, {"min_programs": 1})]),
 }

@@ -12,6 +12,7 @@ from conftest import DEVICE, dtype_id
 from gradkern import config, ops
 from gradkern.engines import multi_pointwise
 from gradkern.kernels import lerp as lerp_mod
+from gradkern.kernels import prelu as prelu_mod
 from gradkern.kernels import where as where_mod
 from gradkern.registry import REGISTRY
 from gradkern.testing import assert_bitwise_equal, run_reference
@@ -83,6 +84,36 @@ def test_flat_and_strided_passes_int64_offsets():
                 plan, got = _only_plan(engine, call)
                 assert plan.i64, f"{op} {name}"
             assert_bitwise_equal(got, want, f"{op} {name} int64")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
+def test_an_input_across_the_results_layout_takes_tiles(dtype):
+    """Inputs of one shape in two layouts (the first contiguous, another transposed or channels_last): the strided
+    pass walks 2-D tiles (elementwise.tile_dims), ragged edges and a dim walked a program each included, in int32
+    and int64 index math; the same bits as over contiguous copies, and stock's strides. lerp with a tensor weight
+    (three results), where (two, a bool condition across) and _prelu_kernel_backward (a broadcast weight)."""
+    def in_layout(t, kind):
+        return t.transpose(-1, -2).contiguous().transpose(-1, -2) if kind == "t" else \
+            t.contiguous(memory_format=torch.channels_last)
+
+    for shape, kind in (((37, 45), "t"), ((2, 3, 72, 20), "t"), ((2, 9, 5, 13), "cl")):
+        g, a, w = rand(shape, dtype), in_layout(rand(shape, dtype), kind), in_layout(torch.rand(shape), kind)
+        c = in_layout(cond(shape), kind)
+        pw = rand((1, shape[1]) + (1,) * (len(shape) - 2), dtype)
+        calls = {"lerp": (lerp_mod._LERP_BACKWARD, lambda x, y, z: ops.lerp_backward(x, y, -y, z.to(dtype)), (a, w)),
+                 "where": (where_mod._WHERE_BACKWARD, lambda x, y, z: ops.where_backward(x, y, x, x), (c, c)),
+                 "prelu": (prelu_mod._PRELU_FULL, lambda x, y, z: ops._prelu_kernel_backward(x, y, pw), (a, a))}
+        for op, (engine, call, (y, z)) in calls.items():
+            want = call(g, y.contiguous(), z.contiguous())
+            for lim in (multi_pointwise.CONFIG.current.i32_max, 64):
+                with config.override(multi_pointwise.CONFIG, i32_max=lim):
+                    plan, got = _only_plan(engine, lambda: call(g, y, z))
+                what = f"{op} {shape} {kind} i32_max {lim}"
+                assert plan.consts["TD"] >= 0 and plan.i64 == (lim == 64), what
+                for o, ow in zip(got, want, strict=True):
+                    if o is not None:
+                        assert o.stride() == g.stride(), what
+                        assert_bitwise_equal(o, ow, what)
 
 
 def test_fused_relaunch_keys_follow_scalar_specialisation():

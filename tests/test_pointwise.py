@@ -1,6 +1,7 @@
 """The pointwise family (elu/celu/selu, softshrink, hardshrink, hardsigmoid): boundaries, layouts, broadcast,
 0-d/empty, out=, dtype promotion, bad inputs, and training through enable()."""
 
+import itertools
 import math
 
 import pytest
@@ -132,6 +133,45 @@ def test_int64_offsets_give_the_same_bits():
             (plan,) = engine._plans.values()
         assert plan.i64 and plan.flat == (what == "flat"), what
         assert_bitwise_equal(got, want, f"{what} int64")
+
+
+def _across(shape, kind):
+    """A tensor of `shape` laid out across a contiguous one: "t" (last two dims swapped), "cl" (channels_last)."""
+    if kind == "t":
+        return torch.randn(*shape[:-2], shape[-1], shape[-2], device=DEVICE).transpose(-1, -2)
+    return torch.randn(shape, device=DEVICE).contiguous(memory_format=torch.channels_last)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
+def test_an_input_across_the_output_layout_takes_tiles(dtype):
+    """Where an input's unit stride is on another dim than the output's (a transposed or channels_last input next to
+    a contiguous one), the strided pass walks 2-D tiles of those two dims (`tile_dims`): ragged tile edges (37 x 45,
+    dims of 72 and 9), dims walked a program each (4-D), the transposed input first or second, an out= result laid
+    out across both inputs, int64 offsets. Same bits as the flat pass over contiguous copies (the same math), and
+    stock's strides."""
+    engine = pointwise_mod._HARDSIGMOID_BACKWARD
+    cases = [(37, 45, "t"), (2, 3, 72, 20, "t"), (2, 9, 5, 13, "cl")]
+    for *shape, kind in cases:
+        a = (_across(shape, kind) * 4).to(dtype)
+        b = (torch.randn(shape, device=DEVICE) * 4).to(dtype)
+        want = ops.hardsigmoid_backward(b.contiguous(), a.contiguous())
+        for (g, x), lim in itertools.product(((b, a), (a, b)), (elementwise.CONFIG.current.i32_max, 64)):
+            config.clear_plans()
+            with config.override(elementwise.CONFIG, i32_max=lim):
+                got = ops.hardsigmoid_backward(g, x)
+                (plan,) = engine._plans.values()
+            what = f"{shape} {kind} {g.stride()} {x.stride()} i32_max {lim}"
+            assert plan.tile_dim >= 0 and plan.i64 == (lim == 64), what
+            assert got.stride() == torch.ops.aten.hardsigmoid_backward(g, x).stride(), what
+            assert_bitwise_equal(got, want if g is b else ops.hardsigmoid_backward(a.contiguous(), b.contiguous()),
+                                 what)
+    g, x = (torch.randn(33, 40, device=DEVICE) for _ in range(2))
+    out = torch.empty(40, 33, device=DEVICE).t()
+    config.clear_plans()
+    ops.hardsigmoid_backward(g, x, grad_input=out)
+    (plan,) = engine._plans.values()
+    assert plan.tile_dim >= 0
+    assert_bitwise_equal(out, ops.hardsigmoid_backward(g, x), "out= transposed")
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)

@@ -9,7 +9,9 @@ one constexpr flag. `Pointwise(...)(*tensors, scalars=..., flag=..., out=...)` t
 * a flat fast path when every operand has the output's shape and the same dense strides (contiguous,
   channels_last, any dense permutation): one 1-D pass over storage;
 * an in-place strided path for everything else: arbitrary strides and broadcast (stride-0) inputs of rank up
-  to 8 (after merging dims that are contiguous across all operands), int64 offsets;
+  to 8 (after merging dims that are contiguous across all operands), int64 offsets where needed; it walks runs in
+  the output's memory order, or 2-D tiles where an input's unit stride lies on another dim (a transposed or
+  channels_last input of a contiguous result: `tile_dims`), so that every operand loads whole lines;
 * 0-d and empty tensors, dtype promotion as ATen's TensorIterator does it (math in fp32, fp64 for fp64);
 * a low-overhead launch: after the first call of a specialisation the compiled kernel is called directly.
 """
@@ -65,6 +67,10 @@ class PointwiseConfig:
     flat_warps: int = 4
     strided_block: int = 1024  # the strided pass's elements a program, and warps
     strided_warps: int = 4
+    # the strided pass over 2-D tiles where an input is read across the output's layout (`tile_dims`): elements a
+    # tile (0: never), and warps
+    tiled_tile: int = 4096
+    tiled_warps: int = 8
     i32_max: int = I32_MAX  # offsets past this take int64 index math (tests lower it to run that path)
 
 
@@ -156,6 +162,88 @@ def strided_offsets(n, SHAPE, SO, S0, S1, S2, S3, USE: tl.constexpr, RANK: tl.co
     return offs < n, oo, f0, f1, f2, f3
 
 
+@triton.jit
+def tiled_offsets(SHAPE, SO, S0, S1, S2, S3, USE: tl.constexpr, RANK: tl.constexpr, TD: tl.constexpr,
+                  BT: tl.constexpr, BI: tl.constexpr, I64: tl.constexpr):
+    """strided_offsets over a [BT, BI] tile instead of a run of BLOCK: BT indices along collapsed dim TD by BI along
+    the innermost (the output's fastest), the other dims one index a program. Each load then takes the layout of
+    its operand's own fastest dim (Triton converts between them through shared memory), so an operand read across
+    the output's layout (a transposed or channels_last input of a contiguous result) still loads whole lines."""
+    pid = tl.program_id(0)
+    if I64:
+        pid = pid.to(tl.int64)
+    n_i = tl.cdiv(SHAPE[RANK - 1], BI)
+    n_t = tl.cdiv(SHAPE[TD], BT)
+    ib = pid % n_i
+    rem = pid // n_i
+    tb = rem % n_t
+    rem = rem // n_t
+    bo = rem * 0
+    b0 = bo
+    b1 = bo
+    b2 = bo
+    b3 = bo
+    for k in tl.static_range(1, RANK):  # the other dims, innermost first: dim RANK - 1 - k
+        if RANK - 1 - k != TD:
+            idx = rem % SHAPE[RANK - 1 - k]
+            rem = rem // SHAPE[RANK - 1 - k]
+            bo += idx * SO[RANK - 1 - k]
+            b0 += idx * S0[RANK - 1 - k]
+            if USE & 2:
+                b1 += idx * S1[RANK - 1 - k]
+            if USE & 4:
+                b2 += idx * S2[RANK - 1 - k]
+            if USE & 8:
+                b3 += idx * S3[RANK - 1 - k]
+    t = (tb * BT + tl.arange(0, BT))[:, None]
+    i = (ib * BI + tl.arange(0, BI))[None, :]
+    mask = (t < SHAPE[TD]) & (i < SHAPE[RANK - 1])
+    oo = bo + t * SO[TD] + i * SO[RANK - 1]
+    f0 = b0 + t * S0[TD] + i * S0[RANK - 1]
+    f1 = oo
+    f2 = oo
+    f3 = oo
+    if USE & 2:
+        f1 = b1 + t * S1[TD] + i * S1[RANK - 1]
+    if USE & 4:
+        f2 = b2 + t * S2[TD] + i * S2[RANK - 1]
+    if USE & 8:
+        f3 = b3 + t * S3[TD] + i * S3[RANK - 1]
+    return mask, oo, f0, f1, f2, f3
+
+
+def tile_dims(shape_c: Sequence[int], strides_c: Sequence[Sequence[int]], tile: int) -> tuple[int, int, int, int]:
+    """(TD, BT, BI, programs) of `tiled_offsets` for a collapsed problem (dims in the output's order, `strides_c`
+    output first), or TD = -1 where a run of the output's order serves: no input that covers the problem (no
+    broadcast dim) has its unit stride on a dim other than the innermost. Where one does, a 1-D run reads it one
+    element a line (0.5x of torch.compile's tiled kernels on a transposed operand, H100). BI (16 to 64) and BT (up to
+    tile / BI): `_tile_side`."""
+    rank = len(shape_c)
+    td = -1
+    for st in strides_c[1:]:
+        if rank < 2 or 0 in st or not tile:
+            continue
+        fast = min(range(rank), key=lambda d: abs(st[d]))
+        if abs(st[fast]) == 1 and fast != rank - 1:
+            td = fast
+            break
+    if td < 0 or shape_c[td] < 8 or shape_c[-1] < 8:
+        return -1, 0, 0, 0
+    bi = _tile_side(shape_c[-1], (64, 32, 16))
+    bt = _tile_side(shape_c[td], [b for b in (2 ** k for k in range(12, 3, -1)) if b <= tile // bi])
+    rest = math.prod(shape_c) // (shape_c[td] * shape_c[-1])
+    return td, bt, bi, rest * cdiv(shape_c[td], bt) * cdiv(shape_c[-1], bi)
+
+
+def _tile_side(size: int, sides: Sequence[int]) -> int:
+    """The largest of `sides` (descending powers of two) that pads `size` by at most an eighth, else the one that
+    pads it least (a dim of 72: 16, not 64, which would leave 44% of the tiles' lanes idle)."""
+    for b in sides:
+        if cdiv(size, b) * b - size <= size // 8:
+            return b
+    return min(sides, key=lambda b: cdiv(size, b) * b)
+
+
 def strided_i64(n: int, shape_c: Sequence[int], strides_c: Sequence[Sequence[int]], block: int, i32_max: int) -> bool:
     """Whether strided_offsets needs 64-bit index math: a linear index or some operand's offset passes i32_max
     (I32_MAX but in tests)."""
@@ -166,8 +254,13 @@ def strided_i64(n: int, shape_c: Sequence[int], strides_c: Sequence[Sequence[int
 @triton.jit(do_not_specialize=SCALAR_PARAMS)
 def _strided_kernel(out, x0, x1, x2, s0, s1, s2, n, SHAPE, SO, S0, S1, S2,
                     FN: tl.constexpr, NIN: tl.constexpr, FLAG: tl.constexpr, MATH: tl.constexpr,
-                    RANK: tl.constexpr, BLOCK: tl.constexpr, I64: tl.constexpr):
-    mask, oo, o0, o1, o2, _o3 = strided_offsets(n, SHAPE, SO, S0, S1, S2, S0, (1 << NIN) - 1, RANK, BLOCK, I64)
+                    RANK: tl.constexpr, BLOCK: tl.constexpr, I64: tl.constexpr, TD: tl.constexpr,
+                    BT: tl.constexpr, BI: tl.constexpr):
+    # a run of BLOCK in the output's order, or (TD >= 0) a [BT, BI] tile: tile_dims
+    if TD >= 0:
+        mask, oo, o0, o1, o2, _o3 = tiled_offsets(SHAPE, SO, S0, S1, S2, S0, (1 << NIN) - 1, RANK, TD, BT, BI, I64)
+    else:
+        mask, oo, o0, o1, o2, _o3 = strided_offsets(n, SHAPE, SO, S0, S1, S2, S0, (1 << NIN) - 1, RANK, BLOCK, I64)
     _apply(out, x0, x1, x2, oo, o0, o1, o2, mask, s0, s1, s2, FN, NIN, FLAG, MATH)
 
 
@@ -188,6 +281,8 @@ class _Plan:  # relaunch cache
     strides_c: tuple = ()  # per operand, output first
     consts: dict | None = None  # the kernel's launch_consts
     out_strides: tuple = ()  # strided: a fresh output's strides (result_layout)
+    programs: int = 0  # strided: the grid
+    tile_dim: int = -1  # strided: the dim tiled with the innermost (tile_dims), -1 for runs in the output's order
 
 
 def _broadcast_strides(t: torch.Tensor, shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -286,11 +381,15 @@ class Pointwise:
         if not cshape:  # every dim has size 1
             cshape, cstr = (1,), [(0,)] * len(operands)
         block = cfg.strided_block
-        i64 = strided_i64(n, cshape, cstr, block, cfg.i32_max)
+        td, bt, bi, programs = tile_dims(cshape, cstr, cfg.tiled_tile)
+        if td < 0:
+            programs = cdiv(n, block)
+        i64 = strided_i64(n, cshape, cstr, block if td < 0 else 0, cfg.i32_max)
         consts = launch_consts({"FN": self.math_fn, "NIN": len(ts), "FLAG": flag, "MATH": mdt, "RANK": len(cshape),
-                                "BLOCK": block, "I64": i64}, cfg.strided_warps)
+                                "BLOCK": block, "I64": i64, "TD": td, "BT": bt, "BI": bi},
+                               cfg.strided_warps if td < 0 else cfg.tiled_warps)
         return _Plan(shape, out_dtype, mdt, n, False, -1, block, cfg.strided_warps, i64, len(cshape), cshape,
-                     tuple(cstr), consts, out_strides)
+                     tuple(cstr), consts, out_strides, programs, td)
 
     # -- the call ----------------------------------------------------------------------------------------
     def __call__(self, *ts: torch.Tensor, scalars: tuple = (), flag: int = 0,
@@ -359,7 +458,7 @@ class Pointwise:
                 self._fast.remember(fkey, (direct_launcher(ck), grid[0], device,
                                                      plan.out_dtype == ts[0].dtype, plan.out_dtype, tail))
             return out
-        grid = (cdiv(plan.n, plan.block),)
+        grid = (plan.programs,)
         st = list(plan.strides_c) + [plan.strides_c[1]] * (3 - nin)
         ints = (bits[0], bits[1], bits[2], plan.n, plan.shape_c, st[0], st[1], st[2], st[3])
         # relaunched directly after the first launch: the plan (this op's, for this flag and layout: its n,

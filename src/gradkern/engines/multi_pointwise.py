@@ -20,8 +20,9 @@ channels_last or any dense permutation; outputs then take that layout). Results 
 at (R, 1)) or over its leading dims (a per-column `(M,)` operand: kept at B or at (1, M)) take a summing pass
 instead: each program sums its part of a row (or of a column, over its chunk of rows) into an fp32/fp64 partial,
 and the shared reduction adds the partials in a fixed order - no result at B is written and read back just to
-be summed. Otherwise a strided pass with int64 offsets over up to 8 dims (after merging dims contiguous in every
-operand). Validation of dtypes is the calling op's job (it knows the rules); this checks devices and shapes, before
+be summed. Otherwise a strided pass over up to 8 dims (after merging dims contiguous in every operand), int64
+offsets where needed, in runs of the results' layout or in 2-D tiles where an input is laid out across it
+(`elementwise.tile_dims`). Validation of dtypes is the calling op's job (it knows the rules); this checks devices and shapes, before
 any launch. Plans are cached per problem.
 """
 
@@ -50,6 +51,8 @@ from .elementwise import (
     result_layout,
     strided_i64,
     strided_offsets,
+    tile_dims,
+    tiled_offsets,
 )
 from .reduction import plan_view, run_plan, sum_to_dims
 
@@ -69,6 +72,10 @@ class MultiPointwiseConfig:
     flat_warps: int = 4
     strided_block: int = 1024  # the strided pass's elements a program, and warps
     strided_warps: int = 4
+    # ... over 2-D tiles where an input is read across the results' layout (elementwise.tile_dims): elements a
+    # tile (0: never), warps
+    tiled_tile: int = 4096
+    tiled_warps: int = 8
     # the summing pass over columns (per-row results): tile elements, widest column block, warps (lerp 1.03-1.17x
     # against 4096 / 4096 / 8 warps)
     rows_tile: int = 2048
@@ -139,8 +146,13 @@ def _flat_kernel(o0, o1, o2, x0, x1, x2, x3, s0, s1, n,
 @triton.jit(do_not_specialize=SCALAR_PARAMS[:2])
 def _strided_kernel(o0, o1, o2, x0, x1, x2, x3, s0, s1, n, SHAPE, SO, S0, S1, S2, S3,
                     FN: tl.constexpr, INS: tl.constexpr, OUTS: tl.constexpr, FLAG: tl.constexpr,
-                    MATH: tl.constexpr, RANK: tl.constexpr, BLOCK: tl.constexpr, I64: tl.constexpr):
-    mask, oo, f0, f1, f2, f3 = strided_offsets(n, SHAPE, SO, S0, S1, S2, S3, INS, RANK, BLOCK, I64)
+                    MATH: tl.constexpr, RANK: tl.constexpr, BLOCK: tl.constexpr, I64: tl.constexpr,
+                    TD: tl.constexpr, BT: tl.constexpr, BI: tl.constexpr):
+    # a run of BLOCK in the results' order, or (TD >= 0) a [BT, BI] tile: elementwise.tile_dims
+    if TD >= 0:
+        mask, oo, f0, f1, f2, f3 = tiled_offsets(SHAPE, SO, S0, S1, S2, S3, INS, RANK, TD, BT, BI, I64)
+    else:
+        mask, oo, f0, f1, f2, f3 = strided_offsets(n, SHAPE, SO, S0, S1, S2, S3, INS, RANK, BLOCK, I64)
     _apply(o0, o1, o2, x0, x1, x2, x3, oo, f0, f1, f2, f3, mask, s0, s1, FN, INS, OUTS, FLAG, MATH)
 
 
@@ -365,9 +377,13 @@ class MultiPointwise:
             it = iter(cstr)
             cstrides = tuple(next(it) if s is not None else cstr[0] for s in operands)
             block = cfg.strided_block
-            i64 = strided_i64(n, cshape, cstr, block, cfg.i32_max)
-            kernel, grid, ints = _strided_kernel, (cdiv(n, block),), (n, cshape, *cstrides)
-            consts = launch_consts({**base, "RANK": len(cshape), "BLOCK": block, "I64": i64}, cfg.strided_warps)
+            td, bt, bi, programs = tile_dims(cshape, cstr, cfg.tiled_tile)
+            if td < 0:
+                programs = cdiv(n, block)
+            i64 = strided_i64(n, cshape, cstr, block if td < 0 else 0, cfg.i32_max)
+            kernel, grid, ints = _strided_kernel, (programs,), (n, cshape, *cstrides)
+            consts = launch_consts({**base, "RANK": len(cshape), "BLOCK": block, "I64": i64, "TD": td, "BT": bt,
+                                    "BI": bi}, cfg.strided_warps if td < 0 else cfg.tiled_warps)
         allocs, sums, views = [], [], []
         for j, (odt, to, dt) in enumerate(zip(out_dtypes, reduce_to, final, strict=True)):
             if odt is None:
