@@ -97,7 +97,8 @@ def test_an_input_across_the_results_layout_takes_tiles(dtype):
             t.contiguous(memory_format=torch.channels_last)
 
     for shape, kind in (((37, 45), "t"), ((2, 3, 72, 20), "t"), ((2, 9, 5, 13), "cl")):
-        g, a, w = rand(shape, dtype), in_layout(rand(shape, dtype), kind), in_layout(torch.rand(shape), kind)
+        g, a = rand(shape, dtype), in_layout(rand(shape, dtype), kind)
+        w = in_layout(torch.rand(shape, device=DEVICE), kind)
         c = in_layout(cond(shape), kind)
         pw = rand((1, shape[1]) + (1,) * (len(shape) - 2), dtype)
         calls = {"lerp": (lerp_mod._LERP_BACKWARD, lambda x, y, z: ops.lerp_backward(x, y, -y, z.to(dtype)), (a, w)),

@@ -22,8 +22,8 @@ instead: each program sums its part of a row (or of a column, over its chunk of 
 and the shared reduction adds the partials in a fixed order - no result at B is written and read back just to
 be summed. Otherwise a strided pass over up to 8 dims (after merging dims contiguous in every operand), int64
 offsets where needed, in runs of the results' layout or in 2-D tiles where an input is laid out across it
-(`elementwise.tile_dims`). Validation of dtypes is the calling op's job (it knows the rules); this checks devices and shapes, before
-any launch. Plans are cached per problem.
+(`elementwise.tile_dims`). Validation of dtypes is the calling op's job (it knows the rules); this checks devices
+and shapes, before any launch. Plans are cached per problem.
 """
 
 from __future__ import annotations
