@@ -30,9 +30,12 @@ def compare(ours, ref, dtype, what, exact_against=None):
 
 
 def in_layout(t, kind):
-    """t in a layout: None (as is), a torch memory format, or "transposed" (dims 2 and 3 swapped in memory)."""
+    """t in a layout: None (as is), a torch memory format, "transposed" (dims 2 and 3 swapped in memory) or
+    "channel_major" (dims 0 and 1 swapped: (C, N, ...) storage)."""
     if kind == "transposed":
         return t.transpose(2, 3).contiguous().transpose(2, 3)
+    if kind == "channel_major":
+        return t.transpose(0, 1).contiguous().transpose(0, 1)
     return t.contiguous(memory_format=kind) if kind is not None else t
 
 

@@ -8,9 +8,9 @@ its tile's x*g per channel in fp32 (fp64 for f64) and writes one partial per cha
 bitwise reproducible. The channel is dim 1 (a 1-D or 0-d input has one channel), as `torch.prelu` defines it -
 never guessed from where the weight's size happens to match (a C == W input would otherwise go wrong).
 
-Fused layouts: contiguous input of any rank (x seen as (A, C, L): A = dim 0, L = the trailing dims) and
-channels_last / channels_last_3d (x seen as (A, C) with C innermost), with grad in the same layout; a scalar
-weight with any dense layout. Anything else (arbitrary strides, mixed layouts) takes the elementwise pass plus a
+Fused layouts: any dense x with grad in the same layout, seen in memory as (A, C, L) (`_channel_view`): contiguous
+(A = dim 0, L = the trailing dims), channels_last / channels_last_3d (C innermost: L = 1), channel-major (C, N, H, W)
+storage (A = 1); a scalar weight likewise. Anything else (gaps, mixed layouts) takes the elementwise pass plus a
 deterministic sum. With `enable()`, `F.prelu` / `nn.PReLU` reach the `_prelu_kernel` override on the autograd key
 (`prelu` itself is CompositeImplicitAutograd: it checks and reshapes the weight to (1, C, 1, ...), then calls
 `_prelu_kernel`)."""
@@ -279,17 +279,23 @@ def _fused_plan(x: torch.Tensor, g: torch.Tensor, C: int) -> _Fused | None:
     plan = None
     n = x.numel()
     cfg = CONFIG.current
-    if C == 1:  # one weight: any dense layout, read flat
-        if x.stride() == g.stride() and _dense_strides(x):
+    same = all(a == b for k, a, b in zip(x.shape, x.stride(), g.stride(), strict=True) if k > 1)
+    if same and _dense_strides(x):
+        if C == 1:  # one weight: read flat
             plan = _rows_plan(1, 1, n, x.element_size(), cfg)
-    elif x.is_contiguous() and g.is_contiguous():
-        A, L = x.shape[0], math.prod(x.shape[2:])
-        plan = _rows_plan(A, C, L, x.element_size(), cfg) if L >= cfg.rows_min_l else _cols_plan(A, C, L, cfg)
-    else:
-        fmt = {4: torch.channels_last, 5: torch.channels_last_3d}.get(x.dim())
-        if fmt is not None and x.is_contiguous(memory_format=fmt) and g.is_contiguous(memory_format=fmt):
-            plan = _cols_plan(n // C, C, 1, cfg)
+        else:
+            A, L = _channel_view(x, C)
+            plan = _rows_plan(A, C, L, x.element_size(), cfg) if L >= cfg.rows_min_l else _cols_plan(A, C, L, cfg)
     return _plans.remember(key, plan)
+
+
+def _channel_view(x: torch.Tensor, C: int) -> tuple[int, int]:
+    """(A, L) such that x, dense, is (A, C, L) in memory: A the elements of the dims stored outside dim 1 (the
+    channels), L those inside it. Contiguous: (N, H*W...); channels_last: (N*H*W..., 1); channel-major (C, N, H, W)
+    storage: (1, N*H*W); every element of x, g and grad_input (which share x's strides) at the same offset."""
+    stride = x.stride(1) if x.shape[1] > 1 else 0
+    A = math.prod(n for n, st in zip(x.shape, x.stride(), strict=True) if n > 1 and st > stride)
+    return A, x.numel() // (A * C)
 
 
 def _channel_shape(x: torch.Tensor, C: int) -> list[int]:
