@@ -151,15 +151,23 @@ def strided_offsets(n, SHAPE, SO, S0, S1, S2, S3, USE: tl.constexpr, RANK: tl.co
         size = SHAPE[RANK - 1 - i]
         idx = rem % size
         rem = rem // size
-        oo += idx * SO[RANK - 1 - i]
-        f0 += idx * S0[RANK - 1 - i]
-        if USE & 2:
-            f1 += idx * S1[RANK - 1 - i]
-        if USE & 4:
-            f2 += idx * S2[RANK - 1 - i]
-        if USE & 8:
-            f3 += idx * S3[RANK - 1 - i]
+        oo, f0, f1, f2, f3 = _plus_index(idx, RANK - 1 - i, SO, S0, S1, S2, S3, oo, f0, f1, f2, f3, USE)
     return offs < n, oo, f0, f1, f2, f3
+
+
+@triton.jit
+def _plus_index(idx, D: tl.constexpr, SO, S0, S1, S2, S3, oo, f0, f1, f2, f3, USE: tl.constexpr):
+    """The offsets (output, operands 0..3) moved by `idx` steps along collapsed dim D, each through its own strides
+    (S1..S3 only where USE's bit 1..3 is set)."""
+    oo += idx * SO[D]
+    f0 += idx * S0[D]
+    if USE & 2:
+        f1 += idx * S1[D]
+    if USE & 4:
+        f2 += idx * S2[D]
+    if USE & 8:
+        f3 += idx * S3[D]
+    return oo, f0, f1, f2, f3
 
 
 @triton.jit
@@ -178,37 +186,21 @@ def tiled_offsets(SHAPE, SO, S0, S1, S2, S3, USE: tl.constexpr, RANK: tl.constex
     rem = pid // n_i
     tb = rem % n_t
     rem = rem // n_t
-    bo = rem * 0
-    b0 = bo
-    b1 = bo
-    b2 = bo
-    b3 = bo
+    oo = rem * 0
+    f0 = oo
+    f1 = oo
+    f2 = oo
+    f3 = oo
     for k in tl.static_range(1, RANK):  # the other dims, innermost first: dim RANK - 1 - k
         if RANK - 1 - k != TD:
             idx = rem % SHAPE[RANK - 1 - k]
             rem = rem // SHAPE[RANK - 1 - k]
-            bo += idx * SO[RANK - 1 - k]
-            b0 += idx * S0[RANK - 1 - k]
-            if USE & 2:
-                b1 += idx * S1[RANK - 1 - k]
-            if USE & 4:
-                b2 += idx * S2[RANK - 1 - k]
-            if USE & 8:
-                b3 += idx * S3[RANK - 1 - k]
+            oo, f0, f1, f2, f3 = _plus_index(idx, RANK - 1 - k, SO, S0, S1, S2, S3, oo, f0, f1, f2, f3, USE)
     t = (tb * BT + tl.arange(0, BT))[:, None]
     i = (ib * BI + tl.arange(0, BI))[None, :]
+    oo, f0, f1, f2, f3 = _plus_index(t, TD, SO, S0, S1, S2, S3, oo, f0, f1, f2, f3, USE)
+    oo, f0, f1, f2, f3 = _plus_index(i, RANK - 1, SO, S0, S1, S2, S3, oo, f0, f1, f2, f3, USE)
     mask = (t < SHAPE[TD]) & (i < SHAPE[RANK - 1])
-    oo = bo + t * SO[TD] + i * SO[RANK - 1]
-    f0 = b0 + t * S0[TD] + i * S0[RANK - 1]
-    f1 = oo
-    f2 = oo
-    f3 = oo
-    if USE & 2:
-        f1 = b1 + t * S1[TD] + i * S1[RANK - 1]
-    if USE & 4:
-        f2 = b2 + t * S2[TD] + i * S2[RANK - 1]
-    if USE & 8:
-        f3 = b3 + t * S3[TD] + i * S3[RANK - 1]
     return mask, oo, f0, f1, f2, f3
 
 
