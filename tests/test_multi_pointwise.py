@@ -15,7 +15,7 @@ from gradkern.kernels import lerp as lerp_mod
 from gradkern.kernels import prelu as prelu_mod
 from gradkern.kernels import where as where_mod
 from gradkern.registry import REGISTRY
-from gradkern.testing import assert_bitwise_equal, run_reference
+from gradkern.testing import arrange, assert_bitwise_equal, run_reference
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
@@ -92,14 +92,9 @@ def test_an_input_across_the_results_layout_takes_tiles(dtype):
     pass walks 2-D tiles (elementwise.tile_dims), ragged edges and a dim walked a program each included, in int32
     and int64 index math; the same bits as over contiguous copies, and stock's strides. lerp with a tensor weight
     (three results), where (two, a bool condition across) and _prelu_kernel_backward (a broadcast weight)."""
-    def in_layout(t, kind):
-        return t.transpose(-1, -2).contiguous().transpose(-1, -2) if kind == "t" else \
-            t.contiguous(memory_format=torch.channels_last)
-
     for shape, kind in (((37, 45), "t"), ((2, 3, 72, 20), "t"), ((2, 9, 5, 13), "cl")):
-        g, a = rand(shape, dtype), in_layout(rand(shape, dtype), kind)
-        w = in_layout(torch.rand(shape, device=DEVICE), kind)
-        c = in_layout(cond(shape), kind)
+        g, a = rand(shape, dtype), arrange(shape, kind, lambda st: rand(st, dtype))
+        w, c = arrange(shape, kind, lambda st: torch.rand(st, device=DEVICE)), arrange(shape, kind, cond)
         pw = rand((1, shape[1]) + (1,) * (len(shape) - 2), dtype)
         calls = {"lerp": (lerp_mod._LERP_BACKWARD, lambda x, y, z: ops.lerp_backward(x, y, -y, z.to(dtype)), (a, w)),
                  "where": (where_mod._WHERE_BACKWARD, lambda x, y, z: ops.where_backward(x, y, x, x), (c, c)),

@@ -15,6 +15,7 @@ from gradkern.engines import elementwise
 from gradkern.kernels import pointwise as pointwise_mod
 from gradkern.launch.checks import contiguous_strides
 from gradkern.testing import (
+    arrange,
     assert_bitwise_equal,
     assert_close,
     boundary_values,
@@ -135,13 +136,6 @@ def test_int64_offsets_give_the_same_bits():
         assert_bitwise_equal(got, want, f"{what} int64")
 
 
-def _across(shape, kind):
-    """A tensor of `shape` laid out across a contiguous one: "t" (last two dims swapped), "cl" (channels_last)."""
-    if kind == "t":
-        return torch.randn(*shape[:-2], shape[-1], shape[-2], device=DEVICE).transpose(-1, -2)
-    return torch.randn(shape, device=DEVICE).contiguous(memory_format=torch.channels_last)
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
 def test_an_input_across_the_output_layout_takes_tiles(dtype):
     """Where an input's unit stride is on another dim than the output's (a transposed or channels_last input next to
@@ -152,7 +146,7 @@ def test_an_input_across_the_output_layout_takes_tiles(dtype):
     engine = pointwise_mod._HARDSIGMOID_BACKWARD
     cases = [(37, 45, "t"), (2, 3, 72, 20, "t"), (2, 9, 5, 13, "cl")]
     for *shape, kind in cases:
-        a = (_across(shape, kind) * 4).to(dtype)
+        a = (arrange(shape, kind, lambda st: torch.randn(st, device=DEVICE)) * 4).to(dtype)
         b = (torch.randn(shape, device=DEVICE) * 4).to(dtype)
         want = ops.hardsigmoid_backward(b.contiguous(), a.contiguous())
         for (g, x), lim in itertools.product(((b, a), (a, b)), (elementwise.CONFIG.current.i32_max, 64)):

@@ -204,6 +204,30 @@ def tiled_offsets(SHAPE, SO, S0, S1, S2, S3, USE: tl.constexpr, RANK: tl.constex
     return mask, oo, f0, f1, f2, f3
 
 
+@triton.jit
+def walk_offsets(n, SHAPE, SO, S0, S1, S2, S3, USE: tl.constexpr, RANK: tl.constexpr, BLOCK: tl.constexpr,
+                 I64: tl.constexpr, TD: tl.constexpr, BT: tl.constexpr, BI: tl.constexpr):
+    """The strided pass's (mask, output offsets, operands' offsets): a run of BLOCK in the output's order
+    (`strided_offsets`), or where TD >= 0 a [BT, BI] tile (`tiled_offsets`); `strided_pass` plans which."""
+    if TD >= 0:
+        return tiled_offsets(SHAPE, SO, S0, S1, S2, S3, USE, RANK, TD, BT, BI, I64)
+    else:
+        return strided_offsets(n, SHAPE, SO, S0, S1, S2, S3, USE, RANK, BLOCK, I64)
+
+
+def strided_pass(n: int, shape_c: Sequence[int], strides_c: Sequence[Sequence[int]], cfg) -> tuple[int, dict, int]:
+    """(programs, the `walk_offsets` constexprs BLOCK, I64, TD, BT, BI, warps) of a strided pass over a collapsed
+    problem of n elements (`strides_c` output first), under either engine's config (its strided_* and tiled_*
+    fields and i32_max)."""
+    td, bt, bi, programs = tile_dims(shape_c, strides_c, cfg.tiled_tile)
+    block = cfg.strided_block
+    if td < 0:
+        programs = cdiv(n, block)
+    i64 = strided_i64(n, shape_c, strides_c, block if td < 0 else 0, cfg.i32_max)
+    return programs, {"BLOCK": block, "I64": i64, "TD": td, "BT": bt, "BI": bi}, \
+        cfg.strided_warps if td < 0 else cfg.tiled_warps
+
+
 def tile_dims(shape_c: Sequence[int], strides_c: Sequence[Sequence[int]], tile: int) -> tuple[int, int, int, int]:
     """(TD, BT, BI, programs) of `tiled_offsets` for a collapsed problem (dims in the output's order, `strides_c`
     output first), or TD = -1 where a run of the output's order serves: no input that covers the problem (no
@@ -248,11 +272,8 @@ def _strided_kernel(out, x0, x1, x2, s0, s1, s2, n, SHAPE, SO, S0, S1, S2,
                     FN: tl.constexpr, NIN: tl.constexpr, FLAG: tl.constexpr, MATH: tl.constexpr,
                     RANK: tl.constexpr, BLOCK: tl.constexpr, I64: tl.constexpr, TD: tl.constexpr,
                     BT: tl.constexpr, BI: tl.constexpr):
-    # a run of BLOCK in the output's order, or (TD >= 0) a [BT, BI] tile: tile_dims
-    if TD >= 0:
-        mask, oo, o0, o1, o2, _o3 = tiled_offsets(SHAPE, SO, S0, S1, S2, S0, (1 << NIN) - 1, RANK, TD, BT, BI, I64)
-    else:
-        mask, oo, o0, o1, o2, _o3 = strided_offsets(n, SHAPE, SO, S0, S1, S2, S0, (1 << NIN) - 1, RANK, BLOCK, I64)
+    mask, oo, o0, o1, o2, _o3 = walk_offsets(n, SHAPE, SO, S0, S1, S2, S0, (1 << NIN) - 1, RANK, BLOCK, I64, TD, BT,
+                                             BI)
     _apply(out, x0, x1, x2, oo, o0, o1, o2, mask, s0, s1, s2, FN, NIN, FLAG, MATH)
 
 
@@ -372,16 +393,11 @@ class Pointwise:
         cshape, cstr = collapse_in_order(shape, operands)
         if not cshape:  # every dim has size 1
             cshape, cstr = (1,), [(0,)] * len(operands)
-        block = cfg.strided_block
-        td, bt, bi, programs = tile_dims(cshape, cstr, cfg.tiled_tile)
-        if td < 0:
-            programs = cdiv(n, block)
-        i64 = strided_i64(n, cshape, cstr, block if td < 0 else 0, cfg.i32_max)
+        programs, walk, warps = strided_pass(n, cshape, cstr, cfg)
         consts = launch_consts({"FN": self.math_fn, "NIN": len(ts), "FLAG": flag, "MATH": mdt, "RANK": len(cshape),
-                                "BLOCK": block, "I64": i64, "TD": td, "BT": bt, "BI": bi},
-                               cfg.strided_warps if td < 0 else cfg.tiled_warps)
-        return _Plan(shape, out_dtype, mdt, n, False, -1, block, cfg.strided_warps, i64, len(cshape), cshape,
-                     tuple(cstr), consts, out_strides, programs, td)
+                                **walk}, warps)
+        return _Plan(shape, out_dtype, mdt, n, False, -1, walk["BLOCK"], warps, walk["I64"], len(cshape), cshape,
+                     tuple(cstr), consts, out_strides, programs, walk["TD"])
 
     # -- the call ----------------------------------------------------------------------------------------
     def __call__(self, *ts: torch.Tensor, scalars: tuple = (), flag: int = 0,

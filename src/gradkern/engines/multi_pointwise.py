@@ -49,10 +49,8 @@ from .elementwise import (
     collapse_in_order,
     flat_split,
     result_layout,
-    strided_i64,
-    strided_offsets,
-    tile_dims,
-    tiled_offsets,
+    strided_pass,
+    walk_offsets,
 )
 from .reduction import plan_view, run_plan, sum_to_dims
 
@@ -148,11 +146,7 @@ def _strided_kernel(o0, o1, o2, x0, x1, x2, x3, s0, s1, n, SHAPE, SO, S0, S1, S2
                     FN: tl.constexpr, INS: tl.constexpr, OUTS: tl.constexpr, FLAG: tl.constexpr,
                     MATH: tl.constexpr, RANK: tl.constexpr, BLOCK: tl.constexpr, I64: tl.constexpr,
                     TD: tl.constexpr, BT: tl.constexpr, BI: tl.constexpr):
-    # a run of BLOCK in the results' order, or (TD >= 0) a [BT, BI] tile: elementwise.tile_dims
-    if TD >= 0:
-        mask, oo, f0, f1, f2, f3 = tiled_offsets(SHAPE, SO, S0, S1, S2, S3, INS, RANK, TD, BT, BI, I64)
-    else:
-        mask, oo, f0, f1, f2, f3 = strided_offsets(n, SHAPE, SO, S0, S1, S2, S3, INS, RANK, BLOCK, I64)
+    mask, oo, f0, f1, f2, f3 = walk_offsets(n, SHAPE, SO, S0, S1, S2, S3, INS, RANK, BLOCK, I64, TD, BT, BI)
     _apply(o0, o1, o2, x0, x1, x2, x3, oo, f0, f1, f2, f3, mask, s0, s1, FN, INS, OUTS, FLAG, MATH)
 
 
@@ -376,14 +370,10 @@ class MultiPointwise:
                 raise RankUnsupported(self.op, self.inputs[0], f"rank <= {MAX_RANK} (after merging dims)", len(shape))
             it = iter(cstr)
             cstrides = tuple(next(it) if s is not None else cstr[0] for s in operands)
-            block = cfg.strided_block
-            td, bt, bi, programs = tile_dims(cshape, cstr, cfg.tiled_tile)
-            if td < 0:
-                programs = cdiv(n, block)
-            i64 = strided_i64(n, cshape, cstr, block if td < 0 else 0, cfg.i32_max)
+            programs, walk, warps = strided_pass(n, cshape, cstr, cfg)
+            i64 = walk["I64"]
             kernel, grid, ints = _strided_kernel, (programs,), (n, cshape, *cstrides)
-            consts = launch_consts({**base, "RANK": len(cshape), "BLOCK": block, "I64": i64, "TD": td, "BT": bt,
-                                    "BI": bi}, cfg.strided_warps if td < 0 else cfg.tiled_warps)
+            consts = launch_consts({**base, "RANK": len(cshape), **walk}, warps)
         allocs, sums, views = [], [], []
         for j, (odt, to, dt) in enumerate(zip(out_dtypes, reduce_to, final, strict=True)):
             if odt is None:
