@@ -84,6 +84,9 @@ GROUPS = {  # name: (ops, dtypes, configs); each config overrides only what it n
     "pad_edges32": (_PAD_EDGE_OPS, [F32], [DEFAULTS, _PAD_NO_EDGES, DEFAULTS, _PAD_NO_EDGES]),  # (f32 alone, faster)
     "pad_lanes": (_PAD_OPS, [F32, BF16, F16],  # replicate's corners a source a lane, 16-bit 3d's column strips
                   [DEFAULTS, _PAD_BEFORE_LANES, DEFAULTS, _PAD_BEFORE_LANES]),  # selected in: against neither
+    # EDGES on every row width (edges_width 1, before) against multiples of 16; with TUNE_CASES="sweep:text conv|
+    # short rows|1-row planes|unbatched|asymmetric|7x7 planes|padded row pitch|many 8^3|prime planes"
+    "pad_edges16": (_PAD_OPS, [F32, BF16, F16], [DEFAULTS, (pad.CONFIG, {"edges_width": 1})] * 2),
     "pad_even": (_PAD_OPS, [F32, BF16, F16],  # whole-plane tiles unmasked with GEOM (16-bit 3d), then neither
                  [DEFAULTS, (pad.CONFIG, {"geom": frozenset()})] * 2),
     "segment": (["_segment_reduce_backward", "segment_max_forward", "segment_max_backward"], [F32, F16],

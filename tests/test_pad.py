@@ -291,12 +291,12 @@ def test_strip_values_gathered_before_or_after_the_bulk_store_agree(op):
 
 @pytest.mark.parametrize("op", ["replication_pad2d_backward", "replication_pad3d_backward",
                                 "reflection_pad2d_backward", "reflection_pad3d_backward"])
-@pytest.mark.parametrize("w_in, w_pads", [(7, (1, 1)), (7, (2, 2)), (7, (1, 3)), (7, (6, 5)), (3, (1, 1))])
+@pytest.mark.parametrize("w_in, w_pads", [(16, (1, 1)), (16, (2, 2)), (16, (1, 3)), (16, (6, 5)), (32, (1, 1))])
 @pytest.mark.parametrize("split", [False, True])  # whole-plane tiles (EARLY), or tiles of a few rows
 def test_edge_columns_in_the_bulk_agree_with_their_own_part(op, w_in, w_pads, split):
     """Where a tile holds every column and the column strips are one column a side (replicate; reflect with pads of
     1), their values are selected into the bulk tile (EDGES) instead of stored after the barrier: forced both ways,
-    the same bits, and the reference's values."""
+    the same bits, and the reference's values. (Rows of a multiple of 16 columns: EDGES' condition.)"""
     d = _dims(op)
     reflect = op.startswith("reflection")
     if reflect and (max(w_pads) > 1 or w_in < 5):  # ((6, 5): replicate's wide-pad loops)
@@ -304,7 +304,7 @@ def test_edge_columns_in_the_bulk_agree_with_their_own_part(op, w_in, w_pads, sp
     shape = (2, 3, 5, 6, w_in)[-(d + 2):]
     pads = (*w_pads, 2, 1, 1, 2)[:2 * d]
     problem = _problem(op, shape, pads, torch.float32)
-    tile = (16, 16, 16) if split else padmod.CONFIG.current.tile  # (16 elements: 2 or 4 rows of the 7 or 3 columns)
+    tile = (64, 64, 64) if split else padmod.CONFIG.current.tile  # (64 elements: 4 or 2 rows of the 16 or 32 columns)
     results = {}
     for edges in (frozenset({(d, 4)}), frozenset()):  # (wide pads' per-element loops: lanes store their own part)
         with config.override(padmod.CONFIG, tile=tile, edges=edges, loop_lanes=0):
@@ -312,6 +312,17 @@ def test_edge_columns_in_the_bulk_agree_with_their_own_part(op, w_in, w_pads, sp
             assert plan.consts["EDGES"] is bool(edges) and plan.consts["EARLY"] is not split
             results[bool(edges)] = check_case(op, problem, what=f"{op} pad {pads} EDGES={bool(edges)}")
     assert_bitwise_equal(results[True], results[False], op)
+
+
+def test_edge_columns_stay_apart_where_rows_are_not_a_multiple_of_16():
+    """EDGES (the column strips selected into the bulk tile) only where W is a multiple of 16 (or the plane is a
+    constant, GEOM): other widths compiled to 80-221 registers a thread against 32-40 (sm_90), and the unbatched
+    256x100x100 pad (2, 1, 3, 2) ran at 17% of the copy ceiling. Failed before: 100 columns took EDGES."""
+    for w_in, edges in ((100, False), (96, True), (7, False), (32, True)):
+        for op, shape in (("replication_pad2d_backward", (3, 5, w_in)), ("replication_pad1d_backward", (2, 3, w_in))):
+            pads = (2, 1, 3, 2)[:2 * _dims(op)]
+            plan = _plan(op, *_problem(op, shape, pads, torch.float32))
+            assert plan.consts["EDGES"] is edges, (op, w_in)
 
 
 # replicate shapes whose corners have several sources: pads of 1-3, a crop, a dim of size 1 (both ends' pads)

@@ -606,6 +606,9 @@ class PadConfig(GridLimits):  # (max_programs: past it, a program does several p
     #: (dims, size) where a tile holding every column selects its column strips into the bulk tile before its store
     #: (one column a side; under GEOM up to four columns): f32 3d replicate pad 1 0.5777 -> 0.5577 ms
     edges: frozenset[tuple[int, int]] = frozenset({(1, 4), (2, 4), (3, 4), (3, 2)})
+    #: EDGES without GEOM only where the row's width is a multiple of this: elsewhere the selects took 80-221
+    #: registers a thread against 32-40 without (offline sm_90 compile; 2-D f32 256x100x100 pad (2, 1, 3, 2): 221)
+    edges_width: int = 16
     #: replicate's corner chunk is summed a source a lane (`_strip_lanes`) where its lanes (elements x sources, a
     #: power of two each) are at most this many: 16-bit 3d pad 2 48.6 -> 46.1 us; reflect's larger chunks lose
     corner_lanes: int = 1024
@@ -781,9 +784,9 @@ def _plan(spec: _Spec, g_shape, g_strides, self_shape, pads, out_strides, dtype:
     early = (cfg.early_strips and n_hb == n_wb == 1 and hs[1] + hs[3] > 0 and ws[1] + ws[3] > 0
              and not (geom and spec.reflect))
     # EDGES: a tile holds every column (so both strips) and they are one column a side (so sw == 2), or with GEOM
-    # (where the selects cost little) at most four columns in all
+    # (where the selects cost little) at most four columns in all; without GEOM on `edges_width` rows only
     edges = (spec.dims, dtype.itemsize) in cfg.edges and n_wb == 1 and not lanes[1] and (
-        ws[1] - ws[0] == 1 and ws[3] - ws[2] == 1 or geom and sw == 4)
+        ws[1] - ws[0] == 1 and ws[3] - ws[2] == 1 and w_in % cfg.edges_width == 0 or geom and sw == 4)
     cap = cfg.maxnreg_geom if geom else dict(cfg.maxnreg).get((spec.dims, dtype.itemsize, spec.reflect))
     warps = tile_warps(bh * bw, cfg.warps, cfg.min_thread_elements) if cfg.min_thread_elements else cfg.warps
     consts = launch_consts({
