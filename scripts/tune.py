@@ -187,6 +187,10 @@ GROUPS = {  # name: (ops, dtypes, configs); each config overrides only what it n
         (elementwise.CONFIG, c) for c in _TILED]),
     "tiled_multi": (["where_backward", "lerp_backward", "prelu_backward"], [F32, BF16], [DEFAULTS] + [
         (multi_pointwise.CONFIG, c) for c in _TILED]),
+    # results summed whole: a partial a program (totals, shipped) against the result at B written and read back;
+    # with TUNE_CASES="sweep:mask|per column|scalar|0-d"
+    "totals": (["where_backward", "lerp_backward"], [F32, BF16],
+               [DEFAULTS, (multi_pointwise.CONFIG, {"totals": False})] * 2),
     "repeat": (["repeat_backward"], [F32, BF16],  # (the step-sum switch it also tried is gone: step sums stay)
                [DEFAULTS, (reduction.CONFIG, {"min_programs": 1})]),
 }

@@ -15,7 +15,7 @@ from gradkern.kernels import lerp as lerp_mod
 from gradkern.kernels import prelu as prelu_mod
 from gradkern.kernels import where as where_mod
 from gradkern.registry import REGISTRY
-from gradkern.testing import arrange, assert_bitwise_equal, run_reference
+from gradkern.testing import arrange, assert_bitwise_equal, assert_close, run_reference
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
@@ -110,6 +110,35 @@ def test_an_input_across_the_results_layout_takes_tiles(dtype):
                     if o is not None:
                         assert o.stride() == g.stride(), what
                         assert_bitwise_equal(o, ow, what)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=dtype_id)
+def test_results_summed_whole_take_partials_a_program(dtype):
+    """A gradient summed whole (a 0-d operand's: where's other, lerp's weight) by the strided pass: each program
+    sums its elements in the math dtype and the shared reduction adds the partials; no result at B is written.
+    Runs of the results' order (a broadcast condition) and 2-D tiles (a transposed self); against the results at B
+    summed afterwards (`totals` off), and the same bits on a second call."""
+    shape = (2, 3, 37, 45)
+    g, c = rand(shape, dtype), cond((1, 1) + shape[2:])
+    s_t = rand(shape[:2] + shape[:1:-1], dtype).transpose(-1, -2)
+    w = rand((), dtype)
+    calls = {"where": (where_mod._WHERE_BACKWARD, lambda s: ops.where_backward(g, c, s, w)),
+             "lerp": (lerp_mod._LERP_BACKWARD, lambda s: ops.lerp_backward(g, s, -s, w))}
+    # (lerp with self contiguous takes the summing pass: every operand then merges to one row)
+    for op, s in (("where", rand(shape, dtype)), ("where", s_t), ("lerp", s_t)):
+        engine, call = calls[op]
+        plan, got = _only_plan(engine, lambda: call(s))
+        what = f"{op} {s.stride()}"
+        j = len(got) - 1  # where's grad_other, lerp's grad_weight
+        assert plan.consts["TOTALS"] == 1 << j and (j, plan.grid, (1,), plan.allocs[-1][3]) in plan.allocs, what
+        assert got[j].shape == () and got[j].dtype == dtype, what
+        assert_bitwise_equal(call(s)[j], got[j], f"{what} repeat")
+        with config.override(multi_pointwise.CONFIG, totals=False):
+            plan_b, before = _only_plan(engine, lambda: call(s))
+        assert not plan_b.consts["TOTALS"]
+        for o, ob in zip(got[:j], before[:j], strict=True):
+            assert_bitwise_equal(o, ob, what)
+        assert_close(got[j], before[j].double(), None, what)
 
 
 def test_fused_relaunch_keys_follow_scalar_specialisation():

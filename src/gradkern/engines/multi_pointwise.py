@@ -74,6 +74,9 @@ class MultiPointwiseConfig:
     # tile (0: never), warps
     tiled_tile: int = 4096
     tiled_warps: int = 8
+    # the strided pass sums a result summed whole (a 0-d operand's gradient) as a partial a program (False: writes it
+    # at B for the shared reduction)
+    totals: bool = True
     # the summing pass over columns (per-row results): tile elements, widest column block, warps (lerp 1.03-1.17x
     # against 4096 / 4096 / 8 warps)
     rows_tile: int = 2048
@@ -105,8 +108,10 @@ def check_output_mask(op: str, output_mask, n: int) -> tuple[bool, ...]:
 # ----------------------------------------------------------------------------------------------- kernels
 @triton.jit
 def _apply(o0, o1, o2, x0, x1, x2, x3, oo, f0, f1, f2, f3, mask, s0, s1,
-           FN: tl.constexpr, INS: tl.constexpr, OUTS: tl.constexpr, FLAG: tl.constexpr, MATH: tl.constexpr):
-    """Load the operands INS names (at offsets f*), apply FN, store the results OUTS names (at offsets oo)."""
+           FN: tl.constexpr, INS: tl.constexpr, OUTS: tl.constexpr, FLAG: tl.constexpr, MATH: tl.constexpr,
+           TOTALS: tl.constexpr):
+    """Load the operands INS names (at offsets f*), apply FN, store the results OUTS names (at offsets oo); those
+    TOTALS names are summed whole, so each program stores the sum of its elements (in MATH) at o + its id."""
     a = tl.load(x0 + f0, mask=mask).to(MATH)
     b = a
     c = a
@@ -118,12 +123,18 @@ def _apply(o0, o1, o2, x0, x1, x2, x3, oo, f0, f1, f2, f3, mask, s0, s1,
     if INS & 8:
         d = tl.load(x3 + f3, mask=mask).to(MATH)
     r0, r1, r2 = FN(a, b, c, d, scalar(s0, MATH), scalar(s1, MATH), FLAG)
-    if OUTS & 1:
-        tl.store(o0 + oo, cast_out(r0, o0.dtype.element_ty), mask=mask)
-    if OUTS & 2:
-        tl.store(o1 + oo, cast_out(r1, o1.dtype.element_ty), mask=mask)
-    if OUTS & 4:
-        tl.store(o2 + oo, cast_out(r2, o2.dtype.element_ty), mask=mask)
+    _store(o0, r0, oo, mask, 0, OUTS, TOTALS)
+    _store(o1, r1, oo, mask, 1, OUTS, TOTALS)
+    _store(o2, r2, oo, mask, 2, OUTS, TOTALS)
+
+
+@triton.jit
+def _store(o, r, oo, mask, J: tl.constexpr, OUTS: tl.constexpr, TOTALS: tl.constexpr):
+    if OUTS & (1 << J):
+        if TOTALS & (1 << J):
+            tl.store(o + tl.program_id(0), tl.sum(tl.where(mask, r, 0.0)))
+        else:
+            tl.store(o + oo, cast_out(r, o.dtype.element_ty), mask=mask)
 
 
 @triton.jit(do_not_specialize=SCALAR_PARAMS[:2])
@@ -135,19 +146,20 @@ def _flat_kernel(o0, o1, o2, x0, x1, x2, x3, s0, s1, n,
     else:
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     body, tail = flat_split(n, BLOCK)
-    _apply(o0, o1, o2, x0, x1, x2, x3, offs, offs, offs, offs, offs, offs < body, s0, s1, FN, INS, OUTS, FLAG, MATH)
+    _apply(o0, o1, o2, x0, x1, x2, x3, offs, offs, offs, offs, offs, offs < body, s0, s1, FN, INS, OUTS, FLAG, MATH,
+           0)
     if tail:
         _apply(o0, o1, o2, x0, x1, x2, x3, offs, offs, offs, offs, offs, (offs >= body) & (offs < n), s0, s1, FN,
-               INS, OUTS, FLAG, MATH)
+               INS, OUTS, FLAG, MATH, 0)
 
 
 @triton.jit(do_not_specialize=SCALAR_PARAMS[:2])
 def _strided_kernel(o0, o1, o2, x0, x1, x2, x3, s0, s1, n, SHAPE, SO, S0, S1, S2, S3,
                     FN: tl.constexpr, INS: tl.constexpr, OUTS: tl.constexpr, FLAG: tl.constexpr,
                     MATH: tl.constexpr, RANK: tl.constexpr, BLOCK: tl.constexpr, I64: tl.constexpr,
-                    TD: tl.constexpr, BT: tl.constexpr, BI: tl.constexpr):
+                    TD: tl.constexpr, BT: tl.constexpr, BI: tl.constexpr, TOTALS: tl.constexpr):
     mask, oo, f0, f1, f2, f3 = walk_offsets(n, SHAPE, SO, S0, S1, S2, S3, INS, RANK, BLOCK, I64, TD, BT, BI)
-    _apply(o0, o1, o2, x0, x1, x2, x3, oo, f0, f1, f2, f3, mask, s0, s1, FN, INS, OUTS, FLAG, MATH)
+    _apply(o0, o1, o2, x0, x1, x2, x3, oo, f0, f1, f2, f3, mask, s0, s1, FN, INS, OUTS, FLAG, MATH, TOTALS)
 
 
 @triton.jit
@@ -373,10 +385,20 @@ class MultiPointwise:
             programs, walk, warps = strided_pass(n, cshape, cstr, cfg)
             i64 = walk["I64"]
             kernel, grid, ints = _strided_kernel, (programs,), (n, cshape, *cstrides)
-            consts = launch_consts({**base, "RANK": len(cshape), **walk}, warps)
+        # results summed whole (to a 0-d or all-ones shape) by the strided pass: a partial sum a program, in the
+        # math dtype, instead of the result at B written and read back (the flat pass keeps the latter: its last
+        # program also takes the tail)
+        totals = 0 if flat else sum(1 << j for j, to in enumerate(reduce_to) if to is not None and n > 1
+                                    and math.prod(to) == 1 and cfg.totals)
+        if not flat:
+            consts = launch_consts({**base, "RANK": len(cshape), **walk, "TOTALS": totals}, warps)
         allocs, sums, views = [], [], []
         for j, (odt, to, dt) in enumerate(zip(out_dtypes, reduce_to, final, strict=True)):
             if odt is None:
+                continue
+            if totals & (1 << j):
+                allocs.append((j, grid, (1,), math_torch))
+                sums.append((j, plan_view(grid, (1,), math_torch, (0,), op=self.op, out_dtype=dt), to))
                 continue
             allocs.append((j, shape, strides[j], odt))
             if to is None:
