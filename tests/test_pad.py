@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+import triton
 
 import gradkern
 from conftest import DEVICE, DTYPES, dtype_id, gpu_only, small_pad_tiles
@@ -291,12 +292,12 @@ def test_strip_values_gathered_before_or_after_the_bulk_store_agree(op):
 
 @pytest.mark.parametrize("op", ["replication_pad2d_backward", "replication_pad3d_backward",
                                 "reflection_pad2d_backward", "reflection_pad3d_backward"])
-@pytest.mark.parametrize("w_in, w_pads", [(16, (1, 1)), (16, (2, 2)), (16, (1, 3)), (16, (6, 5)), (32, (1, 1))])
+@pytest.mark.parametrize("w_in, w_pads", [(7, (1, 1)), (16, (2, 2)), (7, (1, 3)), (16, (6, 5)), (3, (1, 1))])
 @pytest.mark.parametrize("split", [False, True])  # whole-plane tiles (EARLY), or tiles of a few rows
 def test_edge_columns_in_the_bulk_agree_with_their_own_part(op, w_in, w_pads, split):
     """Where a tile holds every column and the column strips are one column a side (replicate; reflect with pads of
     1), their values are selected into the bulk tile (EDGES) instead of stored after the barrier: forced both ways,
-    the same bits, and the reference's values. (Rows of a multiple of 16 columns: EDGES' condition.)"""
+    the same bits, and the reference's values (on any row width: `edges_width` 1)."""
     d = _dims(op)
     reflect = op.startswith("reflection")
     if reflect and (max(w_pads) > 1 or w_in < 5):  # ((6, 5): replicate's wide-pad loops)
@@ -304,10 +305,10 @@ def test_edge_columns_in_the_bulk_agree_with_their_own_part(op, w_in, w_pads, sp
     shape = (2, 3, 5, 6, w_in)[-(d + 2):]
     pads = (*w_pads, 2, 1, 1, 2)[:2 * d]
     problem = _problem(op, shape, pads, torch.float32)
-    tile = (64, 64, 64) if split else padmod.CONFIG.current.tile  # (64 elements: 4 or 2 rows of the 16 or 32 columns)
+    tile = (2 * triton.next_power_of_2(w_in),) * 3 if split else padmod.CONFIG.current.tile  # (split: two rows a tile)
     results = {}
     for edges in (frozenset({(d, 4)}), frozenset()):  # (wide pads' per-element loops: lanes store their own part)
-        with config.override(padmod.CONFIG, tile=tile, edges=edges, loop_lanes=0):
+        with config.override(padmod.CONFIG, tile=tile, edges=edges, edges_width=1, loop_lanes=0):
             plan = _plan(op, *problem)
             assert plan.consts["EDGES"] is bool(edges) and plan.consts["EARLY"] is not split
             results[bool(edges)] = check_case(op, problem, what=f"{op} pad {pads} EDGES={bool(edges)}")
