@@ -191,6 +191,12 @@ GROUPS = {  # name: (ops, dtypes, configs); each config overrides only what it n
     # with TUNE_CASES="sweep:mask|per column|scalar|0-d"
     "totals": (["where_backward", "lerp_backward"], [F32, BF16],
                [DEFAULTS, (multi_pointwise.CONFIG, {"totals": False})] * 2),
+    # the reduction's tiles: [BT, BI] output tiles where x's unit stride is on a kept dim across the output
+    # (tiled_tile 0: never), and ragged rows' tile bytes (ragged_tile_bytes 0: as other rows, 8192, 2048); with
+    # TUNE_CASES="sweep:"
+    "red_tiles": (["repeat_backward"], [F32, BF16],
+                  [DEFAULTS, (reduction.CONFIG, {"tiled_tile": 0})]
+                  + [(reduction.CONFIG, {"ragged_tile_bytes": b}) for b in (0, 8192, 2048)]),
     "repeat": (["repeat_backward"], [F32, BF16],  # (the step-sum switch it also tried is gone: step sums stay)
                [DEFAULTS, (reduction.CONFIG, {"min_programs": 1})]),
 }

@@ -469,6 +469,56 @@ def _offsets(shape, stride, n):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_a_kept_dim_of_unit_stride_across_the_output_takes_tiles(dtype):
+    """Where x's unit stride lies on a kept dim other than the result's innermost (repeat's grad transposed or
+    channels_last), the pass walks [BT, BI] tiles of the kept dims (`_tiled_sum_kernel`) instead of reading x one
+    element a line: the float64 sum within the bound, a fixed order (bitwise repeatable), the plain pass where
+    tiles are off (`tiled_tile` 0) or too few (min_programs), and never on a broadcast kept dim."""
+    t = _randn((48, 40), dtype, 1).t()  # (40, 48) strides (1, 40): repeat (2, 2) of (20, 24) read as (2, 20, 2, 24)
+    cl = _randn((6, 12, 9, 7), dtype, 2).to(memory_format=torch.channels_last)
+    cases = [
+        (t.view(2, 20, 2, 24), (0, 2)),
+        (cl, (0,)),  # kept (C, H*W), C of unit stride
+        (cl, (0, 3)),  # kept (C, H), a reduced dim in between
+        (_randn((3, 9, 4, 10, 8), dtype, 3).permute(0, 1, 4, 3, 2), (0, 4)),  # kept (9, 8, 10), unit stride on 8
+        (_randn((20, 24), dtype, 4).t().unsqueeze(0).expand(5, 24, 20), (0,)),  # broadcast terms
+    ]
+    with config.override(reduction.CONFIG, tiled_tile=1024, min_programs=1):
+        for x, dims in cases:
+            what = f"{tuple(x.shape)} {x.stride()} over {dims}"
+            (p,) = _plan(x, dims).passes
+            assert p.tiled is not None, what
+            out = reduce_sum(x, dims, op="test")
+            assert_sum_close(out, x, dims, what)
+            assert_bitwise_equal(reduce_sum(x, dims, op="test"), out, what)
+        with config.override(reduction.CONFIG, i32_max=200):  # 64-bit index math
+            x, dims = cases[1]
+            assert _plan(x, dims).passes[0].i64
+            assert_sum_close(reduce_sum(x, dims, op="test"), x, dims, "int64 offsets")
+        expanded = _randn((20, 1), dtype, 5).expand(20, 24).t().unsqueeze(0).expand(3, 24, 20)  # (a stride-0 kept dim)
+        assert all(p.tiled is None for p in _plan(expanded, (0,)).passes)
+    for changes in ({"tiled_tile": 0, "min_programs": 1}, {"tiled_tile": 1024, "min_programs": 10 ** 6}):
+        with config.override(reduction.CONFIG, **changes):
+            assert all(p.tiled is None for p in _plan(*cases[0]).passes), changes
+
+
+def test_ragged_rows_take_smaller_tiles():
+    """Outputs contiguous in x in rows that are not a multiple of a 16-byte vector long (11 here) load a few
+    elements an address, so their tiles hold at most `ragged_tile_bytes` (repeat (13, 3, 2) of a 50x70x110 f32
+    input compiled to 254 registers a thread in 32 KB tiles); rows of 16 keep the long tiles. Sums within bound."""
+    for inner, ragged in ((11, True), (16, False)):
+        x = _randn((13, 5, 3, 7, 2, inner), torch.float32)
+        dims = (0, 2, 4)  # 78 terms an output: the long tiles
+        tiles = {}
+        for cap in (2048, 0):
+            with config.override(reduction.CONFIG, ragged_tile_bytes=cap):
+                (p,) = _plan(x, dims).passes
+                tiles[cap] = p.block_o * p.block_r * 4
+                assert_sum_close(reduce_sum(x, dims, op="test"), x, dims, f"rows of {inner}, cap {cap}")
+        assert (tiles[2048] <= 2048 < tiles[0]) is ragged, (inner, tiles)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 def test_contiguity_and_alignment_hints_hold(dtype):
     """The hints a pass gives the compiler (O/R_CONTIG: runs of consecutive offsets, O/R_DIV: the first offset of
     each run a multiple of it) are promises the interpreter never checks, and a false one reads wrong elements
