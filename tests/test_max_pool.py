@@ -477,7 +477,8 @@ def _outputs_side_problems():
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 def test_outputs_side_gives_the_gathers_bits(dtype, monkeypatch):
     """The outputs' side (few outputs, several candidates an input) sums the gather's terms in the gather's order
-    and accumulator: the same bits, every problem; where the plan picks it by default it is the one launched."""
+    and accumulator: the same bits, every problem, with its index divisions as multiplies (`outputs_magic`) or
+    not; where the plan picks it by default it is the one launched."""
     launches = record_launches(monkeypatch, mp)
     orders = set()
     for op, label, args in _outputs_side_problems():
@@ -486,8 +487,12 @@ def test_outputs_side_gives_the_gathers_bits(dtype, monkeypatch):
         launches.clear()
         outputs = _tiled(op, args, "outputs")
         assert "BLOCK" in launches[-1].consts, (op, label)  # (the outputs' side's launch)
+        assert any(launches[-1].consts["OMAGIC"]), (op, label)  # (its index divisions as multiplies)
         orders.add(launches[-1].consts["CL"])
         assert_bitwise_equal(outputs, gather, f"{op} {label}")
+        with config.override(mp.CONFIG, outputs_magic=False):
+            assert_bitwise_equal(_tiled(op, args, "outputs"), gather, f"{op} {label}, divisions")
+            assert not any(launches[-1].consts["OMAGIC"]), (op, label)
         check_case(op, args, what=f"{op} {label} (default plan)")
     assert orders == {False, True}, "outputs taken in both orders: W fastest and channels fastest"
     # the default: the outputs' side where inputs are at least outputs_side_ratio times the outputs, and from

@@ -132,6 +132,9 @@ class MaxPoolConfig(GridLimits):
     outputs_side_one_ratio: int = 16
     #: outputs a program of the outputs' side (128 to 1024 by 4 to 8 warps tried: 128 by 4 the fastest or level)
     outputs_block: int = 128
+    #: the outputs' side divides an output's flat index and its index by runtime sizes as a multiply and shifts
+    #: (`_div`), where 32-bit; else as divisions (some 20 instructions each, seven an output)
+    outputs_magic: bool = True
     #: the outputs' side only from this many inputs: below, a step is host-bound, and its second launch (the
     #: zeroing) costs more than the gather's extra device time (adaptive 2d at 4K elements: 1.32x -> 1.78x ATen's
     #: host time a call with it)
@@ -317,16 +320,18 @@ def _max_pool_backward_kernel(gi, go, xi, n_tiles, n_b, n_rows, SIZES, GS, XS, I
 
 
 @triton.jit
-def _outputs_side_kernel(gi, go, xi, n_out, SIZES, GS, XS, IS, MAG, WD: tl.constexpr, WH: tl.constexpr,
+def _outputs_side_kernel(gi, go, xi, n_out, SIZES, GS, XS, IS, MAG, OMAG, WD: tl.constexpr, WH: tl.constexpr,
                          WW: tl.constexpr, TD: tl.constexpr, TH: tl.constexpr, TW: tl.constexpr,
-                         MAGIC: tl.constexpr, ADAPTIVE: tl.constexpr, ACC: tl.constexpr, BLOCK: tl.constexpr,
-                         CL: tl.constexpr, I64: tl.constexpr):
+                         MAGIC: tl.constexpr, OMAGIC: tl.constexpr, ADAPTIVE: tl.constexpr, ACC: tl.constexpr,
+                         BLOCK: tl.constexpr, CL: tl.constexpr, I64: tl.constexpr):
     """`_gather`'s sums from the outputs' side, for problems with few outputs and several candidates an input
     (overlapping windows): grad_input is zeroed before; output o takes input i = indices[o] where o's window holds
     it, sums g over i's candidates whose index is i (the gather's order and accumulator: the same bits) and writes
     the sum if o is the first of them. One writer an input (no atomics); an input no output took keeps its zero.
     SIZES (C, D, H, W, Do, Ho, Wo); GS, XS, IS the (N, C, D, H, W) strides of grad_output, indices, grad_input;
-    CL: the outputs taken channels fastest (the indices' channels_last order), so that a warp's loads coalesce."""
+    CL: the outputs taken channels fastest (the indices' channels_last order), so that a warp's loads coalesce.
+    OMAG, OMAGIC: `_div`'s constants for the divisions of an output's flat index (by C where CL, Wo, Ho, Do, then C
+    where not CL) and of its index (by W, H)."""
     C, D, H, W = SIZES[0], SIZES[1], SIZES[2], SIZES[3]
     DO, HO, WO = SIZES[4], SIZES[5], SIZES[6]
     if I64:
@@ -336,21 +341,16 @@ def _outputs_side_kernel(gi, go, xi, n_out, SIZES, GS, XS, IS, MAG, WD: tl.const
     m = f < n_out
     f = tl.minimum(f, n_out - 1)
     if CL:
-        c = f % C
-        q = f // C
+        q, c = _divmod(f, C, OMAG[0], OMAG[1], OMAGIC[0])
     else:
         q = f
-    ow = q % WO
-    q = q // WO
-    oh = q % HO
-    q = q // HO
-    od = q % DO
-    q = q // DO
+    q, ow = _divmod(q, WO, OMAG[2], OMAG[3], OMAGIC[1])
+    q, oh = _divmod(q, HO, OMAG[4], OMAG[5], OMAGIC[2])
+    q, od = _divmod(q, DO, OMAG[6], OMAG[7], OMAGIC[3])
     if CL:
         n = q
     else:
-        c = q % C
-        n = q // C
+        n, c = _divmod(q, C, OMAG[8], OMAG[9], OMAGIC[4])
     base_g = n * GS[0] + c * GS[1]
     base_x = n * XS[0] + c * XS[1]
     idx = tl.load(xi + base_x + od * XS[2] + oh * XS[3] + ow * XS[4], mask=m, other=-1)
@@ -359,10 +359,8 @@ def _outputs_side_kernel(gi, go, xi, n_out, SIZES, GS, XS, IS, MAG, WD: tl.const
         i = tl.where(valid, idx, 0)
     else:
         i = tl.where(valid, idx, 0).to(tl.int32)
-    w = i % W
-    q = i // W
-    h = q % H
-    d = q // H
+    q, w = _divmod(i, W, OMAG[10], OMAG[11], OMAGIC[5])
+    d, h = _divmod(q, H, OMAG[12], OMAG[13], OMAGIC[6])
     od0, od_hi = _range(d, D, DO, MAG[6], MAG[7], MAGIC[3], WD, ADAPTIVE)
     oh0, oh_hi = _range(h, H, HO, MAG[8], MAG[9], MAGIC[4], WH, ADAPTIVE)
     ow0, ow_hi = _range(w, W, WO, MAG[10], MAG[11], MAGIC[5], WW, ADAPTIVE)
@@ -645,10 +643,17 @@ def _plan(spec: _Spec, g_shape: tuple, g_stride: tuple, x_stride: tuple, shape: 
         (cfg.outputs_side_one_ratio, cfg.outputs_side_one_min_inputs)
     if n_out * ratio <= n_in and n_in >= least and n_out < cfg.max_programs:
         # few outputs: the same sums from the outputs' side (`_outputs_side_kernel`)
+        cl_order = 0 < xstr[1] < xstr[4]
+        # (an output's flat index: by C first where CL, Wo, Ho, Do, by C last where not; its index: by W, H)
+        o_divs = (c if cl_order else 1, *outs[::-1], 1 if cl_order else c, w_in, h_in)
+        o_bounds = (n_out,) * 5 + (d_in * h_in * w_in,) * 2
+        o_magic = tuple(cfg.outputs_magic and not i64 and v != 1 and b < 2**30
+                        for v, b in zip(o_divs, o_bounds, strict=True))
+        o_mag = tuple(x for v, on in zip(o_divs, o_magic, strict=True) for x in (_magic(v) if on else (0, 0)))
         consts = launch_consts({"WD": wins[0], "WH": wins[1], "WW": wins[2], "TD": ks[0], "TH": ks[1], "TW": ks[2],
-                                "MAGIC": magic, "ADAPTIVE": window is None, "ACC": acc,
-                                "BLOCK": cfg.outputs_block, "CL": 0 < xstr[1] < xstr[4], "I64": i64}, cfg.warps)
-        args = (n_out, (c, *ins, *outs), gstr, xstr, istr, mag)
+                                "MAGIC": magic, "OMAGIC": o_magic, "ADAPTIVE": window is None, "ACC": acc,
+                                "BLOCK": cfg.outputs_block, "CL": cl_order, "I64": i64}, cfg.warps)
+        args = (n_out, (c, *ins, *outs), gstr, xstr, istr, mag, o_mag)
         return _Plan(shape, stride, cdiv(n_out, cfg.outputs_block), args, consts, _outputs_side_kernel)
     return _Plan(shape, stride, min(n_tiles, cfg.max_programs), args, consts)
 
