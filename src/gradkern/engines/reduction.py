@@ -174,15 +174,8 @@ def _tiled_sum_kernel(x, out, n_red, KSHAPE, KSTRIDE, OSTRIDE, RSHAPE, RSTRIDE, 
                                                 BI, I64)
     acc = tl.zeros([BT, BI], dtype=ACC)
     for r in range(0, n_red):
-        # (the reduced dims' offsets of term r, innermost first; q a tensor also where the interpreter's r is an int)
-        q = r + tl.zeros([], tl.int64 if I64 else tl.int32)
-        roff = q * 0
-        for i in tl.static_range(RR):
-            if i == RR - 1:
-                roff += q * RSTRIDE[0]
-            else:
-                roff += (q % RSHAPE[RR - 1 - i]) * RSTRIDE[RR - 1 - i]
-                q = q // RSHAPE[RR - 1 - i]
+        # (term r's offset; r a tensor also where the interpreter's loop gives an int)
+        roff = _flat_offsets(r + tl.zeros([], tl.int64 if I64 else tl.int32), RSHAPE, RSTRIDE, RR)
         acc += tl.load(x + roff + xo, mask=mask, other=0.0).to(ACC)
     tl.store(out + oo, cast_out(acc, out.dtype.element_ty), mask=mask)
 
