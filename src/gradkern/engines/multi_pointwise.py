@@ -75,7 +75,7 @@ class MultiPointwiseConfig:
     tiled_tile: int = 4096
     tiled_warps: int = 8
     # the strided pass sums a result summed whole (a 0-d operand's gradient) as a partial a program (False: writes it
-    # at B for the shared reduction)
+    # at B for the shared reduction): H100, where f32 causal mask 4x16x1024x1024 381 -> 190 us
     totals: bool = True
     # the summing pass over columns (per-row results): tile elements, widest column block, warps (lerp 1.03-1.17x
     # against 4096 / 4096 / 8 warps)

@@ -186,7 +186,8 @@ _CONST_NAMES = ("KR", "RR", "ACC", "BLOCK_O", "BLOCK_R", "O_CONTIG", "O_DIV", "R
 
 @dataclass(frozen=True)
 class _Pass:
-    """One launch of `_sum_kernel`: reads `x` (the caller's tensor or the previous pass's workspace)."""
+    """One launch of `_sum_kernel`, or of `_tiled_sum_kernel` where `tiled` is set: reads `x` (the caller's tensor
+    or the previous pass's workspace)."""
 
     n_out: int
     n_red: int

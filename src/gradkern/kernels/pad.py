@@ -607,7 +607,8 @@ class PadConfig(GridLimits):  # (max_programs: past it, a program does several p
     #: (one column a side; under GEOM up to four columns): f32 3d replicate pad 1 0.5777 -> 0.5577 ms
     edges: frozenset[tuple[int, int]] = frozenset({(1, 4), (2, 4), (3, 4), (3, 2)})
     #: EDGES without GEOM only where the row's width is a multiple of this: elsewhere the selects took 80-221
-    #: registers a thread against 32-40 without (offline sm_90 compile; 2-D f32 256x100x100 pad (2, 1, 3, 2): 221)
+    #: registers a thread against 32-40 without (offline sm_90 compile); H100, 2-D f32 256x100x100 pad (2, 1, 3, 2):
+    #: 30 -> 14 us
     edges_width: int = 16
     #: replicate's corner chunk is summed a source a lane (`_strip_lanes`) where its lanes (elements x sources, a
     #: power of two each) are at most this many: 16-bit 3d pad 2 48.6 -> 46.1 us; reflect's larger chunks lose
