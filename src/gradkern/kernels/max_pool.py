@@ -134,7 +134,7 @@ class MaxPoolConfig(GridLimits):
     outputs_block: int = 128
     #: the outputs' side divides an output's flat index and its index by runtime sizes as a multiply and shifts
     #: (`_div`), where 32-bit; else as divisions (some 20 instructions each, seven an output). H100, max_pool3d bf16
-    #: 4x32x96^3 (3, 2, 1): 458 -> 337 us
+    #: 4x32x96^3 (3, 2, 1): 350-458 -> 337 us (two rounds)
     outputs_magic: bool = True
     #: the outputs' side only from this many inputs: below, a step is host-bound, and its second launch (the
     #: zeroing) costs more than the gather's extra device time (adaptive 2d at 4K elements: 1.32x -> 1.78x ATen's
