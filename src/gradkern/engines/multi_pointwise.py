@@ -370,6 +370,7 @@ class MultiPointwise:
             i64 = n + block > cfg.i32_max
             kernel, grid, ints = _flat_kernel, (cdiv(n, block),), (n,)
             consts = launch_consts({**base, "BLOCK": block, "I64": i64}, cfg.flat_warps)
+            totals = 0  # (the flat pass writes results summed whole at B: its last program also takes the tail)
         else:  # results in the layout ATen gives them, walked in its order
             layout = result_layout(shape, present)
             strides = [layout] * MAX_OUTPUTS
@@ -385,12 +386,10 @@ class MultiPointwise:
             programs, walk, warps = strided_pass(n, cshape, cstr, cfg)
             i64 = walk["I64"]
             kernel, grid, ints = _strided_kernel, (programs,), (n, cshape, *cstrides)
-        # results summed whole (to a 0-d or all-ones shape) by the strided pass: a partial sum a program, in the
-        # math dtype, instead of the result at B written and read back (the flat pass keeps the latter: its last
-        # program also takes the tail)
-        totals = 0 if flat else sum(1 << j for j, to in enumerate(reduce_to) if to is not None and n > 1
-                                    and math.prod(to) == 1 and cfg.totals)
-        if not flat:
+            # results summed whole (to a 0-d or all-ones shape): a partial sum a program, in the math dtype,
+            # instead of the result at B written and read back
+            totals = sum(1 << j for j, to in enumerate(reduce_to) if to is not None and n > 1
+                         and math.prod(to) == 1 and cfg.totals)
             consts = launch_consts({**base, "RANK": len(cshape), **walk, "TOTALS": totals}, warps)
         allocs, sums, views = [], [], []
         for j, (odt, to, dt) in enumerate(zip(out_dtypes, reduce_to, final, strict=True)):
