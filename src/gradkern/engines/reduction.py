@@ -212,14 +212,6 @@ class _Pass:
     tiled: tuple[int, int, int, int] | None = None  # `_tiled_sum_kernel`'s (TD, BT, BI, programs), if it runs
 
     @property
-    def ints(self) -> tuple[int, ...]:
-        """The kernel's integer arguments after the two pointers (shapes and strides as MAX_RANK-tuples, padded
-        with 1s)."""
-        pad = lambda t: t + (1,) * (MAX_RANK - len(t))
-        return (self.n_out, self.n_red, self.red_per_split, self.n_oblk, pad(self.kshape), pad(self.kstride),
-                pad(self.rshape), pad(self.rstride))
-
-    @property
     def consts(self) -> dict:
         """The kernel's constexpr values by name."""
         if self.tiled:
@@ -231,13 +223,15 @@ class _Pass:
                                        self.step_sum), strict=True))
 
     def launch_args(self) -> tuple:
-        """(kernel, grid, integer arguments after the two pointers)."""
+        """(kernel, grid, integer arguments after the two pointers: shapes and strides as MAX_RANK-tuples, padded
+        with 1s)."""
         pad = lambda t: t + (1,) * (MAX_RANK - len(t))
+        dims = (pad(self.kshape), pad(self.kstride), pad(self.rshape), pad(self.rstride))
         if self.tiled:
-            ostride = contiguous_strides(self.kshape)
-            return (_tiled_sum_kernel, (self.tiled[3],), (self.n_red, pad(self.kshape), pad(self.kstride),
-                                                          pad(ostride), pad(self.rshape), pad(self.rstride)))
-        return _sum_kernel, (self.n_oblk * self.n_split,), self.ints
+            ostride = pad(contiguous_strides(self.kshape))
+            return _tiled_sum_kernel, (self.tiled[3],), (self.n_red, *dims[:2], ostride, *dims[2:])
+        return _sum_kernel, (self.n_oblk * self.n_split,), (self.n_out, self.n_red, self.red_per_split, self.n_oblk,
+                                                             *dims)
 
 
 @dataclass(frozen=True)
@@ -335,7 +329,7 @@ def _max_offset(dims) -> int:
     return sum((s - 1) * abs(st) for s, st in dims)
 
 
-def _tiled_pass(kdims, rdims, acc: torch.dtype, cfg: ReductionConfig) -> _Pass | None:
+def _tiled_pass(kdims, rdims, n_out: int, n_red: int, acc: torch.dtype, cfg: ReductionConfig) -> _Pass | None:
     """A `_tiled_sum_kernel` pass where x's unit stride lies on a kept dim other than the innermost (`tile_dims`)
     and its tiles alone give at least min_programs programs (fewer, with many terms each, are better split)."""
     if len(kdims) < 2:
@@ -344,8 +338,6 @@ def _tiled_pass(kdims, rdims, acc: torch.dtype, cfg: ReductionConfig) -> _Pass |
     td, bt, bi, programs = tile_dims(kshape, [contiguous_strides(kshape), kstride], cfg.tiled_tile)
     if td < 0 or programs < cfg.min_programs:
         return None
-    n_out = math.prod(kshape)
-    n_red = math.prod(s for s, _ in rdims)
     rshape, rstride = (tuple(s for s, _ in rdims), tuple(st for _, st in rdims)) if rdims else ((1,), (0,))
     span = _max_offset(kdims) + _max_offset(rdims)
     i64 = span >= cfg.i32_max or n_out + bt * bi >= cfg.i32_max or n_red >= cfg.i32_max
@@ -356,7 +348,7 @@ def _tiled_pass(kdims, rdims, acc: torch.dtype, cfg: ReductionConfig) -> _Pass |
 def _make_pass(kdims, rdims, esize: int, acc: torch.dtype, cfg: ReductionConfig, *, allow_split: bool) -> _Pass:
     n_out = math.prod(s for s, _ in kdims)
     n_red = math.prod(s for s, _ in rdims)
-    tiled = _tiled_pass(kdims, rdims, acc, cfg)
+    tiled = _tiled_pass(kdims, rdims, n_out, n_red, acc, cfg)
     if tiled is not None:
         return tiled
     bo, br, warps, step = _blocks(kdims, rdims, n_out, n_red, esize, cfg)
