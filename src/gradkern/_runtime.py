@@ -32,6 +32,13 @@ def next_pow2(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
 
 
+def pow2_dividing(n: int, cap: int = 16) -> int:
+    """The largest power of two <= cap that divides n (0 divides by anything): what a kernel may be told of a
+    size or stride it multiplies back by a constexpr, so that its accesses vectorise (Triton marks an int
+    argument only when it divides by 16; rows of 56 columns hold 16-byte runs of 16-bit elements too)."""
+    return min(n & -n, cap) if n else cap
+
+
 def math_dtype(dtype: torch.dtype) -> torch.dtype:
     """The dtype kernels compute in: fp64 for fp64 inputs, fp32 for everything else."""
     return torch.float64 if dtype == torch.float64 else torch.float32

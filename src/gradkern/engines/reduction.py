@@ -48,7 +48,7 @@ import triton
 import triton.language as tl
 
 from .. import _runtime
-from .._runtime import I32_MAX, cdiv, next_pow2
+from .._runtime import I32_MAX, cdiv, next_pow2, pow2_dividing
 from ..config import PlanCache, Tunable
 from ..errors import InvalidProblem, RankUnsupported, Unsupported
 from ..launch.checks import check_tensor, contiguous_strides
@@ -248,14 +248,6 @@ _uids = itertools.count(1)
 
 
 
-def _pow2_dividing(n: int, cap: int) -> int:
-    """The largest power of two <= cap that divides n (n == 0 counts as divisible by anything)."""
-    p = 1
-    while p < cap and (n % (2 * p) == 0):
-        p *= 2
-    return p
-
-
 def _merge(dims: list[tuple[int, int]]) -> list[tuple[int, int]]:
     """Merge neighbouring (size, stride) pairs, outermost first, where the outer one steps over the inner."""
     merged: list[tuple[int, int]] = []
@@ -275,14 +267,14 @@ def _hints(dims: list[tuple[int, int]], block: int, esize: int) -> tuple[int, in
         return 1, 1
     vec = max(1, 16 // esize)
     inner_size, inner_stride = dims[-1]
-    contig = _pow2_dividing(inner_size, block) if inner_stride == 1 else 1
+    contig = pow2_dividing(inner_size, block) if inner_stride == 1 else 1
     div = vec
     for _size, stride in dims[:-1]:
-        div = min(div, _pow2_dividing(stride, vec))
+        div = min(div, pow2_dividing(stride, vec))
     if inner_stride == 1:
         div = min(div, contig)
     else:
-        div = min(div, _pow2_dividing(inner_stride, vec))
+        div = min(div, pow2_dividing(inner_stride, vec))
     return contig, div
 
 

@@ -77,13 +77,13 @@ import triton
 import triton.language as tl
 
 from .._cases import DENSE_LAYOUTS, Draw, describe, randn, refuse
-from .._runtime import I32_MAX, cdiv, math_dtype, values_key
+from .._runtime import I32_MAX, cdiv, math_dtype, pow2_dividing, values_key
 from ..config import GridLimits, PlanCache, Tunable, plan_builder
 from ..errors import InvalidProblem, Unsupported
 from ..launch.alloc import channels_last_format, empty
 from ..launch.checks import check_like, check_tensor, contiguous_strides
 from ..launch.launcher import launch, launch_consts, tile_warps
-from ..launch.tl_helpers import TL_MATH, cast_out
+from ..launch.tl_helpers import TL_MATH, below, cast_out
 from ..registry import Case, register_op
 from .adaptive_pool import max_outputs
 
@@ -163,17 +163,6 @@ def _div(x, n, m, sh, MAGIC: tl.constexpr):
 def _divmod(x, n, m, sh, MAGIC: tl.constexpr):
     q = _div(x, n, m, sh, MAGIC)
     return q, x - q * n
-
-
-@triton.jit
-def _below(col, n, V: tl.constexpr):
-    """col < n, for a multiple n of V: as (col // V) < (n // V), so that Triton sees the mask constant over runs of
-    V columns (a mask that may change at any column keeps the vector stores and loads scalar where n is not known
-    to be a multiple of 16)."""
-    if V > 1:
-        return col // V < n // V
-    else:
-        return col < n
 
 
 @triton.jit
@@ -281,7 +270,7 @@ def _max_pool_backward_kernel(gi, go, xi, n_tiles, n_b, n_rows, SIZES, GS, XS, I
     # a row's (every axis but the column axis) divided by the tensor's ALIGN factor (a power of two dividing them
     # all), which the kernel multiplies back: Triton then knows a row's offset a multiple of it, and so makes the
     # store (and the channels tiling's loads) vector accesses where a stride is not a multiple of 16; ALIGN[3]
-    # divides the column axis' size (`_below`). MAG: `_div`'s (m, sh) for a row index's three divisions, adaptive
+    # divides the column axis' size (`below`). MAG: `_div`'s (m, sh) for a row index's three divisions, adaptive
     # pooling's by D, H and W, and the tile index's by n_b; MAGIC: which of them `_div` uses. WD, WH, WW: the window's
     # constants per dim (`_progressions`), so one compile per pooling configuration (and dtype, tiling, layout class)
     C, D, H, W = SIZES[0], SIZES[1], SIZES[2], SIZES[3]
@@ -304,7 +293,7 @@ def _max_pool_backward_kernel(gi, go, xi, n_tiles, n_b, n_rows, SIZES, GS, XS, I
             q, h = _divmod(q, H, MAG[2], MAG[3], MAGIC[1])
             n, d = _divmod(q, D, MAG[4], MAG[5], MAGIC[2])
             c = col  # (unclamped, < C + BB: a min would hide its contiguity from Triton and so the vector accesses)
-            cm = _below(c, C, ALIGN[3])
+            cm = below(c, C, ALIGN[3])
             acc = _gather(go, xi, n, c, d, h, w, rm, cm, SIZES, GS, XS, MAG, WD, WH, WW, WD[7], WH[7], WW[7],
                           MAGIC, ALIGN, BA, BB, COLS0, CHANNELS, ADAPTIVE, EAGER, SAME, ACC)
             dst = (n * IS[0] + d * IS[2] + h * IS[3] + w * IS[4]) * ALIGN[0] + c * IS[1]
@@ -313,7 +302,7 @@ def _max_pool_backward_kernel(gi, go, xi, n_tiles, n_b, n_rows, SIZES, GS, XS, I
             q, d = _divmod(q, D, MAG[2], MAG[3], MAGIC[1])
             n, c = _divmod(q, C, MAG[4], MAG[5], MAGIC[2])
             w = col  # (unclamped for the store, as c above; clamped for the gather's index math)
-            cm = _below(w, W, ALIGN[3])
+            cm = below(w, W, ALIGN[3])
             acc = _gather(go, xi, n, c, d, h, tl.minimum(w, W - 1), rm, cm, SIZES, GS, XS, MAG, WD, WH, WW, WD[7],
                           WH[7], WW[7], MAGIC, ALIGN, BA, BB, COLS0, CHANNELS, ADAPTIVE, EAGER, SAME, ACC)
             dst = (n * IS[0] + c * IS[1] + d * IS[2] + h * IS[3]) * ALIGN[0] + w * IS[4]
@@ -516,11 +505,6 @@ def _tiling(cl: bool, c: int, forced: str | None) -> str:
     return forced or ("channels" if cl and c > 1 else "lines")
 
 
-def _pow2_part(n: int) -> int:
-    """The largest power of two dividing n (0: any; here 2^30)."""
-    return n & -n if n else 1 << 30
-
-
 def _pow2_floor(n: int) -> int:
     """The largest power of two at most n (0 where n < 1)."""
     return 1 << (n.bit_length() - 1) if n > 0 else 0
@@ -599,11 +583,11 @@ def _plan(spec: _Spec, g_shape: tuple, g_stride: tuple, x_stride: tuple, shape: 
         col_axis = 4
     # the factors of ALIGN (grad_input's; the channels tiling's grad_output's and indices', where their columns are
     # contiguous: the lines tiling's loads are not), and the strides of a row divided by them for the kernel
-    aligns = [min(_pow2_part(math.gcd(*[v for k, v in enumerate(st) if k != col_axis])), 16) if use else 1
+    aligns = [pow2_dividing(math.gcd(*[v for k, v in enumerate(st) if k != col_axis])) if use else 1
               for st, use in ((istr, True), (gstr, channels), (xstr, channels))]
     istr_k, gstr_k, xstr_k = (tuple(v if k == col_axis else v // a for k, v in enumerate(st))
                               for st, a in zip((istr, gstr, xstr), aligns, strict=True))
-    align = (*aligns, min(_pow2_part(c if channels else w_in), 16))  # (and the column axis' size: see _below)
+    align = (*aligns, pow2_dividing(c if channels else w_in))  # (and the column axis' size: see `below`)
     per_thread = max(1, min(cfg.tile // (32 * cfg.warps), _pow2_floor(cfg.slot_budget // math.prod(ks))))
     ba = min(triton.next_power_of_2(n_rows), max(1, min(cfg.tile, 32 * cfg.warps * per_thread) // bb))
     n_tiles = cdiv(n_rows, ba) * n_b

@@ -31,6 +31,17 @@ def scalar(bits, MATH: tl.constexpr):
 
 
 @triton.jit
+def below(col, n, V: tl.constexpr):
+    """col < n, for a multiple n of V: as (col // V) < (n // V), so that Triton sees the mask constant over runs of
+    V columns (a mask that may change at any column keeps the vector stores and loads scalar where n is not known
+    to be a multiple of 16)."""
+    if V > 1:
+        return col // V < n // V
+    else:
+        return col < n
+
+
+@triton.jit
 def _round_bf16(x):
     # round-to-nearest-even to bfloat16 precision, staying in fp32 (NaN kept as is)
     bits = x.to(tl.uint32, bitcast=True)
