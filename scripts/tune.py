@@ -135,6 +135,11 @@ GROUPS = {  # name: (ops, dtypes, configs); each config overrides only what it n
     "avgpool": (["avg_pool3d_backward"], [F32, BF16, F16],
                 [DEFAULTS, (avg_pool.CONFIG, {"shifted_thread_bytes": 1 << 20})]
                 + [(avg_pool.CONFIG, {"tile": t}) for t in (128, 256)]),
+    # avg_pool3d's rows told W's power of two and its reciprocals a row and a column (both shipped), each off, both
+    # off; with TUNE_CASES="sweep:"
+    "avgpool_rows": (["avg_pool3d_backward"], [F32, BF16, F16],
+                     [DEFAULTS] + [(avg_pool.CONFIG, c) for c in ({"row_align": False}, {"reciprocals": False},
+                                                                  {"row_align": False, "reciprocals": False})]),
     "segred": (["_segment_reduce_backward"], [F32, F16],
                [DEFAULTS] + [_sr(*c) for c in ((48, 32, 1, 2), (64, 40, 2, 1), (56, 48, 2, 4), (56, 40, 1, 2),
                                                 (72, 64, 1, 1), (48, 32, 2, 1), (56, 40, 1, 2))]),

@@ -181,6 +181,23 @@ def test_windows_overlapping_along_w_at_stride_1_take_a_word_a_thread(monkeypatc
         assert c["BR"] * c["BW"] == (32 * cfg.warps * per_thread or cfg.tile), (dtype, s)
 
 
+def test_rows_tell_the_kernel_the_power_of_two_dividing_w(monkeypatch):
+    """W's power-of-two part (at most 16) goes to the kernel as W_DIV, W itself divided by it (so that stores along
+    a row vectorise where W is not a multiple of 16); the same bits as without, in one column block or several."""
+    launches = record_launches(monkeypatch, ap)
+    for w, w_div in ((24, 8), (12, 4), (7, 1), (48, 16)):
+        for settings in ({}, {"max_bw": 8}):
+            args = _problem((1, 2, 3, 4, w), (1, 2, 2), (1, 2, 2))
+            with config.override(ap.CONFIG, **settings):
+                launches.clear()
+                ours = ops.avg_pool3d_backward(*args)
+                assert launches[0].consts["W_DIV"] == w_div and launches[0].ints[4][2] * w_div == w, (w, settings)
+                with config.override(ap.CONFIG, row_align=False):
+                    launches.clear()
+                    assert_bitwise_equal(ops.avg_pool3d_backward(*args), ours, f"W {w} {settings}")
+                    assert launches[0].consts["W_DIV"] == 1
+
+
 def test_repeats_tilings_and_index_widths_give_the_same_values(monkeypatch):
     """Each element sums its terms in one order whatever the tiling: runs repeated, tiles of several rows (the
     default here), of one row, two columns wide, programs that take several tiles in turn (the grid-stride loop,
@@ -196,7 +213,8 @@ def test_repeats_tilings_and_index_widths_give_the_same_values(monkeypatch):
              ({"tile": 4}, lambda ints, consts: consts["BR"] == 1),  # (windows overlap here)
              ({"max_bw": 2}, lambda ints, consts: consts["BW"] == 2),
              ({"tile": 4, "max_programs": 2}, lambda ints, consts: ints[0] > 2),  # (more tiles than programs)
-             ({"i32_max": 16}, lambda ints, consts: consts["I64"])]
+             ({"i32_max": 16}, lambda ints, consts: consts["I64"]),
+             ({"reciprocals": False}, lambda ints, consts: not consts["RECIP"])]  # (a division a term)
     for settings, took in knobs:
         with config.override(ap.CONFIG, **settings):
             launches.clear()
