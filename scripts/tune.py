@@ -26,7 +26,7 @@ import triton.language as tl
 
 from gradkern import _runtime, config
 from gradkern.engines import elementwise, multi_pointwise, reduction
-from gradkern.kernels import avg_pool, max_pool, pad, prelu, segment_max, sparsemax
+from gradkern.kernels import adaptive_pool, avg_pool, max_pool, pad, prelu, segment_max, sparsemax
 from gradkern.launch import launcher
 from gradkern.registry import REGISTRY
 from gradkern.routing.dispatch import use
@@ -140,6 +140,10 @@ GROUPS = {  # name: (ops, dtypes, configs); each config overrides only what it n
     "avgpool_rows": (["avg_pool3d_backward"], [F32, BF16, F16],
                      [DEFAULTS] + [(avg_pool.CONFIG, c) for c in ({"row_align": False}, {"reciprocals": False},
                                                                   {"row_align": False, "reciprocals": False})]),
+    # adaptive average pooling's plane tiles with vector stores (row_align, shipped) and without; with
+    # TUNE_CASES="sweep:"
+    "adaptive_rows": (["_adaptive_avg_pool2d_backward", "_adaptive_avg_pool3d_backward"], [F32, BF16],
+                      [DEFAULTS, (adaptive_pool.CONFIG, {"row_align": False})]),
     "segred": (["_segment_reduce_backward"], [F32, F16],
                [DEFAULTS] + [_sr(*c) for c in ((48, 32, 1, 2), (64, 40, 2, 1), (56, 48, 2, 4), (56, 40, 1, 2),
                                                 (72, 64, 1, 1), (48, 32, 2, 1), (56, 40, 1, 2))]),

@@ -176,6 +176,32 @@ def test_repeats_tilings_and_index_widths_give_the_same_bits(op, monkeypatch):
                                 record_launches(monkeypatch, ap))
 
 
+def test_plane_tiles_tell_the_kernel_the_power_of_two_dividing_w_and_the_strides(monkeypatch):
+    """A contiguous grad_input's strides and W divide by W's power-of-two part (at most 16): the kernel takes the
+    strides divided by it (ALIGN) and multiplies them back, so that stores along a row vectorise; the same bits as
+    without, in one column block or several (masked columns past W); 1 for a channels_last grad_input tiled by
+    planes."""
+    launches = record_launches(monkeypatch, ap)
+    for shape, out, align in (((2, 3, 5, 24), (3, 7), 8), ((2, 3, 5, 12), (3, 5), 4), ((3, 5, 7), (2, 3), 1),
+                              ((2, 2, 4, 5, 48), (3, 3, 5), 16)):
+        op = "_adaptive_avg_pool3d_backward" if len(shape) == 5 else "_adaptive_avg_pool2d_backward"
+        g, x = _problem(shape, out)
+        for settings in ({}, {"max_bw": 8}):
+            with config.override(ap.CONFIG, **settings):
+                launches.clear()
+                ours = getattr(ops, op)(g, x)
+                assert launches[0].consts["ALIGN"] == align, (shape, settings)
+                with config.override(ap.CONFIG, row_align=False):
+                    launches.clear()
+                    assert_bitwise_equal(getattr(ops, op)(g, x), ours, f"{shape} {settings}")
+                    assert launches[0].consts["ALIGN"] == 1
+    g, x = _problem((2, 3, 5, 24), (3, 7))
+    with config.override(ap.CONFIG, tiling="planes"):
+        launches.clear()
+        ops._adaptive_avg_pool2d_backward(g, x.contiguous(memory_format=torch.channels_last))
+    assert launches[0].consts["ALIGN"] == 1
+
+
 def _same_bits_with_small_knobs(run, first, tile_knobs, label, launches) -> list[dict]:
     """`run()` gives `first`'s bits with each of `tile_knobs` (then the grid-stride loop's and the int32 limit's)
     set small, each alone, and its launch (recorded in `launches`) takes the branch the knob forces; the launches'

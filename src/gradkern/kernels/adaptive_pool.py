@@ -19,6 +19,7 @@ kernel's, so both give the same bits."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -26,13 +27,13 @@ import triton
 import triton.language as tl
 
 from .._cases import Draw, describe, rand_on, randn, refuse, stand_in
-from .._runtime import cdiv, math_dtype
+from .._runtime import cdiv, math_dtype, pow2_dividing
 from ..config import GridLimits, PlanCache, Tunable, plan_builder
 from ..errors import InvalidProblem, Unsupported
 from ..launch.alloc import channels_last_format, empty
 from ..launch.checks import check_like, check_tensor
 from ..launch.launcher import launch, launch_consts
-from ..launch.tl_helpers import TL_MATH, cast_out
+from ..launch.tl_helpers import TL_MATH, below, cast_out
 from ..registry import Case, register_op
 
 
@@ -49,6 +50,10 @@ class AdaptivePoolConfig(GridLimits):
     max_bc: int = 128
     #: "planes" or "rows" forces that tiling (tests); None: grad_input's layout chooses (`_tiling`)
     tiling: str | None = None
+    #: plane tiles: tell the kernel a power of two dividing W and the strides (`ALIGN`) and keep the stored
+    #: columns unclamped, so that stores along a row are vector stores (8 scalar stores a thread became 2 of 16
+    #: bytes at W = 56 and 64; H200, 2d f32 30x40 -> 1x7 0.84x -> 1.10x stock; docs/tuning/avg_pool.md)
+    row_align: bool = True
 
 
 CONFIG = Tunable("adaptive_avg_pool", AdaptivePoolConfig())
@@ -71,7 +76,11 @@ def _holding(i, n_in, n_out):
 @triton.jit
 def _adaptive_avg_pool_backward_kernel(gi, go, n_tiles, n_hb, n_wb, C, D, H, W, Do, Ho, Wo,
                                        gsN, gsC, gsD, gsH, gsW, isN, isC, isD, isH, isW, KH, KW,
-                                       BH: tl.constexpr, BW: tl.constexpr, ACC: tl.constexpr, I64: tl.constexpr):
+                                       BH: tl.constexpr, BW: tl.constexpr, ACC: tl.constexpr, I64: tl.constexpr,
+                                       ALIGN: tl.constexpr):
+    # isN, isC, isD, isH: grad_input's strides divided by ALIGN, a power of two dividing them and W, which the
+    # kernel multiplies back: Triton then knows a row's start a multiple of it, and makes the stores vector stores
+    # where W is not a multiple of 16
     for t in range(tl.program_id(0), n_tiles, tl.num_programs(0)):
         wb = t % n_wb
         hb = (t // n_wb) % n_hb
@@ -82,14 +91,14 @@ def _adaptive_avg_pool_backward_kernel(gi, go, n_tiles, n_hb, n_wb, C, D, H, W, 
         h = hb * BH + tl.arange(0, BH)[:, None]
         w = wb * BW + tl.arange(0, BW)[None, :]
         rm = h < H
-        cm = w < W
+        cm = below(w, W, ALIGN)
         h = tl.minimum(h, H - 1)  # (lanes past the plane: in-range index math, their loads and store masked)
-        w = tl.minimum(w, W - 1)
+        wc = tl.minimum(w, W - 1)  # (w unclamped for the store: a min would hide its contiguity from Triton)
         if I64:
             h = h.to(tl.int64)
-            w = w.to(tl.int64)
+            wc = wc.to(tl.int64)
         oh_lo, oh_hi = _holding(h, H, Ho)  # the outputs whose windows hold each row / column
-        ow_lo, ow_hi = _holding(w, W, Wo)
+        ow_lo, ow_hi = _holding(wc, W, Wo)
         od_lo, od_hi = _holding(d, D, Do)
         src = go + n * gsN + c * gsC
         acc = tl.zeros([BH, BW], dtype=ACC)
@@ -105,7 +114,7 @@ def _adaptive_avg_pool_backward_kernel(gi, go, n_tiles, n_hb, n_wb, C, D, H, W, 
                     m = mh & cm & (ow < ow_hi)
                     g = tl.load(plane + oh * gsH + ow * gsW, mask=m, other=0.0).to(ACC)
                     acc += g / (kdh * _window(ow, W, Wo).to(ACC))
-        dst = gi + n * isN + c * isC + d * isD + h * isH + w * isW
+        dst = gi + (n * isN + c * isC + d * isD + h * isH) * ALIGN + w * isW
         tl.store(dst, cast_out(acc, gi.dtype.element_ty), mask=rm & cm)
 
 
@@ -243,9 +252,11 @@ def _plan(spec: _Spec, g_shape: tuple, g_stride: tuple, x_shape: tuple, cl: bool
     reach = max(2 * (h_in + 2) * (h_out + 2), 2 * (w_in + 2) * (w_out + 2),
                 (h_out + kh) * gstr[3] + (w_out + kw) * gstr[4], h_in * istr[3] + w_in * istr[4])
     tile = bh * bw
-    consts = launch_consts({"BH": bh, "BW": bw, "ACC": acc, "I64": reach > cfg.i32_max},
+    align = pow2_dividing(math.gcd(w_in, *istr[:4])) if cfg.row_align else 1
+    consts = launch_consts({"BH": bh, "BW": bw, "ACC": acc, "I64": reach > cfg.i32_max, "ALIGN": align},
                            4 if tile >= 512 else 2 if tile >= 128 else 1)
-    args = (n_tiles, n_hb, n_wb, c, d_in, h_in, w_in, d_out, h_out, w_out, *gstr, *istr, kh, kw)
+    args = (n_tiles, n_hb, n_wb, c, d_in, h_in, w_in, d_out, h_out, w_out, *gstr,
+            *(st // align for st in istr[:4]), istr[4], kh, kw)
     return _Plan(x_shape, out_stride if cl else None, min(n_tiles, cfg.max_programs), args, consts,
                  _adaptive_avg_pool_backward_kernel)
 
