@@ -198,6 +198,21 @@ def test_rows_tell_the_kernel_the_power_of_two_dividing_w(monkeypatch):
                     assert launches[0].consts["W_DIV"] == 1
 
 
+def test_rows_take_the_column_block_that_pads_them_least(monkeypatch):
+    """A row of W columns takes the widest column block (at most max_bw) unless a narrower one (at least min_bw)
+    pads it less: rows of 96 as 3 blocks of 32, not one of 128; the same bits as the widest block."""
+    launches = record_launches(monkeypatch, ap)
+    for w, bw in ((96, 32), (150, 32), (64, 64), (40, 64), (100, 128), (12, 16)):
+        args = _problem((1, 1, 2, 2, w), (1, 2, 2), (1, 2, 2))
+        launches.clear()
+        ours = ops.avg_pool3d_backward(*args)
+        assert launches[0].consts["BW"] == bw, w
+        with config.override(ap.CONFIG, min_bw=1024):
+            launches.clear()
+            assert_bitwise_equal(ops.avg_pool3d_backward(*args), ours, f"W {w}")
+            assert launches[0].consts["BW"] == min(1 << (w - 1).bit_length(), ap.CONFIG.current.max_bw)
+
+
 def test_repeats_tilings_and_index_widths_give_the_same_values(monkeypatch):
     """Each element sums its terms in one order whatever the tiling: runs repeated, tiles of several rows (the
     default here), of one row, two columns wide, programs that take several tiles in turn (the grid-stride loop,
