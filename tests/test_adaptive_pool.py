@@ -202,13 +202,42 @@ def test_plane_tiles_tell_the_kernel_the_power_of_two_dividing_w_and_the_strides
     assert launches[0].consts["ALIGN"] == 1
 
 
+def test_small_planes_share_a_tile(monkeypatch):
+    """Where a plane's rows do not fill a tile, rows (n, c, d, h) are flattened, so a tile spans several planes
+    (1x1 planes pooled to 7x7: 49 terms an element; 13 -> 6; 3d planes whose D ranges differ row to row): the
+    values match stock, with the same bits as tiles of one plane's rows (tile 1)."""
+    launches = record_launches(monkeypatch, ap)
+    for op, shape, out in ((OPS[0], (2, 5, 1, 1), (7, 7)), (OPS[0], (3, 4, 13, 13), (6, 6)),
+                           (OPS[1], (2, 3, 5, 3, 4), (3, 2, 3))):
+        g, x = _problem(shape, out)
+        with config.override(ap.CONFIG, min_programs=1):  # (else small problems take small tiles: below)
+            launches.clear()
+            ours = check_case(op, (g, x), what=f"{shape} -> {out}")
+        h = shape[-2]
+        consts = launches[-1].consts
+        assert consts["PLANES"] and consts["BR"] >= 2 * h, (shape, consts)  # (two planes' rows or more)
+        with config.override(ap.CONFIG, tile=1):
+            launches.clear()
+            assert_bitwise_equal(getattr(ops, op)(g, x), ours, f"{shape} -> {out} tile 1")
+            assert not launches[-1].consts["PLANES"]
+    # tiles halve, down to a warp's 32 elements, while they give fewer than min_programs programs
+    g, x = _problem((4, 32, 1, 1), (7, 7))
+    for min_programs, br in ((1, 128), (2, 64), (8, 32)):
+        with config.override(ap.CONFIG, min_programs=min_programs):
+            launches.clear()
+            ops._adaptive_avg_pool2d_backward(g, x)
+            assert launches[-1].consts["BR"] == br, min_programs
+
+
 def _same_bits_with_small_knobs(run, first, tile_knobs, label, launches) -> list[dict]:
     """`run()` gives `first`'s bits with each of `tile_knobs` (then the grid-stride loop's and the int32 limit's)
     set small, each alone, and its launch (recorded in `launches`) takes the branch the knob forces; the launches'
     consts."""
     seen = []
-    for knob, value in ((tile_knobs[0], 4), (tile_knobs[1], 2), ("max_programs", 2), ("i32_max", 16)):
-        with config.override(ap.CONFIG, **{knob: value}):
+    small = {tile_knobs[0]: 4}
+    for knob, value, more in ((tile_knobs[0], 4, {}), (tile_knobs[1], 2, {}), ("max_programs", 2, small),
+                              ("i32_max", 16, {})):
+        with config.override(ap.CONFIG, **{knob: value}, **more):
             launches.clear()
             assert_bitwise_equal(run(), first, f"{label} {knob}={value}")
         ints, consts = launches[0].ints, launches[0].consts

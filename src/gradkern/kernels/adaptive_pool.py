@@ -7,10 +7,11 @@ end(o) > i <=> (o+1)*I > i*O), at most ceil(O/I) + 1 of them, so each grad_input
 fixed order (od, oh, ow ascending) in fp32 (fp64 for f64) and is written once. ATen's CUDA kernels scatter each
 g[o] over its window with atomicAdd instead (nondeterministic; raising under torch.use_deterministic_algorithms).
 
-A program owns a [BH, BW] tile of one (n, c, d) plane of grad_input (past 2^30 tiles, several in turn): the output
-ranges and window sizes along H and W are per-row and per-column vectors, the D range a scalar loop; grad_output
-is read in place through its strides. grad_input takes ATen's layout: 2d channels_last where a 4-D self's strides
-suggest it (ATen's CUDA and CPU kernels both do), contiguous otherwise (3d always, as ATen's CUDA kernel).
+A program owns a [BR, BW] tile of grad_input's rows (n, c, d, h) by columns w (past 2^30 tiles, several in turn),
+so a tile spans several planes where they are small: the output ranges and window sizes along D and H are per-row
+vectors, along W per-column ones; grad_output is read in place through its strides. grad_input takes ATen's
+layout: 2d channels_last where a 4-D self's strides suggest it (ATen's CUDA and CPU kernels both do), contiguous
+otherwise (3d always, as ATen's CUDA kernel).
 
 A channels_last grad_input (C > 1) is tiled by rows instead: a program owns one (n, d, h) row and a [BW, BC] block
 of its (w, c), C the fastest axis, so its stores (and channels_last grad_output's loads) are contiguous along C where
@@ -41,9 +42,14 @@ from ..registry import Case, register_op
 class AdaptivePoolConfig(GridLimits):
     """Adaptive average pooling's launch heuristics, read once per plan."""
 
-    #: elements a program owns (a plane smaller than that: the plane, rounded up to powers of two); warps follow
-    #: from it (4 from 512 elements, 2 from 128, else 1)
+    #: elements a program owns (rows of W rounded up to a power of two, as many rows as fit, of several planes where
+    #: planes are small; a problem smaller than that: its rows); warps follow from it (4 from 512 elements, 2 from
+    #: 128, else 1)
     tile: int = 1024
+    #: ... halved (down to a warp's 32 elements) until the plane tiles give this many programs: small problems
+    #: with many terms an element (1x1 planes pooled to 7x7: 49) are latency-bound, and 1024-element tiles left
+    #: most SMs idle (32 programs)
+    min_programs: int = 1024
     #: columns a plane tile spans at most (wider planes: several column tiles)
     max_bw: int = 128
     #: channels a row tile spans at most (more channels: several channel blocks)
@@ -74,47 +80,64 @@ def _holding(i, n_in, n_out):
 
 
 @triton.jit
-def _adaptive_avg_pool_backward_kernel(gi, go, n_tiles, n_hb, n_wb, C, D, H, W, Do, Ho, Wo,
+def _adaptive_avg_pool_backward_kernel(gi, go, n_tiles, n_wb, n_hb, n_rows, C, D, H, W, Do, Ho, Wo,
                                        gsN, gsC, gsD, gsH, gsW, isN, isC, isD, isH, isW, KH, KW,
-                                       BH: tl.constexpr, BW: tl.constexpr, ACC: tl.constexpr, I64: tl.constexpr,
-                                       ALIGN: tl.constexpr):
-    # isN, isC, isD, isH: grad_input's strides divided by ALIGN, a power of two dividing them and W, which the
-    # kernel multiplies back: Triton then knows a row's start a multiple of it, and makes the stores vector stores
-    # where W is not a multiple of 16
+                                       BR: tl.constexpr, BW: tl.constexpr, ACC: tl.constexpr, I64: tl.constexpr,
+                                       ALIGN: tl.constexpr, PLANES: tl.constexpr):
+    # PLANES: a tile's rows are rows (n, c, d, h) flattened, so that it spans several small planes (n_hb unused);
+    # else they are BR rows of one plane (n_rows unused). isN, isC, isD, isH: grad_input's strides divided by ALIGN,
+    # a power of two dividing them and W, which the kernel multiplies back: Triton then knows a row's start a
+    # multiple of it, and makes the stores vector stores where W is not a multiple of 16
     for t in range(tl.program_id(0), n_tiles, tl.num_programs(0)):
         wb = t % n_wb
-        hb = (t // n_wb) % n_hb
-        s = t // n_wb // n_hb  # the (n, c, d) plane
-        d = (s % D).to(tl.int64)
-        c = ((s // D) % C).to(tl.int64)
-        n = (s // D // C).to(tl.int64)
-        h = hb * BH + tl.arange(0, BH)[:, None]
         w = wb * BW + tl.arange(0, BW)[None, :]
-        rm = h < H
         cm = below(w, W, ALIGN)
-        h = tl.minimum(h, H - 1)  # (lanes past the plane: in-range index math, their loads and store masked)
         wc = tl.minimum(w, W - 1)  # (w unclamped for the store: a min would hide its contiguity from Triton)
+        if PLANES:
+            r = (t // n_wb) * BR + tl.arange(0, BR)[:, None]
+            rm = r < n_rows
+            r = tl.minimum(r, n_rows - 1)  # (lanes past the end: in-range index math, their loads and store masked)
+            if I64:
+                r = r.to(tl.int64)
+            h = r % H
+            s = r // H  # each row's (n, c, d) plane
+        else:
+            h = ((t // n_wb) % n_hb) * BR + tl.arange(0, BR)[:, None]
+            rm = h < H
+            h = tl.minimum(h, H - 1)
+            s = t // n_wb // n_hb  # the tile's (n, c, d) plane
+            if I64:
+                h = h.to(tl.int64)
         if I64:
-            h = h.to(tl.int64)
             wc = wc.to(tl.int64)
-        oh_lo, oh_hi = _holding(h, H, Ho)  # the outputs whose windows hold each row / column
+        d = s % D
+        c = ((s // D) % C).to(tl.int64)  # (plane offsets are int64 always)
+        n = (s // D // C).to(tl.int64)
+        oh_lo, oh_hi = _holding(h, H, Ho)  # the outputs whose windows hold each row / column / plane
         ow_lo, ow_hi = _holding(wc, W, Wo)
         od_lo, od_hi = _holding(d, D, Do)
         src = go + n * gsN + c * gsC
-        acc = tl.zeros([BH, BW], dtype=ACC)
-        for od in range(od_lo, od_hi):
+        acc = tl.zeros([BR, BW], dtype=ACC)
+        n_od = od_hi - od_lo
+        if PLANES:
+            n_od = tl.max(n_od)  # (the tile's longest D range: rows past theirs masked)
+        for i in range(0, n_od):
+            od = od_lo + i
+            md = rm
+            if PLANES:
+                md = rm & (od < od_hi)  # (past the range: a window's size is positive still; its loads masked)
             kd = _window(od, D, Do).to(ACC)
-            plane = src + od * gsD
+            plane = src + od.to(tl.int64) * gsD
             for j in range(0, KH):
                 oh = oh_lo + j
-                mh = rm & (oh < oh_hi)
+                mh = md & (oh < oh_hi)
                 kdh = kd * _window(oh, H, Ho).to(ACC)
                 for k in range(0, KW):
                     ow = ow_lo + k
                     m = mh & cm & (ow < ow_hi)
                     g = tl.load(plane + oh * gsH + ow * gsW, mask=m, other=0.0).to(ACC)
                     acc += g / (kdh * _window(ow, W, Wo).to(ACC))
-        dst = gi + (n * isN + c * isC + d * isD + h * isH) * ALIGN + w * isW
+        dst = gi + (n * isN + c * isC + d.to(tl.int64) * isD + h * isH) * ALIGN + w * isW
         tl.store(dst, cast_out(acc, gi.dtype.element_ty), mask=rm & cm)
 
 
@@ -244,18 +267,23 @@ def _plan(spec: _Spec, g_shape: tuple, g_stride: tuple, x_shape: tuple, cl: bool
         return _Plan(x_shape, out_stride if cl else None, min(n_tiles, cfg.max_programs), args, consts,
                      _adaptive_avg_pool_backward_rows_kernel)
     bw = min(triton.next_power_of_2(w_in), cfg.max_bw)
-    bh = min(triton.next_power_of_2(h_in), max(1, cfg.tile // bw))
-    n_hb, n_wb = cdiv(h_in, bh), cdiv(w_in, bw)
-    n_tiles = n * c * d_in * n_hb * n_wb
-    # 32-bit in-plane index math unless a row/column product or an in-plane offset (a masked lane's too) can pass
-    # 2^31 (plane offsets are int64 always)
-    reach = max(2 * (h_in + 2) * (h_out + 2), 2 * (w_in + 2) * (w_out + 2),
+    n_rows = n * c * d_in * h_in
+    planes = h_in < cfg.tile // bw  # (tiles over several planes only where a plane's rows do not fill one)
+    br = min(triton.next_power_of_2(n_rows if planes else h_in), max(1, cfg.tile // bw))
+    n_wb, n_hb = cdiv(w_in, bw), cdiv(h_in, br)
+    if planes:
+        while br > 1 and br * bw > 32 and cdiv(n_rows, br) * n_wb < cfg.min_programs:
+            br //= 2
+    n_tiles = cdiv(n_rows, br) * n_wb if planes else n * c * d_in * n_hb * n_wb
+    # 32-bit index math unless a row index, a row/column product or an in-plane offset (a masked lane's too) can
+    # pass 2^31 (plane offsets are int64 always)
+    reach = max(n_rows + br, 2 * (d_in + 2) * (d_out + 2), 2 * (h_in + 2) * (h_out + 2), 2 * (w_in + 2) * (w_out + 2),
                 (h_out + kh) * gstr[3] + (w_out + kw) * gstr[4], h_in * istr[3] + w_in * istr[4])
-    tile = bh * bw
+    tile = br * bw
     align = pow2_dividing(math.gcd(w_in, *istr[:4])) if cfg.row_align else 1
-    consts = launch_consts({"BH": bh, "BW": bw, "ACC": acc, "I64": reach > cfg.i32_max, "ALIGN": align},
-                           4 if tile >= 512 else 2 if tile >= 128 else 1)
-    args = (n_tiles, n_hb, n_wb, c, d_in, h_in, w_in, d_out, h_out, w_out, *gstr,
+    consts = launch_consts({"BR": br, "BW": bw, "ACC": acc, "I64": reach > cfg.i32_max, "ALIGN": align,
+                            "PLANES": planes}, 4 if tile >= 512 else 2 if tile >= 128 else 1)
+    args = (n_tiles, n_wb, n_hb, n_rows, c, d_in, h_in, w_in, d_out, h_out, w_out, *gstr,
             *(st // align for st in istr[:4]), istr[4], kh, kw)
     return _Plan(x_shape, out_stride if cl else None, min(n_tiles, cfg.max_programs), args, consts,
                  _adaptive_avg_pool_backward_kernel)
