@@ -215,11 +215,11 @@ def test_small_planes_share_a_tile(monkeypatch):
             ours = check_case(op, (g, x), what=f"{shape} -> {out}")
         h = shape[-2]
         consts = launches[-1].consts
-        assert consts["PLANES"] and consts["BR"] >= 2 * h, (shape, consts)  # (two planes' rows or more)
+        assert consts["FLAT_ROWS"] and consts["BR"] >= 2 * h, (shape, consts)  # (two planes' rows or more)
         with config.override(ap.CONFIG, tile=1):
             launches.clear()
             assert_bitwise_equal(getattr(ops, op)(g, x), ours, f"{shape} -> {out} tile 1")
-            assert not launches[-1].consts["PLANES"]
+            assert not launches[-1].consts["FLAT_ROWS"]
     # tiles halve, down to a warp's 32 elements, while they give fewer than min_programs programs
     g, x = _problem((4, 32, 1, 1), (7, 7))
     for min_programs, br in ((1, 128), (2, 64), (8, 32)):

@@ -7,8 +7,9 @@ end(o) > i <=> (o+1)*I > i*O), at most ceil(O/I) + 1 of them, so each grad_input
 fixed order (od, oh, ow ascending) in fp32 (fp64 for f64) and is written once. ATen's CUDA kernels scatter each
 g[o] over its window with atomicAdd instead (nondeterministic; raising under torch.use_deterministic_algorithms).
 
-A program owns a [BR, BW] tile of grad_input's rows (n, c, d, h) by columns w (past 2^30 tiles, several in turn),
-so a tile spans several planes where they are small: the output ranges and window sizes along D and H are per-row
+A program owns a [BR, BW] tile of grad_input's rows by columns w (past 2^30 tiles, several in turn): rows of one
+(n, c, d) plane where a plane's rows fill a tile (the D range a scalar), else rows (n, c, d, h) flattened, so that
+a tile spans several small planes (the D range per row). The output ranges and window sizes along H are per-row
 vectors, along W per-column ones; grad_output is read in place through its strides. grad_input takes ATen's
 layout: 2d channels_last where a 4-D self's strides suggest it (ATen's CUDA and CPU kernels both do), contiguous
 otherwise (3d always, as ATen's CUDA kernel).
@@ -46,7 +47,7 @@ class AdaptivePoolConfig(GridLimits):
     #: planes are small; a problem smaller than that: its rows); warps follow from it (4 from 512 elements, 2 from
     #: 128, else 1)
     tile: int = 1024
-    #: ... halved (down to a warp's 32 elements) until the plane tiles give this many programs: small problems
+    #: ... halved (down to a warp's 32 elements) until tiles over several planes give this many programs: small problems
     #: with many terms an element (1x1 planes pooled to 7x7: 49) are latency-bound, and 1024-element tiles left
     #: most SMs idle (32 programs)
     min_programs: int = 1024
@@ -83,8 +84,8 @@ def _holding(i, n_in, n_out):
 def _adaptive_avg_pool_backward_kernel(gi, go, n_tiles, n_wb, n_hb, n_rows, C, D, H, W, Do, Ho, Wo,
                                        gsN, gsC, gsD, gsH, gsW, isN, isC, isD, isH, isW, KH, KW,
                                        BR: tl.constexpr, BW: tl.constexpr, ACC: tl.constexpr, I64: tl.constexpr,
-                                       ALIGN: tl.constexpr, PLANES: tl.constexpr):
-    # PLANES: a tile's rows are rows (n, c, d, h) flattened, so that it spans several small planes (n_hb unused);
+                                       ALIGN: tl.constexpr, FLAT_ROWS: tl.constexpr):
+    # FLAT_ROWS: a tile's rows are rows (n, c, d, h) flattened, so that it spans several small planes (n_hb unused);
     # else they are BR rows of one plane (n_rows unused). isN, isC, isD, isH: grad_input's strides divided by ALIGN,
     # a power of two dividing them and W, which the kernel multiplies back: Triton then knows a row's start a
     # multiple of it, and makes the stores vector stores where W is not a multiple of 16
@@ -93,7 +94,7 @@ def _adaptive_avg_pool_backward_kernel(gi, go, n_tiles, n_wb, n_hb, n_rows, C, D
         w = wb * BW + tl.arange(0, BW)[None, :]
         cm = below(w, W, ALIGN)
         wc = tl.minimum(w, W - 1)  # (w unclamped for the store: a min would hide its contiguity from Triton)
-        if PLANES:
+        if FLAT_ROWS:
             r = (t // n_wb) * BR + tl.arange(0, BR)[:, None]
             rm = r < n_rows
             r = tl.minimum(r, n_rows - 1)  # (lanes past the end: in-range index math, their loads and store masked)
@@ -119,12 +120,12 @@ def _adaptive_avg_pool_backward_kernel(gi, go, n_tiles, n_wb, n_hb, n_rows, C, D
         src = go + n * gsN + c * gsC
         acc = tl.zeros([BR, BW], dtype=ACC)
         n_od = od_hi - od_lo
-        if PLANES:
+        if FLAT_ROWS:
             n_od = tl.max(n_od)  # (the tile's longest D range: rows past theirs masked)
         for i in range(0, n_od):
             od = od_lo + i
             md = rm
-            if PLANES:
+            if FLAT_ROWS:
                 md = rm & (od < od_hi)  # (past the range: a window's size is positive still; its loads masked)
             kd = _window(od, D, Do).to(ACC)
             plane = src + od.to(tl.int64) * gsD
@@ -282,7 +283,7 @@ def _plan(spec: _Spec, g_shape: tuple, g_stride: tuple, x_shape: tuple, cl: bool
     tile = br * bw
     align = pow2_dividing(math.gcd(w_in, *istr[:4])) if cfg.row_align else 1
     consts = launch_consts({"BR": br, "BW": bw, "ACC": acc, "I64": reach > cfg.i32_max, "ALIGN": align,
-                            "PLANES": planes}, 4 if tile >= 512 else 2 if tile >= 128 else 1)
+                            "FLAT_ROWS": planes}, 4 if tile >= 512 else 2 if tile >= 128 else 1)
     args = (n_tiles, n_wb, n_hb, n_rows, c, d_in, h_in, w_in, d_out, h_out, w_out, *gstr,
             *(st // align for st in istr[:4]), istr[4], kh, kw)
     return _Plan(x_shape, out_stride if cl else None, min(n_tiles, cfg.max_programs), args, consts,
