@@ -18,13 +18,14 @@ extent positive.
 
 A program owns a [BR, BW] tile of grad_input: BR rows (n, c, d, h) by BW columns w (wide rows: several column
 blocks), so the D and H output ranges and extents are per-row vectors, the W ones per-column vectors, and a term
-costs one load, a division and an add. The window (kernel, stride, padding per dim) is compile-time, as Inductor's
-avg_pool3d_backward gather has it: the taps unroll, the divisions by the stride are by constants, and a pooling
-configuration compiles once per dtype (a 3-D net has a few: AvgPool3d(2), (3, 2, 1), ...). grad_output is read in
-place through its strides (strided, channels_last_3d, broadcast). grad_input is contiguous whatever self's layout,
-as ATen's: avg_pool3d_backward's meta function allocates it with input.sizes() and no strides on both CUDA and CPU
-(ATen's CUDA kernels have no channels_last_3d path: the forward makes its input contiguous, and the backward
-reshapes grad_input to (N*C, D, H, W))."""
+costs one load and a multiply-add: g times its column's reciprocal extent, each (d, h) output row's sum then times
+that row's reciprocal (so g / divisor up to float32 rounding, as ATen's kernels, which divide). The window (kernel,
+stride, padding per dim) is compile-time, as Inductor's avg_pool3d_backward gather has it: the taps unroll, the
+divisions by the stride are by constants, and a pooling configuration compiles once per dtype (a 3-D net has a few:
+AvgPool3d(2), (3, 2, 1), ...). grad_output is read in place through its strides (strided, channels_last_3d,
+broadcast). grad_input is contiguous whatever self's layout, as ATen's: avg_pool3d_backward's meta function
+allocates it with input.sizes() and no strides on both CUDA and CPU (ATen's CUDA kernels have no channels_last_3d
+path: the forward makes its input contiguous, and the backward reshapes grad_input to (N*C, D, H, W))."""
 
 from __future__ import annotations
 
@@ -71,7 +72,7 @@ class AvgPoolConfig(GridLimits):
     #: columns a tile spans at most (wider rows: several column blocks)
     max_bw: int = 128
     #: ... and at least, where narrower blocks pad a row less (rows of 96: 3 blocks of 32, not one of 128 with a
-    #: quarter of its lanes idle; H200, (3, 2, 1) over 4x32x96^3 f32 1.16x -> 1.47x stock, bf16 0.88x -> 1.18x)
+    #: quarter of its lanes idle; H200, (3, 2, 1) over 4x32x96^3 f32 1.19x -> 1.50x stock, bf16 0.88x -> 1.18x)
     min_bw: int = 32
     #: tell the kernel the power of two dividing W (`W_DIV`), so that stores along a row are vector stores where W
     #: is not a multiple of 16 (rows of 56: 16 two-byte stores a thread became 2 of 16 bytes; H200, bf16 video
