@@ -231,12 +231,13 @@ def test_small_planes_share_a_tile(monkeypatch):
 
 def _same_bits_with_small_knobs(run, first, tile_knobs, label, launches) -> list[dict]:
     """`run()` gives `first`'s bits with each of `tile_knobs` (then the grid-stride loop's and the int32 limit's)
-    set small, each alone, and its launch (recorded in `launches`) takes the branch the knob forces; the launches'
-    consts."""
+    set small, each alone but for small tiles with the grid-stride loop (so that there are several tiles) and with
+    the int32 limit a second time (plane tiles hold one plane's rows then), and its launch (recorded in `launches`)
+    takes the branch the knob forces; the launches' consts."""
     seen = []
     small = {tile_knobs[0]: 4}
     for knob, value, more in ((tile_knobs[0], 4, {}), (tile_knobs[1], 2, {}), ("max_programs", 2, small),
-                              ("i32_max", 16, {})):
+                              ("i32_max", 16, {}), ("i32_max", 16, small)):
         with config.override(ap.CONFIG, **{knob: value}, **more):
             launches.clear()
             assert_bitwise_equal(run(), first, f"{label} {knob}={value}")
