@@ -276,10 +276,11 @@ def _plan(spec: _Spec, g_shape: tuple, g_stride: tuple, x_shape: tuple, cl: bool
         while br > 1 and br * bw > 32 and cdiv(n_rows, br) * n_wb < cfg.min_programs:
             br //= 2
     n_tiles = cdiv(n_rows, br) * n_wb if planes else n * c * d_in * n_hb * n_wb
-    # 32-bit index math unless a row index, a row/column product or an in-plane offset (a masked lane's too) can
-    # pass 2^31 (plane offsets are int64 always)
-    reach = max(n_rows + br, 2 * (d_in + 2) * (d_out + 2), 2 * (h_in + 2) * (h_out + 2), 2 * (w_in + 2) * (w_out + 2),
-                (h_out + kh) * gstr[3] + (w_out + kw) * gstr[4], h_in * istr[3] + w_in * istr[4])
+    # 32-bit index math unless a flattened row index (FLAT_ROWS only), a D/row/column product or an in-plane offset
+    # (a masked lane's too) can pass 2^31 (plane offsets are int64 always)
+    reach = max(n_rows + br if planes else 0, 2 * (d_in + 2) * (d_out + 2), 2 * (h_in + 2) * (h_out + 2),
+                2 * (w_in + 2) * (w_out + 2), (h_out + kh) * gstr[3] + (w_out + kw) * gstr[4],
+                h_in * istr[3] + w_in * istr[4])
     tile = br * bw
     align = pow2_dividing(math.gcd(w_in, *istr[:4])) if cfg.row_align else 1
     consts = launch_consts({"BR": br, "BW": bw, "ACC": acc, "I64": reach > cfg.i32_max, "ALIGN": align,
