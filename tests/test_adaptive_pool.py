@@ -202,6 +202,30 @@ def test_plane_tiles_tell_the_kernel_the_power_of_two_dividing_w_and_the_strides
     assert launches[0].consts["ALIGN"] == 1
 
 
+def test_divisions_by_magic_numbers_give_the_same_bits(monkeypatch):
+    """The windows' bounds and a flat row index's split divide by the sizes as multiplies and shifts (`magic`): the
+    values match stock, with the same bits as the divisions themselves, in one plane's rows a tile, rows of several
+    planes a tile and the channels_last row tiling; a size of 1 (2d's D) is not divided by magic numbers."""
+    launches = record_launches(monkeypatch, ap)
+    for op, shape, out, tiling, memory_format in (
+            (OPS[1], (2, 3, 7, 11, 13), (3, 5, 4), None, torch.contiguous_format),  # (one plane's rows a tile)
+            (OPS[1], (2, 3, 5, 3, 4), (3, 2, 3), None, torch.contiguous_format),  # (several planes' rows)
+            (OPS[0], (2, 6, 11, 13), (5, 4), None, torch.channels_last),  # (the row tiling)
+            (OPS[1], (1, 2, 5, 7, 3), (2, 3, 5), "rows", torch.contiguous_format)):
+        g, x = _problem(shape, out, memory_format=memory_format)
+        with config.override(ap.CONFIG, tiling=tiling):
+            launches.clear()
+            ours = check_case(op, (g, x), what=f"{shape} -> {out} {tiling}")
+            magic = launches[-1].consts["MAGIC"]
+            with config.override(ap.CONFIG, magic=False):
+                launches.clear()
+                assert_bitwise_equal(getattr(ops, op)(g, x), ours, f"{shape} -> {out} {tiling} magic off")
+                assert not any(launches[-1].consts["MAGIC"])
+        lead = (1,) * (3 - len(out))  # (2d: D = Do = 1)
+        sizes = (*lead, *shape[-len(out):], *lead, *out)
+        assert magic[:6] == tuple(n > 1 for n in sizes), (shape, out, magic)
+
+
 def test_small_planes_share_a_tile(monkeypatch):
     """Where a plane's rows do not fill a tile, rows (n, c, d, h) are flattened, so a tile spans several planes
     (1x1 planes pooled to 7x7: 49 terms an element; 13 -> 6; 3d planes whose D ranges differ row to row): the

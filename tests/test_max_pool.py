@@ -518,23 +518,6 @@ def test_outputs_side_gives_the_gathers_bits(dtype, monkeypatch):
 
 
 # ----------------------------------------------------------------------------------------------- compile-time
-def test_magic_division_is_exact():
-    """`_div`'s multiply-high and shifts give x // n for every x below 2^30 (the plans use it only there): checked
-    at the edges (multiples of n and their neighbours, the top of the range) and at random, for small divisors,
-    powers of two and their neighbours, and large ones; m is a positive int32 (a kernel argument)."""
-    gen = torch.Generator().manual_seed(0)
-    divisors = list(range(2, 300)) + [d + e for k in range(9, 31) for d in (1 << k,) for e in (-1, 0, 1)] + \
-        torch.randint(2, 2**30, (200,), generator=gen).tolist()
-    for n in divisors:
-        m, sh = mp._magic(n)
-        assert 0 < m < 2**31, n
-        xs = [0, 1, n - 1, n, n + 1, 2**30 - 1, (2**30 - 1) // n * n, (2**30 - 1) // n * n - 1]
-        xs += torch.randint(0, 2**30, (64,), generator=gen).tolist()
-        for x in xs:
-            if 0 <= x < 2**30:
-                assert (((4 * x * m) >> 32) >> sh) == x // n, (x, n)
-
-
 def test_column_blocks_waste_the_fewest_lanes():
     """The column block (a power of two from 32 to 128, or the row's next power of two): the one whose blocks pad a
     row least, the widest of equals."""

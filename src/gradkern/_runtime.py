@@ -39,6 +39,23 @@ def pow2_dividing(n: int, cap: int = 16) -> int:
     return min(n & -n, cap) if n else cap
 
 
+def magic(n: int) -> tuple[int, int]:
+    """(m, l) such that x // n == (x * m) >> (30 + l) == ((4 x * m) >> 32) >> l for every 0 <= x < 2^30 (Granlund
+    and Montgomery: with l = ceil(log2 n) and m = ceil(2^(30 + l) / n), the error m * n - 2^(30 + l) is below
+    n <= 2^l); m < 2^31, a positive int32 (n > 1). Kernels divide with `tl_helpers.div`."""
+    lg = (n - 1).bit_length()
+    return -(-(1 << (30 + lg)) // n), lg
+
+
+def magics(divisors, bounds, allowed: bool = True) -> tuple[tuple[bool, ...], tuple[int, ...]]:
+    """For a kernel's runtime divisors and a bound on each one's dividends: which it divides as a multiply-high and
+    shifts (`tl_helpers.div`'s MAGIC: where `allowed`, 32-bit index math, the bound below 2^30 and the divisor not 1,
+    which Triton makes a constant, so that the division folds away) and their (m, l) pairs, flat ((0, 0) where
+    not)."""
+    flags = tuple(bool(allowed) and n != 1 and b < 2**30 for n, b in zip(divisors, bounds, strict=True))
+    return flags, tuple(x for n, on in zip(divisors, flags, strict=True) for x in (magic(n) if on else (0, 0)))
+
+
 def math_dtype(dtype: torch.dtype) -> torch.dtype:
     """The dtype kernels compute in: fp64 for fp64 inputs, fp32 for everything else."""
     return torch.float64 if dtype == torch.float64 else torch.float32

@@ -29,13 +29,13 @@ import triton
 import triton.language as tl
 
 from .._cases import Draw, describe, rand_on, randn, refuse, stand_in
-from .._runtime import cdiv, math_dtype, pow2_dividing
+from .._runtime import cdiv, magics, math_dtype, pow2_dividing
 from ..config import GridLimits, PlanCache, Tunable, plan_builder
 from ..errors import InvalidProblem, Unsupported
 from ..launch.alloc import channels_last_format, empty
 from ..launch.checks import check_like, check_tensor
 from ..launch.launcher import launch, launch_consts
-from ..launch.tl_helpers import TL_MATH, below, cast_out
+from ..launch.tl_helpers import TL_MATH, below, cast_out, div, divmod_
 from ..registry import Case, register_op
 
 
@@ -61,6 +61,9 @@ class AdaptivePoolConfig(GridLimits):
     #: columns unclamped, so that stores along a row are vector stores (8 scalar stores a thread became 2 of 16
     #: bytes at W = 56 and 64; H200, 2d f32 30x40 -> 1x7 0.84x -> 1.10x stock; docs/tuning/avg_pool.md)
     row_align: bool = True
+    #: divide by the sizes (the windows' bounds, a flat row index's split) as a multiply-high and shifts
+    #: (`_runtime.magics`; where 32-bit): a runtime division is some 20 instructions, and each term takes two
+    magic: bool = True
 
 
 CONFIG = Tunable("adaptive_avg_pool", AdaptivePoolConfig())
@@ -68,27 +71,29 @@ CONFIG = Tunable("adaptive_avg_pool", AdaptivePoolConfig())
 
 # ----------------------------------------------------------------------------------------------- kernel
 @triton.jit
-def _window(o, n_in, n_out):
+def _window(o, n_in, n_out, m, sh, MAGIC: tl.constexpr):
     """The size of output o's window along a dim of n_in inputs and n_out outputs: ceil((o+1)n_in/n_out) -
-    floor(o n_in/n_out)."""
-    return ((o + 1) * n_in + n_out - 1) // n_out - (o * n_in) // n_out
+    floor(o n_in/n_out) (the divisions by n_out: `div`, m, sh and MAGIC n_out's)."""
+    return div((o + 1) * n_in + n_out - 1, n_out, m, sh, MAGIC) - div(o * n_in, n_out, m, sh, MAGIC)
 
 
 @triton.jit
-def _holding(i, n_in, n_out):
-    """The outputs whose windows hold input i along a dim of n_in inputs and n_out outputs: [lo, hi)."""
-    return (i * n_out) // n_in, ((i + 1) * n_out + n_in - 1) // n_in
+def _holding(i, n_in, n_out, m, sh, MAGIC: tl.constexpr):
+    """The outputs whose windows hold input i along a dim of n_in inputs and n_out outputs: [lo, hi) (the divisions
+    by n_in: `div`, m, sh and MAGIC n_in's)."""
+    return div(i * n_out, n_in, m, sh, MAGIC), div((i + 1) * n_out + n_in - 1, n_in, m, sh, MAGIC)
 
 
 @triton.jit
 def _adaptive_avg_pool_backward_kernel(gi, go, n_tiles, n_wb, n_hb, n_rows, C, D, H, W, Do, Ho, Wo,
-                                       gsN, gsC, gsD, gsH, gsW, isN, isC, isD, isH, isW, KH, KW,
+                                       gsN, gsC, gsD, gsH, gsW, isN, isC, isD, isH, isW, KH, KW, MAG,
                                        BR: tl.constexpr, BW: tl.constexpr, ACC: tl.constexpr, I64: tl.constexpr,
-                                       ALIGN: tl.constexpr, FLAT_ROWS: tl.constexpr):
+                                       ALIGN: tl.constexpr, FLAT_ROWS: tl.constexpr, MAGIC: tl.constexpr):
     # FLAT_ROWS: a tile's rows are rows (n, c, d, h) flattened, so that it spans several small planes (n_hb unused);
     # else they are BR rows of one plane (n_rows unused). isN, isC, isD, isH: grad_input's strides divided by ALIGN,
     # a power of two dividing them and W, which the kernel multiplies back: Triton then knows a row's start a
-    # multiple of it, and makes the stores vector stores where W is not a multiple of 16
+    # multiple of it, and makes the stores vector stores where W is not a multiple of 16. MAG, MAGIC: `div`'s
+    # constants and flags for D, H, W (`_holding`), Do, Ho, Wo (`_window`), then H, D, C (a flat row index's split)
     for t in range(tl.program_id(0), n_tiles, tl.num_programs(0)):
         wb = t % n_wb
         w = wb * BW + tl.arange(0, BW)[None, :]
@@ -100,8 +105,7 @@ def _adaptive_avg_pool_backward_kernel(gi, go, n_tiles, n_wb, n_hb, n_rows, C, D
             r = tl.minimum(r, n_rows - 1)  # (lanes past the end: in-range index math, their loads and store masked)
             if I64:
                 r = r.to(tl.int64)
-            h = r % H
-            s = r // H  # each row's (n, c, d) plane
+            s, h = divmod_(r, H, MAG[12], MAG[13], MAGIC[6])  # each row's (n, c, d) plane and h
         else:
             h = ((t // n_wb) % n_hb) * BR + tl.arange(0, BR)[:, None]
             rm = h < H
@@ -111,12 +115,13 @@ def _adaptive_avg_pool_backward_kernel(gi, go, n_tiles, n_wb, n_hb, n_rows, C, D
                 h = h.to(tl.int64)
         if I64:
             wc = wc.to(tl.int64)
-        d = s % D
-        c = ((s // D) % C).to(tl.int64)  # (plane offsets are int64 always)
-        n = (s // D // C).to(tl.int64)
-        oh_lo, oh_hi = _holding(h, H, Ho)  # the outputs whose windows hold each row / column / plane
-        ow_lo, ow_hi = _holding(wc, W, Wo)
-        od_lo, od_hi = _holding(d, D, Do)
+        q, d = divmod_(s, D, MAG[14], MAG[15], MAGIC[7])
+        n, c = divmod_(q, C, MAG[16], MAG[17], MAGIC[8])
+        c = c.to(tl.int64)  # (plane offsets are int64 always)
+        n = n.to(tl.int64)
+        od_lo, od_hi = _holding(d, D, Do, MAG[0], MAG[1], MAGIC[0])  # the outputs whose windows hold each plane / row
+        oh_lo, oh_hi = _holding(h, H, Ho, MAG[2], MAG[3], MAGIC[1])  # / column
+        ow_lo, ow_hi = _holding(wc, W, Wo, MAG[4], MAG[5], MAGIC[2])
         src = go + n * gsN + c * gsC
         acc = tl.zeros([BR, BW], dtype=ACC)
         n_od = od_hi - od_lo
@@ -127,33 +132,36 @@ def _adaptive_avg_pool_backward_kernel(gi, go, n_tiles, n_wb, n_hb, n_rows, C, D
             md = rm
             if FLAT_ROWS:
                 md = rm & (od < od_hi)  # (past the range: a window's size is positive still; its loads masked)
-            kd = _window(od, D, Do).to(ACC)
+            kd = _window(od, D, Do, MAG[6], MAG[7], MAGIC[3]).to(ACC)
             plane = src + od.to(tl.int64) * gsD
             for j in range(0, KH):
                 oh = oh_lo + j
                 mh = md & (oh < oh_hi)
-                kdh = kd * _window(oh, H, Ho).to(ACC)
+                kdh = kd * _window(oh, H, Ho, MAG[8], MAG[9], MAGIC[4]).to(ACC)
                 for k in range(0, KW):
                     ow = ow_lo + k
                     m = mh & cm & (ow < ow_hi)
                     g = tl.load(plane + oh * gsH + ow * gsW, mask=m, other=0.0).to(ACC)
-                    acc += g / (kdh * _window(ow, W, Wo).to(ACC))
+                    acc += g / (kdh * _window(ow, W, Wo, MAG[10], MAG[11], MAGIC[5]).to(ACC))
         dst = gi + (n * isN + c * isC + d.to(tl.int64) * isD + h * isH) * ALIGN + w * isW
         tl.store(dst, cast_out(acc, gi.dtype.element_ty), mask=rm & cm)
 
 
 @triton.jit
 def _adaptive_avg_pool_backward_rows_kernel(gi, go, n_tiles, n_wb, n_cb, C, D, H, W, Do, Ho, Wo,
-                                            gsN, gsC, gsD, gsH, gsW, isN, isC, isD, isH, isW, KW,
+                                            gsN, gsC, gsD, gsH, gsW, isN, isC, isD, isH, isW, KW, MAG,
                                             BW: tl.constexpr, BC: tl.constexpr, ACC: tl.constexpr,
-                                            I64: tl.constexpr):
+                                            I64: tl.constexpr, MAGIC: tl.constexpr):
     for t in range(tl.program_id(0), n_tiles, tl.num_programs(0)):
         cb = t % n_cb  # channel blocks fastest: consecutive programs write consecutive memory (channels_last)
         wb = (t // n_cb) % n_wb
         s = t // n_cb // n_wb  # the (n, d, h) row
-        h = (s % H).to(tl.int64)
-        d = ((s // H) % D).to(tl.int64)
+        h = s % H
+        d = (s // H) % D
         n = (s // H // D).to(tl.int64)
+        if I64:
+            h = h.to(tl.int64)
+            d = d.to(tl.int64)
         w = wb * BW + tl.arange(0, BW)[:, None]
         c = cb * BC + tl.arange(0, BC)[None, :]
         m = (w < W) & (c < C)
@@ -162,22 +170,22 @@ def _adaptive_avg_pool_backward_rows_kernel(gi, go, n_tiles, n_wb, n_cb, C, D, H
         if I64:
             w = w.to(tl.int64)
             c = c.to(tl.int64)
-        ow_lo, ow_hi = _holding(w, W, Wo)  # the outputs whose windows hold each column; along H and D one range
-        oh_lo, oh_hi = _holding(h, H, Ho)
-        od_lo, od_hi = _holding(d, D, Do)
+        ow_lo, ow_hi = _holding(w, W, Wo, MAG[4], MAG[5], MAGIC[2])  # the outputs whose windows hold each column;
+        oh_lo, oh_hi = _holding(h, H, Ho, MAG[2], MAG[3], MAGIC[1])  # along H and D one range
+        od_lo, od_hi = _holding(d, D, Do, MAG[0], MAG[1], MAGIC[0])
         src = go + n * gsN + c * gsC
         acc = tl.zeros([BW, BC], dtype=ACC)
         for od in range(od_lo, od_hi):  # (od, oh, ow ascending, each term as the plane kernel forms it: same bits)
-            kd = _window(od, D, Do).to(ACC)
+            kd = _window(od, D, Do, MAG[6], MAG[7], MAGIC[3]).to(ACC)
             for oh in range(oh_lo, oh_hi):
-                kdh = kd * _window(oh, H, Ho).to(ACC)
-                row = src + od * gsD + oh * gsH
+                kdh = kd * _window(oh, H, Ho, MAG[8], MAG[9], MAGIC[4]).to(ACC)
+                row = src + tl.cast(od, tl.int64) * gsD + tl.cast(oh, tl.int64) * gsH  # (od, oh: 32-bit)
                 for k in range(0, KW):
                     ow = ow_lo + k
                     mk = m & (ow < ow_hi)
                     g = tl.load(row + ow * gsW, mask=mk, other=0.0).to(ACC)
-                    acc += g / (kdh * _window(ow, W, Wo).to(ACC))
-        dst = gi + n * isN + d * isD + h * isH + w * isW + c * isC
+                    acc += g / (kdh * _window(ow, W, Wo, MAG[10], MAG[11], MAGIC[5]).to(ACC))
+        dst = gi + n * isN + d.to(tl.int64) * isD + h.to(tl.int64) * isH + w * isW + c * isC
         tl.store(dst, cast_out(acc, gi.dtype.element_ty), mask=m)
 
 
@@ -252,19 +260,23 @@ def _plan(spec: _Spec, g_shape: tuple, g_stride: tuple, x_shape: tuple, cl: bool
     d_out, h_out, w_out = gsize[2:]
     kh, kw = max_outputs(h_in, h_out), max_outputs(w_in, w_out)
     acc = TL_MATH[math_dtype(dtype)]
+    sizes = (d_in, h_in, w_in, d_out, h_out, w_out)
+    # per dim, a bound on `_holding`'s and `_window`'s dividends and products (an output index runs up to o + k)
+    windows = tuple(2 * (i + 2) * (o + 2) for i, o in zip(sizes[:3], sizes[3:], strict=True))
     if _tiling(cl, c, cfg.tiling) == "rows":
         bc = min(triton.next_power_of_2(c), cfg.max_bc)
         bw = min(triton.next_power_of_2(w_in), max(1, cfg.tile // bc))
         n_wb, n_cb = cdiv(w_in, bw), cdiv(c, bc)
         n_tiles = n * d_in * h_in * n_wb * n_cb
-        # 32-bit in-row index math unless a column product or an in-row offset (a masked lane's too) can pass 2^31
-        # (row offsets are int64 always)
-        reach = max(2 * (w_in + 2) * (w_out + 2), (w_out + kw) * gstr[4] + (c + bc) * gstr[1],
-                    w_in * istr[4] + (c + bc) * istr[1])
+        # 32-bit in-row index math unless a D/row/column product or an in-row offset (a masked lane's too) can pass
+        # 2^31 (row offsets are int64 always)
+        reach = max(*windows, (w_out + kw) * gstr[4] + (c + bc) * gstr[1], w_in * istr[4] + (c + bc) * istr[1])
+        i64 = reach > cfg.i32_max
+        magic, mag = magics(sizes, windows * 2, cfg.magic and not i64)
         tile = bw * bc
-        consts = launch_consts({"BW": bw, "BC": bc, "ACC": acc, "I64": reach > cfg.i32_max},
+        consts = launch_consts({"BW": bw, "BC": bc, "ACC": acc, "I64": i64, "MAGIC": magic},
                                4 if tile >= 512 else 2 if tile >= 128 else 1)
-        args = (n_tiles, n_wb, n_cb, c, d_in, h_in, w_in, d_out, h_out, w_out, *gstr, *istr, kw)
+        args = (n_tiles, n_wb, n_cb, c, *sizes, *gstr, *istr, kw, mag)
         return _Plan(x_shape, out_stride if cl else None, min(n_tiles, cfg.max_programs), args, consts,
                      _adaptive_avg_pool_backward_rows_kernel)
     bw = min(triton.next_power_of_2(w_in), cfg.max_bw)
@@ -278,15 +290,18 @@ def _plan(spec: _Spec, g_shape: tuple, g_stride: tuple, x_shape: tuple, cl: bool
     n_tiles = cdiv(n_rows, br) * n_wb if planes else n * c * d_in * n_hb * n_wb
     # 32-bit index math unless a flattened row index (FLAT_ROWS only), a D/row/column product or an in-plane offset
     # (a masked lane's too) can pass 2^31 (plane offsets are int64 always)
-    reach = max(n_rows + br if planes else 0, 2 * (d_in + 2) * (d_out + 2), 2 * (h_in + 2) * (h_out + 2),
-                2 * (w_in + 2) * (w_out + 2), (h_out + kh) * gstr[3] + (w_out + kw) * gstr[4],
+    reach = max(n_rows + br if planes else 0, *windows, (h_out + kh) * gstr[3] + (w_out + kw) * gstr[4],
                 h_in * istr[3] + w_in * istr[4])
+    i64 = reach > cfg.i32_max
+    # (then a flat row index split into h, d, c and n: its bound, then its quotients')
+    rows = n_rows + br
+    magic, mag = magics((*sizes, h_in, d_in, c), (*windows * 2, rows, cdiv(rows, h_in), cdiv(rows, h_in * d_in)),
+                        cfg.magic and not i64)
     tile = br * bw
     align = pow2_dividing(math.gcd(w_in, *istr[:4])) if cfg.row_align else 1
-    consts = launch_consts({"BR": br, "BW": bw, "ACC": acc, "I64": reach > cfg.i32_max, "ALIGN": align,
-                            "FLAT_ROWS": planes}, 4 if tile >= 512 else 2 if tile >= 128 else 1)
-    args = (n_tiles, n_wb, n_hb, n_rows, c, d_in, h_in, w_in, d_out, h_out, w_out, *gstr,
-            *(st // align for st in istr[:4]), istr[4], kh, kw)
+    consts = launch_consts({"BR": br, "BW": bw, "ACC": acc, "I64": i64, "ALIGN": align,
+                            "FLAT_ROWS": planes, "MAGIC": magic}, 4 if tile >= 512 else 2 if tile >= 128 else 1)
+    args = (n_tiles, n_wb, n_hb, n_rows, c, *sizes, *gstr, *(st // align for st in istr[:4]), istr[4], kh, kw, mag)
     return _Plan(x_shape, out_stride if cl else None, min(n_tiles, cfg.max_programs), args, consts,
                  _adaptive_avg_pool_backward_kernel)
 

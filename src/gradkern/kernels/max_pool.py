@@ -60,7 +60,7 @@ cost is one compile per pooling configuration (times dtype, tiling and a few lay
 strides' power-of-two factors, 32- or 64-bit indices, and Triton's own specialisations of sizes): a network has a
 few configurations (MaxPool3d(2), (3, 2, 1); a classifier's AdaptiveMaxPool2d(1) or (7, 7)), a second or two of
 compilation each, once per process (Triton's cache keeps them across processes). Divisions by runtime sizes (a
-row index's, adaptive pooling's, the tile index's) are a multiply-high and shifts by host constants (`_magic`).
+row index's, adaptive pooling's, the tile index's) are a multiply-high and shifts by host constants (`_runtime.magic`).
 Where an input has one or two candidates, g is loaded together with its index (a select, no dependent load); with
 more, g is loaded only where the index is the input's. Offsets are 32-bit unless a tensor or the index math can pass
 2^31."""
@@ -77,13 +77,13 @@ import triton
 import triton.language as tl
 
 from .._cases import DENSE_LAYOUTS, Draw, describe, randn, refuse
-from .._runtime import I32_MAX, cdiv, math_dtype, pow2_dividing, values_key
+from .._runtime import I32_MAX, cdiv, magics, math_dtype, pow2_dividing, values_key
 from ..config import GridLimits, PlanCache, Tunable, plan_builder
 from ..errors import InvalidProblem, Unsupported
 from ..launch.alloc import channels_last_format, empty
 from ..launch.checks import check_like, check_tensor, contiguous_strides
 from ..launch.launcher import launch, launch_consts, tile_warps
-from ..launch.tl_helpers import TL_MATH, below, cast_out
+from ..launch.tl_helpers import TL_MATH, below, cast_out, div, divmod_
 from ..registry import Case, register_op
 from .adaptive_pool import max_outputs
 
@@ -150,22 +150,6 @@ CONFIG = Tunable("max_pool", MaxPoolConfig())
 
 # ----------------------------------------------------------------------------------------------- kernel
 @triton.jit
-def _div(x, n, m, sh, MAGIC: tl.constexpr):
-    """x // n for 0 <= x; with MAGIC (32-bit x < 2^30), as the high word of (4 x) m shifted right by sh, m and sh
-    from `_magic`: a multiply and two shifts where a division by a runtime n takes some 20 instructions."""
-    if MAGIC:
-        return tl.umulhi(x * 4, m) >> sh
-    else:
-        return x // n
-
-
-@triton.jit
-def _divmod(x, n, m, sh, MAGIC: tl.constexpr):
-    q = _div(x, n, m, sh, MAGIC)
-    return q, x - q * n
-
-
-@triton.jit
 def _pool_range(i, n_out, SPAN: tl.constexpr, S: tl.constexpr, P: tl.constexpr, DIL: tl.constexpr,
                 G: tl.constexpr, INV: tl.constexpr, STEP: tl.constexpr, LEAN: tl.constexpr):
     """(first, hi): max pooling's outputs whose windows hold input i along a dim are first, first + STEP, ... below
@@ -192,11 +176,11 @@ def _pool_range(i, n_out, SPAN: tl.constexpr, S: tl.constexpr, P: tl.constexpr, 
 def _adaptive_range(i, n_in, n_out, m, sh, MAGIC: tl.constexpr, T: tl.constexpr):
     """(first, hi): adaptive pooling's outputs whose windows hold input i along a dim, [floor(i O / I),
     ceil((i + 1) O / I)); with one at most (T == 1), exactly one (the windows cover the input)."""
-    first = _div(i * n_out, n_in, m, sh, MAGIC)
+    first = div(i * n_out, n_in, m, sh, MAGIC)
     if T == 1:
         hi = first + 1
     else:
-        hi = _div((i + 1) * n_out + n_in - 1, n_in, m, sh, MAGIC)
+        hi = div((i + 1) * n_out + n_in - 1, n_in, m, sh, MAGIC)
     return first, hi
 
 
@@ -276,7 +260,7 @@ def _max_pool_backward_kernel(gi, go, xi, n_tiles, n_b, n_rows, SIZES, GS, XS, I
     C, D, H, W = SIZES[0], SIZES[1], SIZES[2], SIZES[3]
     for t in range(tl.program_id(0), n_tiles, tl.num_programs(0)):
         # (b, the column block, fastest: consecutive programs write consecutive memory)
-        a, b = _divmod(t, n_b, MAG[12], MAG[13], MAGIC[6])
+        a, b = divmod_(t, n_b, MAG[12], MAG[13], MAGIC[6])
         if I64:
             a = a.to(tl.int64)
             b = b.to(tl.int64)
@@ -289,18 +273,18 @@ def _max_pool_backward_kernel(gi, go, xi, n_tiles, n_b, n_rows, SIZES, GS, XS, I
         rm = r < n_rows
         r = tl.minimum(r, n_rows - 1)  # (lanes past the end: in-range index math, their loads and store masked)
         if CHANNELS:  # rows (n, d, h, w), columns c
-            q, w = _divmod(r, W, MAG[0], MAG[1], MAGIC[0])
-            q, h = _divmod(q, H, MAG[2], MAG[3], MAGIC[1])
-            n, d = _divmod(q, D, MAG[4], MAG[5], MAGIC[2])
+            q, w = divmod_(r, W, MAG[0], MAG[1], MAGIC[0])
+            q, h = divmod_(q, H, MAG[2], MAG[3], MAGIC[1])
+            n, d = divmod_(q, D, MAG[4], MAG[5], MAGIC[2])
             c = col  # (unclamped, < C + BB: a min would hide its contiguity from Triton and so the vector accesses)
             cm = below(c, C, ALIGN[3])
             acc = _gather(go, xi, n, c, d, h, w, rm, cm, SIZES, GS, XS, MAG, WD, WH, WW, WD[7], WH[7], WW[7],
                           MAGIC, ALIGN, BA, BB, COLS0, CHANNELS, ADAPTIVE, EAGER, SAME, ACC)
             dst = (n * IS[0] + d * IS[2] + h * IS[3] + w * IS[4]) * ALIGN[0] + c * IS[1]
         else:  # rows (n, c, d, h), columns w
-            q, h = _divmod(r, H, MAG[0], MAG[1], MAGIC[0])
-            q, d = _divmod(q, D, MAG[2], MAG[3], MAGIC[1])
-            n, c = _divmod(q, C, MAG[4], MAG[5], MAGIC[2])
+            q, h = divmod_(r, H, MAG[0], MAG[1], MAGIC[0])
+            q, d = divmod_(q, D, MAG[2], MAG[3], MAGIC[1])
+            n, c = divmod_(q, C, MAG[4], MAG[5], MAGIC[2])
             w = col  # (unclamped for the store, as c above; clamped for the gather's index math)
             cm = below(w, W, ALIGN[3])
             acc = _gather(go, xi, n, c, d, h, tl.minimum(w, W - 1), rm, cm, SIZES, GS, XS, MAG, WD, WH, WW, WD[7],
@@ -331,16 +315,16 @@ def _outputs_side_kernel(gi, go, xi, n_out, SIZES, GS, XS, IS, MAG, OMAG, WD: tl
     m = f < n_out
     f = tl.minimum(f, n_out - 1)
     if CL:
-        q, c = _divmod(f, C, OMAG[0], OMAG[1], OMAGIC[0])
+        q, c = divmod_(f, C, OMAG[0], OMAG[1], OMAGIC[0])
     else:
         q = f
-    q, ow = _divmod(q, WO, OMAG[2], OMAG[3], OMAGIC[1])
-    q, oh = _divmod(q, HO, OMAG[4], OMAG[5], OMAGIC[2])
-    q, od = _divmod(q, DO, OMAG[6], OMAG[7], OMAGIC[3])
+    q, ow = divmod_(q, WO, OMAG[2], OMAG[3], OMAGIC[1])
+    q, oh = divmod_(q, HO, OMAG[4], OMAG[5], OMAGIC[2])
+    q, od = divmod_(q, DO, OMAG[6], OMAG[7], OMAGIC[3])
     if CL:
         n = q
     else:
-        n, c = _divmod(q, C, OMAG[8], OMAG[9], OMAGIC[4])
+        n, c = divmod_(q, C, OMAG[8], OMAG[9], OMAGIC[4])
     base_g = n * GS[0] + c * GS[1]
     base_x = n * XS[0] + c * XS[1]
     idx = tl.load(xi + base_x + od * XS[2] + oh * XS[3] + ow * XS[4], mask=m, other=-1)
@@ -349,8 +333,8 @@ def _outputs_side_kernel(gi, go, xi, n_out, SIZES, GS, XS, IS, MAG, OMAG, WD: tl
         i = tl.where(valid, idx, 0)
     else:
         i = tl.where(valid, idx, 0).to(tl.int32)
-    q, w = _divmod(i, W, OMAG[10], OMAG[11], OMAGIC[5])
-    d, h = _divmod(q, H, OMAG[12], OMAG[13], OMAGIC[6])
+    q, w = divmod_(i, W, OMAG[10], OMAG[11], OMAGIC[5])
+    d, h = divmod_(q, H, OMAG[12], OMAG[13], OMAGIC[6])
     od0, od_hi = _range(d, D, DO, MAG[6], MAG[7], MAGIC[3], WD, ADAPTIVE)
     oh0, oh_hi = _range(h, H, HO, MAG[8], MAG[9], MAGIC[4], WH, ADAPTIVE)
     ow0, ow_hi = _range(w, W, WO, MAG[10], MAG[11], MAGIC[5], WW, ADAPTIVE)
@@ -520,14 +504,6 @@ def _block(size: int, cap: int, least: int) -> int:
     return min(blocks, key=lambda b: (cdiv(size, b) * b, -b))
 
 
-def _magic(n: int) -> tuple[int, int]:
-    """(m, l) such that x // n == (x * m) >> (30 + l) == ((4 x * m) >> 32) >> l for every 0 <= x < 2^30 (Granlund
-    and Montgomery: with l = ceil(log2 n) and m = ceil(2^(30 + l) / n), the error m * n - 2^(30 + l) is below
-    n <= 2^l); m < 2^31, a positive int32 (n > 1)."""
-    lg = (n - 1).bit_length()
-    return -(-(1 << (30 + lg)) // n), lg
-
-
 def _progressions(window: tuple | None, ins: tuple, outs: tuple) -> tuple[tuple, tuple, int]:
     """(WINS, KS, the largest value the candidates' integer math can reach) for the kernel: per dim (D, H, W) of
     input sizes `ins` and output sizes `outs`, max pooling's (`window`: (k, s, p, d) triples) or adaptive pooling's
@@ -604,13 +580,12 @@ def _plan(spec: _Spec, g_shape: tuple, g_stride: tuple, x_stride: tuple, shape: 
         sum((x - 1) * st for x, st in zip((*lanes, *reach_o), strd)) for strd in (gstr, xstr)] + [
         sum((x - 1) * st for x, st in zip((*lanes, *cols), istr))]
     i64 = max(reach) > cfg.i32_max
-    # divisions by runtime sizes as a multiply and shifts where 32-bit and below 2^30 (not by 1: Triton makes a 1
-    # a constant, and the division folds away): a row index's three, adaptive pooling's by D, H and W, the tile's
+    # divisions by runtime sizes as a multiply and shifts (`magics`): a row index's three, adaptive pooling's by D,
+    # H and W (a window's are constants: a bound of 2^30 keeps those off), the tile's
     divs = [*row_div, *ins, n_b]
-    bounds = [n_rows] * 3 + [(i + 1) * (o + 1) for i, o in zip(ins, outs, strict=True)] + [n_tiles]
-    magic = tuple(not i64 and v != 1 and b < 2**30 and (k not in (3, 4, 5) or window is None)
-                  for k, (v, b) in enumerate(zip(divs, bounds, strict=True)))
-    mag = tuple(x for v, on in zip(divs, magic, strict=True) for x in (_magic(v) if on else (0, 0)))
+    bounds = [n_rows] * 3 + [(i + 1) * (o + 1) if window is None else 2**30
+                             for i, o in zip(ins, outs, strict=True)] + [n_tiles]
+    magic, mag = magics(divs, bounds, not i64)
     tile = ba * bb
     consts = launch_consts({"WD": wins[0], "WH": wins[1], "WW": wins[2], "MAGIC": magic, "ALIGN": align,
                             "BA": ba, "BB": bb, "COLS0": cfg.cols0 and not channels,
@@ -632,9 +607,7 @@ def _plan(spec: _Spec, g_shape: tuple, g_stride: tuple, x_stride: tuple, shape: 
         # (an output's flat index: by C first where CL, Wo, Ho, Do, by C last where not; its index: by W, H)
         o_divs = (c if cl_order else 1, *outs[::-1], 1 if cl_order else c, w_in, h_in)
         o_bounds = (n_out,) * 5 + (d_in * h_in * w_in,) * 2
-        o_magic = tuple(cfg.outputs_magic and not i64 and v != 1 and b < 2**30
-                        for v, b in zip(o_divs, o_bounds, strict=True))
-        o_mag = tuple(x for v, on in zip(o_divs, o_magic, strict=True) for x in (_magic(v) if on else (0, 0)))
+        o_magic, o_mag = magics(o_divs, o_bounds, cfg.outputs_magic and not i64)
         consts = launch_consts({"WD": wins[0], "WH": wins[1], "WW": wins[2], "TD": ks[0], "TH": ks[1], "TW": ks[2],
                                 "MAGIC": magic, "OMAGIC": o_magic, "ADAPTIVE": window is None, "ACC": acc,
                                 "BLOCK": cfg.outputs_block, "CL": cl_order, "I64": i64}, cfg.warps)

@@ -56,13 +56,13 @@ import triton.language as tl
 
 from .. import _runtime
 from .._cases import Draw, describe, rand_on, randn, refuse, stand_in
-from .._runtime import I32_MAX, cdiv, math_dtype, values_key
+from .._runtime import I32_MAX, cdiv, magics, math_dtype, values_key
 from ..config import GridLimits, PlanCache, Tunable, plan_builder
 from ..errors import InvalidProblem, Unsupported
 from ..launch.alloc import empty, empty_contiguous_like
 from ..launch.checks import check_like, check_out_overlap, check_tensor, contiguous_strides
 from ..launch.launcher import launch, launch_consts, tile_warps
-from ..launch.tl_helpers import TL_MATH, cast_out
+from ..launch.tl_helpers import TL_MATH, cast_out, divmod_
 from ..registry import Case, register_op
 
 
@@ -401,25 +401,13 @@ def _with_column(out, v, w, t, CL):
 
 
 @triton.jit
-def _divmod(x, n, m, s, MAGIC: tl.constexpr):
-    """(x // n, x % n) for x >= 0; with MAGIC (x < 2^30), the quotient as (x * m) >> s, m and s from `_magic`
-    (a multiply and a shift where a division takes some 20 instructions). Not where n is 1: Triton then makes n a
-    constant, and the division folds away (with MAGIC there, bf16 reflection_pad1d pad 2 took 63.4 us against 38.3)."""
-    if MAGIC:
-        q = ((x.to(tl.int64) * m) >> s).to(x.dtype)
-    else:
-        q = x // n
-    return q, x - q * n
-
-
-@triton.jit
 def _plane_at(gi, g, p, DIV, gs0, gs1, ISTR, MAGIC: tl.constexpr):
     """Plane p of grad_input, p = (q0 * Q1 + q1) * D_in + d (DIV = (D_in, D_m, D_s, Q1, Q_m, Q_s): the divisors and
     their magic numbers), as (grad_output at (q0, q1), grad_input at (q0, q1, d), d)."""
     D_in, D_m, D_s, Q1, Q_m, Q_s = DIV
     is0, is1, isD, _isH, _isW = ISTR
-    q, d = _divmod(p, D_in, D_m, D_s, MAGIC[0])
-    q0, q1 = _divmod(q, Q1, Q_m, Q_s, MAGIC[1])
+    q, d = divmod_(p, D_in, D_m, D_s, MAGIC[0])
+    q0, q1 = divmod_(q, Q1, Q_m, Q_s, MAGIC[1])
     q0 = q0.to(tl.int64)  # (p, and so its indices, is 32-bit but in the planes loop)
     q1 = q1.to(tl.int64)
     return g + q0 * gs0 + q1 * gs1, gi + q0 * is0 + q1 * is1 + d.to(tl.int64) * isD, d
@@ -494,7 +482,7 @@ def _pad_backward_kernel(gi, g, GRID, PLANE, SIZES, GSTR, ISTR, PADS, HS, WS, RE
                          I64: tl.constexpr, VEC: tl.constexpr, PREFETCH: tl.constexpr, EARLY: tl.constexpr,
                          EDGES: tl.constexpr, LANES: tl.constexpr, GEOM: tl.constexpr, MAGIC: tl.constexpr):
     """GRID = (planes, planes a program, row tiles, column tiles), PLANE = (Q1 and the magic numbers of D_in and Q1,
-    `_magic`), SIZES = (D, H, W of grad_input, then of grad_output), GSTR / ISTR = grad_output's / grad_input's
+    `_runtime.magic`), SIZES = (D, H, W of grad_input, then of grad_output), GSTR / ISTR = grad_output's / grad_input's
     (Q0, Q1, D, H, W) strides, PADS = (D's front, H's top and bottom, W's left and right pads), HS / WS = the H / W
     strips (`_strips`); the constexprs as `_plan` sets them."""
     planes, per_program, n_hb, n_wb = GRID
@@ -720,13 +708,6 @@ def _vec(gstr, pw_lo: int, esize: int) -> int:
     return vec
 
 
-def _magic(n: int) -> tuple[int, int]:
-    """(m, s) such that x // n == (x * m) >> s for every 0 <= x < 2^30 (Granlund and Montgomery: with l = ceil(log2
-    n) and m = ceil(2^(30 + l) / n), the error m * n - 2^(30 + l) is below n <= 2^l); m < 2^31."""
-    s = 30 + (n - 1).bit_length()
-    return -(-(1 << s) // n), s
-
-
 @plan_builder
 def _plan(spec: _Spec, g_shape, g_strides, self_shape, pads, out_strides, dtype: torch.dtype) -> _Plan:
     """The launch for one layout (shapes already checked), under the config in force."""
@@ -750,6 +731,9 @@ def _plan(spec: _Spec, g_shape, g_strides, self_shape, pads, out_strides, dtype:
     # in-plane offsets and row/column indices (mirrors reach about twice the size, plus the pad, plus a tile)
     reach = max((gsize[3] - 1) * gstr[3] + (gsize[4] - 1) * gstr[4], (h_in - 1) * istr[3] + (w_in - 1) * istr[4],
                 2 * max(gsize[3:] + isize[3:]) + max(map(abs, pads)) + 2 * max(bh, bw))
+    # a program's plane index split by D_in and Q1 as multiplies where one plane a program (`magics`; not in the
+    # planes loop, whose index is 64-bit)
+    magic, mag = magics((d_in, q1), (planes, cdiv(planes, d_in)), per_program == 1)
     i64 = reach > cfg.i32_max
     acc = TL_MATH[math_dtype(dtype)]
     crop = min(pads) < 0
@@ -796,9 +780,9 @@ def _plan(spec: _Spec, g_shape, g_strides, self_shape, pads, out_strides, dtype:
         "I64": i64, "VEC": vec, "PREFETCH": not _runtime.INTERPRET and (ph_lo > 0 or ph_hi > 0), "EARLY": early,
         "EDGES": edges, "LANES": lanes,
         "GEOM": (h_in, w_in, *gsize[3:], ph_lo, ph_hi, pw_lo, pw_hi, *hs, *ws) if geom else None,
-        "MAGIC": (per_program == 1 and d_in > 1, per_program == 1 and q1 > 1),
+        "MAGIC": magic,
     }, warps, **({"maxnreg": cap} if cap else {}))
-    args = ((planes, per_program, n_hb, n_wb), (q1, *_magic(d_in), *_magic(q1)), (d_in, h_in, w_in, *gsize[2:]),
+    args = ((planes, per_program, n_hb, n_wb), (q1, *mag[:2], *mag[2:]), (d_in, h_in, w_in, *gsize[2:]),
             (*(s // vec for s in gstr[:4]), gstr[4]), tuple(istr), (pd_lo, ph_lo, ph_hi, pw_lo // vec, pw_hi), hs, ws)
     return _Plan(grid, args, consts)
 

@@ -42,6 +42,24 @@ def below(col, n, V: tl.constexpr):
 
 
 @triton.jit
+def div(x, n, m, sh, MAGIC: tl.constexpr):
+    """x // n for 0 <= x; with MAGIC (32-bit x < 2^30), as the high word of (4 x) m shifted right by sh, m and sh
+    from `_runtime.magic` (`_runtime.magics` decides MAGIC): a multiply and two shifts where a division by a runtime
+    n takes some 20 instructions."""
+    if MAGIC:
+        return tl.umulhi(x * 4, m) >> sh
+    else:
+        return x // n
+
+
+@triton.jit
+def divmod_(x, n, m, sh, MAGIC: tl.constexpr):
+    """(x // n, x % n) for 0 <= x, as `div`."""
+    q = div(x, n, m, sh, MAGIC)
+    return q, x - q * n
+
+
+@triton.jit
 def _round_bf16(x):
     # round-to-nearest-even to bfloat16 precision, staying in fp32 (NaN kept as is)
     bits = x.to(tl.uint32, bitcast=True)
