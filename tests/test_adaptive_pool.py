@@ -208,9 +208,9 @@ def test_divisions_by_magic_numbers_give_the_same_bits(monkeypatch):
     planes a tile and the channels_last row tiling; a size of 1 (2d's D) is not divided by magic numbers."""
     launches = record_launches(monkeypatch, ap)
     for op, shape, out, tiling, memory_format in (
-            (OPS[1], (2, 3, 7, 11, 13), (3, 5, 4), None, torch.contiguous_format),  # (one plane's rows a tile)
+            (OPS[1], (1, 2, 5, 11, 13), (3, 5, 4), None, torch.contiguous_format),  # (one plane's rows a tile)
             (OPS[1], (2, 3, 5, 3, 4), (3, 2, 3), None, torch.contiguous_format),  # (several planes' rows)
-            (OPS[0], (2, 6, 11, 13), (5, 4), None, torch.channels_last),  # (the row tiling)
+            (OPS[0], (1, 4, 7, 9), (5, 4), None, torch.channels_last),  # (the row tiling)
             (OPS[1], (1, 2, 5, 7, 3), (2, 3, 5), "rows", torch.contiguous_format)):
         g, x = _problem(shape, out, memory_format=memory_format)
         with config.override(ap.CONFIG, tiling=tiling):
@@ -224,6 +224,22 @@ def test_divisions_by_magic_numbers_give_the_same_bits(monkeypatch):
         lead = (1,) * (3 - len(out))  # (2d: D = Do = 1)
         sizes = (*lead, *shape[-len(out):], *lead, *out)
         assert magic[:6] == tuple(n > 1 for n in sizes), (shape, out, magic)
+
+
+@pytest.mark.parametrize("reciprocals", [True, False])
+def test_terms_with_reciprocals_or_divided_match_stock(reciprocals, monkeypatch):
+    """A column's terms summed with a reciprocal a row and its 1 / kw applied to the sum (`reciprocals`), or each
+    term divided by its window's volume: either way the values match stock (f64 too), and the row kernel gives the
+    plane kernel's bits."""
+    launches = record_launches(monkeypatch, ap)
+    with config.override(ap.CONFIG, reciprocals=reciprocals):
+        for op, shape, out in ((OPS[1], (1, 2, 5, 7, 6), (3, 4, 4)), (OPS[0], (1, 3, 6, 9), (4, 13))):
+            for dtype in (torch.float32, torch.float64):
+                g, x = _problem(shape, out, dtype)
+                launches.clear()
+                ours = check_case(op, (g, x), what=f"{shape} -> {out} {dtype}")
+                assert launches[-1].consts["RECIP"] is reciprocals
+                assert_bitwise_equal(_tiled(op, g, x, "rows"), ours, f"{shape} -> {out} {dtype} rows")
 
 
 def test_small_planes_share_a_tile(monkeypatch):

@@ -4,8 +4,10 @@ ATen pools output o along a dim of input size I and output size O over the windo
 and averages it; the gradient of input i is the sum of g[o] / (its window's volume) over the outputs whose windows
 hold i. Along a dim those outputs are the range [floor(i*O/I), ceil((i+1)*O/I)) (start(o) <= i <=> o*I < (i+1)*O;
 end(o) > i <=> (o+1)*I > i*O), at most ceil(O/I) + 1 of them, so each grad_input element sums its few terms in one
-fixed order (od, oh, ow ascending) in fp32 (fp64 for f64) and is written once. ATen's CUDA kernels scatter each
-g[o] over its window with atomicAdd instead (nondeterministic; raising under torch.use_deterministic_algorithms).
+fixed order in fp32 (fp64 for f64) and is written once: per output column ow, the terms g / (kd kh) over (od, oh)
+ascending, that sum times 1 / kw, the columns ascending (`_term`). ATen's CUDA kernels scatter each g[o] over its
+window with atomicAdd instead (nondeterministic; raising under torch.use_deterministic_algorithms). The windows'
+bounds divide by runtime sizes as a multiply-high and shifts (`tl_helpers.div`).
 
 A program owns a [BR, BW] tile of grad_input's rows by columns w (past 2^30 tiles, several in turn): rows of one
 (n, c, d) plane where a plane's rows fill a tile (the D range a scalar), else rows (n, c, d, h) flattened, so that
@@ -62,8 +64,12 @@ class AdaptivePoolConfig(GridLimits):
     #: bytes at W = 56 and 64; H200, 2d f32 30x40 -> 1x7 0.84x -> 1.10x stock; docs/tuning/avg_pool.md)
     row_align: bool = True
     #: divide by the sizes (the windows' bounds, a flat row index's split) as a multiply-high and shifts
-    #: (`_runtime.magics`; where 32-bit): a runtime division is some 20 instructions, and each term takes two
+    #: (`_runtime.magics`; where 32-bit): a runtime division is some 20 instructions, and each term took two (H200,
+    #: 3d f32 prime 17x31x37 -> 3x5x7 0.71x -> 1.07x stock; docs/tuning/avg_pool.md)
     magic: bool = True
+    #: sum a column's terms g / (kd kh) with a reciprocal a row, and multiply the sum by 1 / kw (`_term`), where a
+    #: term was divided by kd kh kw (3d f32 geomean 3.28x -> 3.51x, the prime case 1.07x -> 1.20x)
+    reciprocals: bool = True
 
 
 CONFIG = Tunable("adaptive_avg_pool", AdaptivePoolConfig())
@@ -85,10 +91,31 @@ def _holding(i, n_in, n_out, m, sh, MAGIC: tl.constexpr):
 
 
 @triton.jit
+def _term(col, g, kdh, kw, RECIP: tl.constexpr):
+    """A column's sum so far, plus g[od, oh, ow]'s term: g / (kd kh kw), or with RECIP, g * (1 / (kd kh)), the
+    column's 1 / kw applied once to its sum (`_column`): a reciprocal a row, where a division is some 8 instructions
+    a term."""
+    if RECIP:
+        return col + g * (1.0 / kdh)
+    else:
+        return col + g / (kdh * kw)
+
+
+@triton.jit
+def _column(col, kw, RECIP: tl.constexpr):
+    """A column's sum of terms (`_term`), its window size along W kw applied where RECIP."""
+    if RECIP:
+        return col * (1.0 / kw)
+    else:
+        return col
+
+
+@triton.jit
 def _adaptive_avg_pool_backward_kernel(gi, go, n_tiles, n_wb, n_hb, n_rows, C, D, H, W, Do, Ho, Wo,
                                        gsN, gsC, gsD, gsH, gsW, isN, isC, isD, isH, isW, KH, KW, MAG,
                                        BR: tl.constexpr, BW: tl.constexpr, ACC: tl.constexpr, I64: tl.constexpr,
-                                       ALIGN: tl.constexpr, FLAT_ROWS: tl.constexpr, MAGIC: tl.constexpr):
+                                       ALIGN: tl.constexpr, FLAT_ROWS: tl.constexpr, MAGIC: tl.constexpr,
+                                       RECIP: tl.constexpr):
     # FLAT_ROWS: a tile's rows are rows (n, c, d, h) flattened, so that it spans several small planes (n_hb unused);
     # else they are BR rows of one plane (n_rows unused). isN, isC, isD, isH: grad_input's strides divided by ALIGN,
     # a power of two dividing them and W, which the kernel multiplies back: Triton then knows a row's start a
@@ -127,22 +154,24 @@ def _adaptive_avg_pool_backward_kernel(gi, go, n_tiles, n_wb, n_hb, n_rows, C, D
         n_od = od_hi - od_lo
         if FLAT_ROWS:
             n_od = tl.max(n_od)  # (the tile's longest D range: rows past theirs masked)
-        for i in range(0, n_od):
-            od = od_lo + i
-            md = rm
-            if FLAT_ROWS:
-                md = rm & (od < od_hi)  # (past the range: a window's size is positive still; its loads masked)
-            kd = _window(od, D, Do, MAG[6], MAG[7], MAGIC[3]).to(ACC)
-            plane = src + od.to(tl.int64) * gsD
-            for j in range(0, KH):
-                oh = oh_lo + j
-                mh = md & (oh < oh_hi)
-                kdh = kd * _window(oh, H, Ho, MAG[8], MAG[9], MAGIC[4]).to(ACC)
-                for k in range(0, KW):
-                    ow = ow_lo + k
-                    m = mh & cm & (ow < ow_hi)
-                    g = tl.load(plane + oh * gsH + ow * gsW, mask=m, other=0.0).to(ACC)
-                    acc += g / (kdh * _window(ow, W, Wo, MAG[10], MAG[11], MAGIC[5]).to(ACC))
+        for k in range(0, KW):  # (ow, then od, oh ascending; the row kernel sums the same terms in the same order)
+            ow = ow_lo + k
+            mw = cm & (ow < ow_hi)
+            kw = _window(ow, W, Wo, MAG[10], MAG[11], MAGIC[5]).to(ACC)
+            col = tl.zeros([BR, BW], dtype=ACC)
+            for i in range(0, n_od):
+                od = od_lo + i
+                md = rm
+                if FLAT_ROWS:
+                    md = rm & (od < od_hi)  # (past the range: a window's size is positive still; its loads masked)
+                kd = _window(od, D, Do, MAG[6], MAG[7], MAGIC[3]).to(ACC)
+                plane = src + od.to(tl.int64) * gsD
+                for j in range(0, KH):
+                    oh = oh_lo + j
+                    kdh = kd * _window(oh, H, Ho, MAG[8], MAG[9], MAGIC[4]).to(ACC)
+                    g = tl.load(plane + oh * gsH + ow * gsW, mask=md & (oh < oh_hi) & mw, other=0.0).to(ACC)
+                    col = _term(col, g, kdh, kw, RECIP)
+            acc += _column(col, kw, RECIP)
         dst = gi + (n * isN + c * isC + d.to(tl.int64) * isD + h * isH) * ALIGN + w * isW
         tl.store(dst, cast_out(acc, gi.dtype.element_ty), mask=rm & cm)
 
@@ -151,7 +180,7 @@ def _adaptive_avg_pool_backward_kernel(gi, go, n_tiles, n_wb, n_hb, n_rows, C, D
 def _adaptive_avg_pool_backward_rows_kernel(gi, go, n_tiles, n_wb, n_cb, C, D, H, W, Do, Ho, Wo,
                                             gsN, gsC, gsD, gsH, gsW, isN, isC, isD, isH, isW, KW, MAG,
                                             BW: tl.constexpr, BC: tl.constexpr, ACC: tl.constexpr,
-                                            I64: tl.constexpr, MAGIC: tl.constexpr):
+                                            I64: tl.constexpr, MAGIC: tl.constexpr, RECIP: tl.constexpr):
     for t in range(tl.program_id(0), n_tiles, tl.num_programs(0)):
         cb = t % n_cb  # channel blocks fastest: consecutive programs write consecutive memory (channels_last)
         wb = (t // n_cb) % n_wb
@@ -175,16 +204,19 @@ def _adaptive_avg_pool_backward_rows_kernel(gi, go, n_tiles, n_wb, n_cb, C, D, H
         od_lo, od_hi = _holding(d, D, Do, MAG[0], MAG[1], MAGIC[0])
         src = go + n * gsN + c * gsC
         acc = tl.zeros([BW, BC], dtype=ACC)
-        for od in range(od_lo, od_hi):  # (od, oh, ow ascending, each term as the plane kernel forms it: same bits)
-            kd = _window(od, D, Do, MAG[6], MAG[7], MAGIC[3]).to(ACC)
-            for oh in range(oh_lo, oh_hi):
-                kdh = kd * _window(oh, H, Ho, MAG[8], MAG[9], MAGIC[4]).to(ACC)
-                row = src + tl.cast(od, tl.int64) * gsD + tl.cast(oh, tl.int64) * gsH  # (od, oh: 32-bit)
-                for k in range(0, KW):
-                    ow = ow_lo + k
-                    mk = m & (ow < ow_hi)
+        for k in range(0, KW):  # (ow, then od, oh ascending, each term as the plane kernel forms it: same bits)
+            ow = ow_lo + k
+            mk = m & (ow < ow_hi)
+            kw = _window(ow, W, Wo, MAG[10], MAG[11], MAGIC[5]).to(ACC)
+            col = tl.zeros([BW, BC], dtype=ACC)
+            for od in range(od_lo, od_hi):
+                kd = _window(od, D, Do, MAG[6], MAG[7], MAGIC[3]).to(ACC)
+                for oh in range(oh_lo, oh_hi):
+                    kdh = kd * _window(oh, H, Ho, MAG[8], MAG[9], MAGIC[4]).to(ACC)
+                    row = src + tl.cast(od, tl.int64) * gsD + tl.cast(oh, tl.int64) * gsH  # (od, oh: 32-bit)
                     g = tl.load(row + ow * gsW, mask=mk, other=0.0).to(ACC)
-                    acc += g / (kdh * _window(ow, W, Wo, MAG[10], MAG[11], MAGIC[5]).to(ACC))
+                    col = _term(col, g, kdh, kw, RECIP)
+            acc += _column(col, kw, RECIP)
         dst = gi + n * isN + d.to(tl.int64) * isD + h.to(tl.int64) * isH + w * isW + c * isC
         tl.store(dst, cast_out(acc, gi.dtype.element_ty), mask=m)
 
@@ -274,7 +306,7 @@ def _plan(spec: _Spec, g_shape: tuple, g_stride: tuple, x_shape: tuple, cl: bool
         i64 = reach > cfg.i32_max
         magic, mag = magics(sizes, windows * 2, cfg.magic and not i64)
         tile = bw * bc
-        consts = launch_consts({"BW": bw, "BC": bc, "ACC": acc, "I64": i64, "MAGIC": magic},
+        consts = launch_consts({"BW": bw, "BC": bc, "ACC": acc, "I64": i64, "MAGIC": magic, "RECIP": cfg.reciprocals},
                                4 if tile >= 512 else 2 if tile >= 128 else 1)
         args = (n_tiles, n_wb, n_cb, c, *sizes, *gstr, *istr, kw, mag)
         return _Plan(x_shape, out_stride if cl else None, min(n_tiles, cfg.max_programs), args, consts,
@@ -300,7 +332,8 @@ def _plan(spec: _Spec, g_shape: tuple, g_stride: tuple, x_shape: tuple, cl: bool
     tile = br * bw
     align = pow2_dividing(math.gcd(w_in, *istr[:4])) if cfg.row_align else 1
     consts = launch_consts({"BR": br, "BW": bw, "ACC": acc, "I64": i64, "ALIGN": align,
-                            "FLAT_ROWS": planes, "MAGIC": magic}, 4 if tile >= 512 else 2 if tile >= 128 else 1)
+                            "FLAT_ROWS": planes, "MAGIC": magic, "RECIP": cfg.reciprocals},
+                           4 if tile >= 512 else 2 if tile >= 128 else 1)
     args = (n_tiles, n_wb, n_hb, n_rows, c, *sizes, *gstr, *(st // align for st in istr[:4]), istr[4], kh, kw, mag)
     return _Plan(x_shape, out_stride if cl else None, min(n_tiles, cfg.max_programs), args, consts,
                  _adaptive_avg_pool_backward_kernel)
