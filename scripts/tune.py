@@ -145,6 +145,11 @@ GROUPS = {  # name: (ops, dtypes, configs); each config overrides only what it n
     # TUNE_CASES="sweep:"
     "adaptive_rows": (["_adaptive_avg_pool2d_backward", "_adaptive_avg_pool3d_backward"], [F32, BF16],
                       [DEFAULTS, (adaptive_pool.CONFIG, {"row_align": False})]),
+    # adaptive average pooling's divisions by magic numbers and its reciprocals a row (both shipped), the second off,
+    # both off; with TUNE_CASES="sweep:"
+    "adaptive_div": (["_adaptive_avg_pool2d_backward", "_adaptive_avg_pool3d_backward"], [F32, BF16],
+                     [DEFAULTS] + [(adaptive_pool.CONFIG, c) for c in ({"reciprocals": False},
+                                                                       {"magic": False, "reciprocals": False})]),
     "segred": (["_segment_reduce_backward"], [F32, F16],
                [DEFAULTS] + [_sr(*c) for c in ((48, 32, 1, 2), (64, 40, 2, 1), (56, 48, 2, 4), (56, 40, 1, 2),
                                                 (72, 64, 1, 1), (48, 32, 2, 1), (56, 40, 1, 2))]),
