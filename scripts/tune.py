@@ -136,11 +136,12 @@ GROUPS = {  # name: (ops, dtypes, configs); each config overrides only what it n
                 [DEFAULTS, (avg_pool.CONFIG, {"shifted_thread_bytes": 1 << 20})]
                 + [(avg_pool.CONFIG, {"tile": t}) for t in (128, 256)]),
     # avg_pool3d's rows told W's power of two, its reciprocals a row and a column, the column block padding rows
-    # least (all shipped), each off, the first two off; with TUNE_CASES="sweep:"
+    # least, the row index split by magic numbers (all shipped), each off, the first two off; with TUNE_CASES="sweep:"
     "avgpool_rows": (["avg_pool3d_backward"], [F32, BF16, F16],
                      [DEFAULTS] + [(avg_pool.CONFIG, c) for c in ({"row_align": False}, {"reciprocals": False},
                                                                   {"min_bw": 1024},
-                                                                  {"row_align": False, "reciprocals": False})]),
+                                                                  {"row_align": False, "reciprocals": False},
+                                                                  {"magic": False})]),
     # adaptive average pooling's plane tiles with vector stores (row_align, shipped) and without; with
     # TUNE_CASES="sweep:"
     "adaptive_rows": (["_adaptive_avg_pool2d_backward", "_adaptive_avg_pool3d_backward"], [F32, BF16],

@@ -224,12 +224,13 @@ def test_repeats_tilings_and_index_widths_give_the_same_values(monkeypatch):
     first = ops.avg_pool3d_backward(*args)
     assert_bitwise_equal(ops.avg_pool3d_backward(*args), first, "run twice")
     launches = record_launches(monkeypatch, ap)
-    knobs = [({}, lambda ints, consts: consts["BR"] > 1),
+    knobs = [({}, lambda ints, consts: consts["BR"] > 1 and all(consts["MAGIC"])),  # (rows split by magic numbers)
              ({"tile": 4}, lambda ints, consts: consts["BR"] == 1),  # (windows overlap here)
              ({"max_bw": 2}, lambda ints, consts: consts["BW"] == 2),
              ({"tile": 4, "max_programs": 2}, lambda ints, consts: ints[0] > 2),  # (more tiles than programs)
              ({"i32_max": 16}, lambda ints, consts: consts["I64"]),
-             ({"reciprocals": False}, lambda ints, consts: not consts["RECIP"])]  # (a division a term)
+             ({"reciprocals": False}, lambda ints, consts: not consts["RECIP"]),  # (a division a term)
+             ({"magic": False}, lambda ints, consts: not any(consts["MAGIC"]))]
     for settings, took in knobs:
         with config.override(ap.CONFIG, **settings):
             launches.clear()

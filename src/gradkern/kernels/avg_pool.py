@@ -38,13 +38,13 @@ import triton
 import triton.language as tl
 
 from .._cases import Draw, describe, rand_on, randn, refuse, stand_in
-from .._runtime import cdiv, math_dtype, pow2_dividing, values_key
+from .._runtime import cdiv, magics, math_dtype, pow2_dividing, values_key
 from ..config import GridLimits, PlanCache, Tunable, plan_builder
 from ..errors import InvalidProblem, Unsupported
 from ..launch.alloc import empty
 from ..launch.checks import check_like, check_tensor
 from ..launch.launcher import launch, launch_consts, tile_warps
-from ..launch.tl_helpers import TL_MATH, cast_out
+from ..launch.tl_helpers import TL_MATH, cast_out, divmod_
 from ..registry import Case, register_op
 
 OP = "avg_pool3d_backward"
@@ -82,6 +82,10 @@ class AvgPoolConfig(GridLimits):
     #: a reciprocal a row and a column, not a division a term, where windows overlap the kernel is instruction-bound
     #: (H200, (3, 2, 1) over 4x32x96^3 f32 0.96x -> 1.16x stock, video (3, 3, 3) 1.46x -> 1.86x)
     reciprocals: bool = True
+    #: split a row index into (n, c, d, h) as multiplies and shifts (`_runtime.magics`; where 32-bit), where six
+    #: divisions and mods by runtime sizes (some 20 instructions each) were a row's (H200, sweep min / geomean:
+    #: f32 1.01x / 1.69x -> 1.08x / 1.84x, bf16 0.87x / 1.65x -> 1.02x / 1.75x stock; docs/tuning/avg_pool.md)
+    magic: bool = True
     #: warps a program (fewer for a tile below 32 elements a warp)
     warps: int = 4
 
@@ -115,14 +119,15 @@ def _extent(o, n_in, K: tl.constexpr, S: tl.constexpr, P: tl.constexpr, MODE: tl
 
 
 @triton.jit(do_not_specialize=["divisor"])  # (a divisor of 1 compiled in as a constant would have no .to)
-def _avg_pool3d_backward_kernel(gi, go, n_tiles, n_cb, n_rows, C, SIZE, OUT, GS, divisor,
+def _avg_pool3d_backward_kernel(gi, go, n_tiles, n_cb, n_rows, C, SIZE, OUT, GS, divisor, MAG,
                                 K0: tl.constexpr, K1: tl.constexpr, K2: tl.constexpr,
                                 S0: tl.constexpr, S1: tl.constexpr, S2: tl.constexpr,
                                 P0: tl.constexpr, P1: tl.constexpr, P2: tl.constexpr,
                                 BR: tl.constexpr, BW: tl.constexpr, MODE: tl.constexpr, ACC: tl.constexpr,
-                                I64: tl.constexpr, W_DIV: tl.constexpr, RECIP: tl.constexpr):
+                                I64: tl.constexpr, W_DIV: tl.constexpr, RECIP: tl.constexpr, MAGIC: tl.constexpr):
     # SIZE (D, H, W / W_DIV) and OUT (Do, Ho, Wo): input and output sizes, W_DIV a power of two dividing W (so that
-    # stores along a row vectorise); GS: grad_output's (N, C, D, H, W) strides; K, S, P: the window per dim (D, H, W)
+    # stores along a row vectorise); GS: grad_output's (N, C, D, H, W) strides; K, S, P: the window per dim (D, H, W);
+    # MAG, MAGIC: `tl_helpers.div`'s constants and flags for a row index's split by H, D and C
     D = SIZE[0]
     H = SIZE[1]
     W = SIZE[2] * W_DIV  # (a product by the constexpr: Triton sees that rows start on multiples of W_DIV)
@@ -138,10 +143,9 @@ def _avg_pool3d_backward_kernel(gi, go, n_tiles, n_cb, n_rows, C, SIZE, OUT, GS,
             w = w.to(tl.int64)
         m = rm & (w < W)
         wc = tl.minimum(w, W - 1)  # (the store's w unclamped: its contiguity stays visible)
-        h = r % H
-        d = (r // H) % D
-        c = (r // H // D) % C
-        n = r // H // D // C
+        q, h = divmod_(r, H, MAG[0], MAG[1], MAGIC[0])
+        q, d = divmod_(q, D, MAG[2], MAG[3], MAGIC[1])
+        n, c = divmod_(q, C, MAG[4], MAG[5], MAGIC[2])
         od_lo, od_hi = _holding(d, OUT[0], K0, S0, P0)
         oh_lo, oh_hi = _holding(h, OUT[1], K1, S1, P1)
         ow_lo, ow_hi = _holding(wc, OUT[2], K2, S2, P2)
@@ -305,13 +309,16 @@ def _plan(g_shape: tuple, g_stride: tuple, x_shape: tuple, win: _Window, mode: i
     # arithmetic (sizes plus kernel, stride and padding) can pass 2^31
     g_reach = sum((size - 1) * abs(st) for size, st in zip(g_shape, g_stride, strict=True)) + 1
     reach = max((n_rows + br) * w_in + bw, g_reach, max(d_in, h_in, w_in) + 2 * max(win.kernel) + max(win.stride))
+    i64 = reach > cfg.i32_max
+    rows = n_rows + br  # (a row index's bound, then its quotients')
+    magic, mag = magics((h_in, d_in, c), (rows, cdiv(rows, h_in), cdiv(rows, h_in * d_in)), cfg.magic and not i64)
     window = {f"{name}{i}": v for name, vals in (("K", win.kernel), ("S", win.stride), ("P", win.padding))
               for i, v in enumerate(vals)}
     consts = launch_consts({**window, "BR": br, "BW": bw, "MODE": mode,
-                            "ACC": TL_MATH[math_dtype(dtype)], "I64": reach > cfg.i32_max, "W_DIV": w_div,
-                            "RECIP": cfg.reciprocals},
+                            "ACC": TL_MATH[math_dtype(dtype)], "I64": i64, "W_DIV": w_div,
+                            "RECIP": cfg.reciprocals, "MAGIC": magic},
                            tile_warps(br * bw, cfg.warps))
-    args = (n_tiles, n_cb, n_rows, c, (d_in, h_in, w_in // w_div), tuple(out), tuple(g_stride), divisor)
+    args = (n_tiles, n_cb, n_rows, c, (d_in, h_in, w_in // w_div), tuple(out), tuple(g_stride), divisor, mag)
     return _Plan(x_shape, min(n_tiles, cfg.max_programs), args, consts)
 
 
