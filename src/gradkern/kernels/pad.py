@@ -782,7 +782,7 @@ def _plan(spec: _Spec, g_shape, g_strides, self_shape, pads, out_strides, dtype:
         "GEOM": (h_in, w_in, *gsize[3:], ph_lo, ph_hi, pw_lo, pw_hi, *hs, *ws) if geom else None,
         "MAGIC": magic,
     }, warps, **({"maxnreg": cap} if cap else {}))
-    args = ((planes, per_program, n_hb, n_wb), (q1, *mag[:2], *mag[2:]), (d_in, h_in, w_in, *gsize[2:]),
+    args = ((planes, per_program, n_hb, n_wb), (q1, *mag), (d_in, h_in, w_in, *gsize[2:]),
             (*(s // vec for s in gstr[:4]), gstr[4]), tuple(istr), (pd_lo, ph_lo, ph_hi, pw_lo // vec, pw_hi), hs, ws)
     return _Plan(grid, args, consts)
 
