@@ -112,15 +112,17 @@ def _column(col, kw, RECIP: tl.constexpr):
 
 @triton.jit
 def _adaptive_avg_pool_backward_kernel(gi, go, n_tiles, n_wb, n_hb, n_rows, C, D, H, W, Do, Ho, Wo,
-                                       gsN, gsC, gsD, gsH, gsW, isN, isC, isD, isH, isW, KH, KW, MAG,
+                                       GS, isN, isC, isD, isH, isW, KH, KW, MAG,
                                        BR: tl.constexpr, BW: tl.constexpr, ACC: tl.constexpr, I64: tl.constexpr,
                                        ALIGN: tl.constexpr, FLAT_ROWS: tl.constexpr, MAGIC: tl.constexpr,
                                        RECIP: tl.constexpr):
-    # FLAT_ROWS: a tile's rows are rows (n, c, d, h) flattened, so that it spans several small planes (n_hb unused);
-    # else they are BR rows of one plane (n_rows unused). isN, isC, isD, isH: grad_input's strides divided by ALIGN,
+    # GS: grad_output's (N, C, D, H, W) strides. FLAT_ROWS: a tile's rows are rows (n, c, d, h) flattened, so that
+    # it spans several small planes (n_hb unused); else they are BR rows of one plane (n_rows unused). isN, isC,
+    # isD, isH: grad_input's strides divided by ALIGN,
     # a power of two dividing them and W, which the kernel multiplies back: Triton then knows a row's start a
     # multiple of it, and makes the stores vector stores where W is not a multiple of 16. MAG, MAGIC: `div`'s
     # constants and flags for D, H, W (`_holding`), Do, Ho, Wo (`_window`), then H, D, C (a flat row index's split)
+    gsN, gsC, gsD, gsH, gsW = GS
     for t in range(tl.program_id(0), n_tiles, tl.num_programs(0)):
         wb = t % n_wb
         w = wb * BW + tl.arange(0, BW)[None, :]
@@ -178,9 +180,10 @@ def _adaptive_avg_pool_backward_kernel(gi, go, n_tiles, n_wb, n_hb, n_rows, C, D
 
 @triton.jit
 def _adaptive_avg_pool_backward_rows_kernel(gi, go, n_tiles, n_wb, n_cb, C, D, H, W, Do, Ho, Wo,
-                                            gsN, gsC, gsD, gsH, gsW, isN, isC, isD, isH, isW, KW, MAG,
+                                            GS, isN, isC, isD, isH, isW, KW, MAG,
                                             BW: tl.constexpr, BC: tl.constexpr, ACC: tl.constexpr,
                                             I64: tl.constexpr, MAGIC: tl.constexpr, RECIP: tl.constexpr):
+    gsN, gsC, gsD, gsH, gsW = GS  # (grad_output's (N, C, D, H, W) strides)
     for t in range(tl.program_id(0), n_tiles, tl.num_programs(0)):
         cb = t % n_cb  # channel blocks fastest: consecutive programs write consecutive memory (channels_last)
         wb = (t // n_cb) % n_wb
@@ -308,7 +311,7 @@ def _plan(spec: _Spec, g_shape: tuple, g_stride: tuple, x_shape: tuple, cl: bool
         tile = bw * bc
         consts = launch_consts({"BW": bw, "BC": bc, "ACC": acc, "I64": i64, "MAGIC": magic, "RECIP": cfg.reciprocals},
                                4 if tile >= 512 else 2 if tile >= 128 else 1)
-        args = (n_tiles, n_wb, n_cb, c, *sizes, *gstr, *istr, kw, mag)
+        args = (n_tiles, n_wb, n_cb, c, *sizes, tuple(gstr), *istr, kw, mag)
         return _Plan(x_shape, out_stride if cl else None, min(n_tiles, cfg.max_programs), args, consts,
                      _adaptive_avg_pool_backward_rows_kernel)
     bw = min(triton.next_power_of_2(w_in), cfg.max_bw)
@@ -334,7 +337,8 @@ def _plan(spec: _Spec, g_shape: tuple, g_stride: tuple, x_shape: tuple, cl: bool
     consts = launch_consts({"BR": br, "BW": bw, "ACC": acc, "I64": i64, "ALIGN": align,
                             "FLAT_ROWS": planes, "MAGIC": magic, "RECIP": cfg.reciprocals},
                            4 if tile >= 512 else 2 if tile >= 128 else 1)
-    args = (n_tiles, n_wb, n_hb, n_rows, c, *sizes, *gstr, *(st // align for st in istr[:4]), istr[4], kh, kw, mag)
+    args = (n_tiles, n_wb, n_hb, n_rows, c, *sizes, tuple(gstr), *(st // align for st in istr[:4]), istr[4], kh, kw,
+            mag)
     return _Plan(x_shape, out_stride if cl else None, min(n_tiles, cfg.max_programs), args, consts,
                  _adaptive_avg_pool_backward_kernel)
 
