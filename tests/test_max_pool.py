@@ -15,6 +15,7 @@ from conftest import DEVICE, DTYPES, dtype_id, gpu_only
 from gradkern import config, ops
 from gradkern.kernels import max_pool as mp
 from gradkern.launch.alloc import channels_last_format
+from gradkern.launch.launcher import column_block
 from gradkern.registry import REGISTRY
 from gradkern.testing import (
     assert_bitwise_equal,
@@ -523,7 +524,7 @@ def test_column_blocks_waste_the_fewest_lanes():
     row least, the widest of equals."""
     for size, block in ((96, 32), (56, 64), (64, 64), (128, 128), (7, 8), (200, 32), (300, 64), (48, 64), (3, 4),
                         (1, 1), (1000, 128), (4096, 128)):
-        assert mp._block(size, 128, 32) == block, (size, mp._block(size, 128, 32))
+        assert column_block(size, 128, 32) == block, (size, column_block(size, 128, 32))
 
 
 def test_window_constants_not_sizes_select_the_compile():

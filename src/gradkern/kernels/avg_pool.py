@@ -43,7 +43,7 @@ from ..config import GridLimits, PlanCache, Tunable, plan_builder
 from ..errors import InvalidProblem, Unsupported
 from ..launch.alloc import empty
 from ..launch.checks import check_like, check_tensor
-from ..launch.launcher import launch, launch_consts, tile_warps
+from ..launch.launcher import column_block, launch, launch_consts, tile_warps
 from ..launch.tl_helpers import TL_MATH, cast_out, divmod_
 from ..registry import Case, register_op
 
@@ -289,11 +289,7 @@ def _plan(g_shape: tuple, g_stride: tuple, x_shape: tuple, win: _Window, mode: i
     g_shape, g_stride = lead + g_shape, (0,) * len(lead) + g_stride
     out = g_shape[2:]
     n_rows = n * c * d_in * h_in
-    widest = min(triton.next_power_of_2(w_in), cfg.max_bw)
-    bw = widest
-    for narrower in [widest >> i for i in range(1, widest.bit_length())]:  # (the block padding W least; ties: wider)
-        if narrower >= cfg.min_bw and cdiv(w_in, narrower) * narrower < cdiv(w_in, bw) * bw:
-            bw = narrower
+    bw = column_block(w_in, cfg.max_bw, cfg.min_bw)
     one_term = all(k <= st for k, st in zip(win.kernel, win.stride, strict=True))
     if one_term:
         tile = cfg.tile_one_term_16 if dtype.itemsize == 2 else cfg.tile_one_term

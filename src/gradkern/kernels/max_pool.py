@@ -82,7 +82,7 @@ from ..config import GridLimits, PlanCache, Tunable, plan_builder
 from ..errors import InvalidProblem, Unsupported
 from ..launch.alloc import channels_last_format, empty
 from ..launch.checks import check_like, check_tensor, contiguous_strides
-from ..launch.launcher import launch, launch_consts, tile_warps
+from ..launch.launcher import column_block, launch, launch_consts, tile_warps
 from ..launch.tl_helpers import TL_MATH, below, cast_out, div, divmod_
 from ..registry import Case, register_op
 from .adaptive_pool import max_outputs
@@ -494,16 +494,6 @@ def _pow2_floor(n: int) -> int:
     return 1 << (n.bit_length() - 1) if n > 0 else 0
 
 
-def _block(size: int, cap: int, least: int) -> int:
-    """The column block along an axis of `size`: the power of two, at most `cap` and at least `least` (or
-    size's next power of two), whose blocks waste the fewest lanes past the axis' end; the widest among equals
-    (W = 96: 32, 200: 32, 56: 64). A lane past the row costs a whole element's work; a narrower block costs a
-    thread nothing (it holds one row's 4 columns either way), but its warp's accesses span more rows."""
-    top = min(triton.next_power_of_2(size), cap)
-    blocks = [top >> k for k in range(top.bit_length()) if top >> k >= min(least, top)]
-    return min(blocks, key=lambda b: (cdiv(size, b) * b, -b))
-
-
 def _progressions(window: tuple | None, ins: tuple, outs: tuple) -> tuple[tuple, tuple, int]:
     """(WINS, KS, the largest value the candidates' integer math can reach) for the kernel: per dim (D, H, W) of
     input sizes `ins` and output sizes `outs`, max pooling's (`window`: (k, s, p, d) triples) or adaptive pooling's
@@ -548,12 +538,12 @@ def _plan(spec: _Spec, g_shape: tuple, g_stride: tuple, x_stride: tuple, shape: 
     d_in, h_in, w_in = ins
     channels = _tiling(cl, c, cfg.tiling) == "channels"
     if channels:
-        bb = _block(c, cfg.max_bc, cfg.min_block)
+        bb = column_block(c, cfg.max_bc, cfg.min_block)
         n_rows, n_b = n * d_in * h_in * w_in, cdiv(c, bb)
         row_div = (w_in, h_in, d_in)  # (a row index's divisions: w, h, d, and n the quotient)
         col_axis = 1
     else:
-        bb = _block(w_in, cfg.max_bw, cfg.min_block)
+        bb = column_block(w_in, cfg.max_bw, cfg.min_block)
         n_rows, n_b = n * c * d_in * h_in, cdiv(w_in, bb)
         row_div = (h_in, d_in, c)
         col_axis = 4

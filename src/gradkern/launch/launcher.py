@@ -146,6 +146,16 @@ def tile_warps(elements: int, most: int, per_thread: int = 1) -> int:
     return max(1, min(most, elements // (32 * per_thread)))
 
 
+def column_block(size: int, cap: int, least: int) -> int:
+    """The column block along an axis of `size`: the power of two, at most `cap` and at least `least` (or
+    size's next power of two), whose blocks waste the fewest lanes past the axis' end; the widest among equals
+    (W = 96: 32, 200: 32, 56: 64). A lane past the row costs a whole element's work; a narrower block costs a
+    thread nothing (it holds one row's 4 columns either way), but its warp's accesses span more rows."""
+    top = min(_runtime.next_pow2(size), cap)
+    blocks = [top >> k for k in range(top.bit_length()) if top >> k >= min(least, top)]
+    return min(blocks, key=lambda b: (_runtime.cdiv(size, b) * b, -b))
+
+
 def launch_consts(constexprs: dict, num_warps: int, *, pdl: bool | None = None, **options) -> dict:
     """The `consts` that `launch` takes: the kernel's constexprs (in its parameter order; with `pdl` not None, its
     PDL constexpr last), their values for the direct relaunch, num_warps and other compile `options`, and
