@@ -84,9 +84,9 @@ def _window(o, n_in, n_out, m, sh, MAGIC: tl.constexpr):
 
 
 @triton.jit
-def _holding(i, n_in, n_out, m, sh, MAGIC: tl.constexpr):
+def holding(i, n_in, n_out, m, sh, MAGIC: tl.constexpr):
     """The outputs whose windows hold input i along a dim of n_in inputs and n_out outputs: [lo, hi) (the divisions
-    by n_in: `div`, m, sh and MAGIC n_in's)."""
+    by n_in: `div`, m, sh and MAGIC n_in's). Adaptive max pooling's candidates too (`max_pool._adaptive_range`)."""
     return div(i * n_out, n_in, m, sh, MAGIC), div((i + 1) * n_out + n_in - 1, n_in, m, sh, MAGIC)
 
 
@@ -121,7 +121,7 @@ def _adaptive_avg_pool_backward_kernel(gi, go, n_tiles, n_wb, n_hb, n_rows, C, D
     # isD, isH: grad_input's strides divided by ALIGN,
     # a power of two dividing them and W, which the kernel multiplies back: Triton then knows a row's start a
     # multiple of it, and makes the stores vector stores where W is not a multiple of 16. MAG, MAGIC: `div`'s
-    # constants and flags for D, H, W (`_holding`), Do, Ho, Wo (`_window`), then H, D, C (a flat row index's split)
+    # constants and flags for D, H, W (`holding`), Do, Ho, Wo (`_window`), then H, D, C (a flat row index's split)
     gsN, gsC, gsD, gsH, gsW = GS
     for t in range(tl.program_id(0), n_tiles, tl.num_programs(0)):
         wb = t % n_wb
@@ -148,9 +148,9 @@ def _adaptive_avg_pool_backward_kernel(gi, go, n_tiles, n_wb, n_hb, n_rows, C, D
         n, c = divmod_(q, C, MAG[16], MAG[17], MAGIC[8])
         c = c.to(tl.int64)  # (plane offsets are int64 always)
         n = n.to(tl.int64)
-        od_lo, od_hi = _holding(d, D, Do, MAG[0], MAG[1], MAGIC[0])  # the outputs whose windows hold each plane / row
-        oh_lo, oh_hi = _holding(h, H, Ho, MAG[2], MAG[3], MAGIC[1])  # / column
-        ow_lo, ow_hi = _holding(wc, W, Wo, MAG[4], MAG[5], MAGIC[2])
+        od_lo, od_hi = holding(d, D, Do, MAG[0], MAG[1], MAGIC[0])  # the outputs whose windows hold each plane / row
+        oh_lo, oh_hi = holding(h, H, Ho, MAG[2], MAG[3], MAGIC[1])  # / column
+        ow_lo, ow_hi = holding(wc, W, Wo, MAG[4], MAG[5], MAGIC[2])
         src = go + n * gsN + c * gsC
         acc = tl.zeros([BR, BW], dtype=ACC)
         n_od = od_hi - od_lo
@@ -202,9 +202,9 @@ def _adaptive_avg_pool_backward_rows_kernel(gi, go, n_tiles, n_wb, n_cb, C, D, H
         if I64:
             w = w.to(tl.int64)
             c = c.to(tl.int64)
-        ow_lo, ow_hi = _holding(w, W, Wo, MAG[4], MAG[5], MAGIC[2])  # the outputs whose windows hold each column;
-        oh_lo, oh_hi = _holding(h, H, Ho, MAG[2], MAG[3], MAGIC[1])  # along H and D one range
-        od_lo, od_hi = _holding(d, D, Do, MAG[0], MAG[1], MAGIC[0])
+        ow_lo, ow_hi = holding(w, W, Wo, MAG[4], MAG[5], MAGIC[2])  # the outputs whose windows hold each column;
+        oh_lo, oh_hi = holding(h, H, Ho, MAG[2], MAG[3], MAGIC[1])  # along H and D one range
+        od_lo, od_hi = holding(d, D, Do, MAG[0], MAG[1], MAGIC[0])
         src = go + n * gsN + c * gsC
         acc = tl.zeros([BW, BC], dtype=ACC)
         for k in range(0, KW):  # (ow, then od, oh ascending, each term as the plane kernel forms it: same bits)
@@ -296,7 +296,7 @@ def _plan(spec: _Spec, g_shape: tuple, g_stride: tuple, x_shape: tuple, cl: bool
     kh, kw = max_outputs(h_in, h_out), max_outputs(w_in, w_out)
     acc = TL_MATH[math_dtype(dtype)]
     sizes = (d_in, h_in, w_in, d_out, h_out, w_out)
-    # per dim, a bound on `_holding`'s and `_window`'s dividends and products (an output index runs up to o + k)
+    # per dim, a bound on `holding`'s and `_window`'s dividends and products (an output index runs up to o + k)
     windows = tuple(2 * (i + 2) * (o + 2) for i, o in zip(sizes[:3], sizes[3:], strict=True))
     if _tiling(cl, c, cfg.tiling) == "rows":
         bc = min(triton.next_power_of_2(c), cfg.max_bc)

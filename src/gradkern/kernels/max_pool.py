@@ -85,7 +85,7 @@ from ..launch.checks import check_like, check_tensor, contiguous_strides
 from ..launch.launcher import column_block, launch, launch_consts, tile_warps
 from ..launch.tl_helpers import TL_MATH, below, cast_out, div, divmod_
 from ..registry import Case, register_op
-from .adaptive_pool import max_outputs
+from .adaptive_pool import holding, max_outputs
 
 
 @dataclass(frozen=True)
@@ -176,11 +176,11 @@ def _pool_range(i, n_out, SPAN: tl.constexpr, S: tl.constexpr, P: tl.constexpr, 
 def _adaptive_range(i, n_in, n_out, m, sh, MAGIC: tl.constexpr, T: tl.constexpr):
     """(first, hi): adaptive pooling's outputs whose windows hold input i along a dim, [floor(i O / I),
     ceil((i + 1) O / I)); with one at most (T == 1), exactly one (the windows cover the input)."""
-    first = div(i * n_out, n_in, m, sh, MAGIC)
     if T == 1:
+        first = div(i * n_out, n_in, m, sh, MAGIC)
         hi = first + 1
     else:
-        hi = div((i + 1) * n_out + n_in - 1, n_in, m, sh, MAGIC)
+        first, hi = holding(i, n_in, n_out, m, sh, MAGIC)
     return first, hi
 
 
