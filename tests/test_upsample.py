@@ -120,6 +120,35 @@ def test_downsampling_takes_few_candidates_whatever_the_factor():
     assert up._candidates(up._most(int(up._LINEAR), 8, 64, 0.125, False, cfg), cfg) == 16
 
 
+@pytest.mark.parametrize("op", [LINEAR1D, BILINEAR, TRILINEAR])
+def test_leading_readers_of_weight_zero_take_no_candidate_slot(op, monkeypatch):
+    """2x linear upsampling: input 1's first reader has weight 0 on it (half-pixel: output 0, clamped onto input 0;
+    align_corners: output 0 at position 0 exactly), a fifth reader where the others have 4. The W table leaves such
+    leading readers out and the kernels add their g * 0 apart (LEAD), so 2x takes 4 candidates, not 8; an infinite
+    g at output 0 still gives stock's NaN on input 1. Scales whose counts do not shrink keep the plain kernel."""
+    d = _dims(op)
+    launches = record_launches(monkeypatch, up)
+    cases = [((1, 2, *(3, 4, 6)[-d:]), (6, 8, 12)[-d:], False, None, None),
+             ((1, 2, *(2, 3, 64)[-d:]), (3, 5, 128)[-d:], True, None, None),  # (63/127: 4 readers but at 1)
+             ((2, 16, *(2, 3, 5)[-d:]), (4, 6, 10)[-d:], False, None, "cl")]
+    for in_sizes, out_sizes, align, scales, fmt in cases:
+        if fmt and d == 1:
+            continue
+        layout = fmt and (torch.channels_last if d == 2 else torch.channels_last_3d)
+        args = _args(op, in_sizes, out_sizes, align, scales, fmt=layout)
+        g = args[0]
+        g[..., 0] = math.inf  # (output 0 along W: input 1's reader of weight 0)
+        g[0, -1, ..., 3] = -math.inf
+        launches.clear()
+        check_case(op, args, what=f"{op} {in_sizes} <- {out_sizes} align={align} {fmt}")
+        tile = launches[-1].consts
+        assert (tile["KW"], tile["LEAD"]) == (4, True), (in_sizes, out_sizes, align, tile)
+        assert ("BC" in tile) is bool(fmt)
+    launches.clear()
+    check_case(op, _args(op, (1, 2, *(3, 4, 6)[-d:]), (5, 7, 10)[-d:]), what=f"{op} x1.7")
+    assert not launches[-1].consts["LEAD"]
+
+
 # ----------------------------------------------------------------------------------------------- vs stock
 # (input sizes, output sizes, align_corners, scales): up, down and both at once, scales that differ from in/out
 # (F.interpolate's floor(in * s)), sizes of 1 on either side, a downsampling by a large factor
@@ -369,11 +398,11 @@ def test_kernels_compile_with_sizes_of_one(tmp_path):
         label = f"{op} {in_sizes} <- {out_sizes} {fmt}"
         specs.append({"label": label, "kernel": plan.kernel.fn.__name__, "ptrs": ["*fp32"] * 2 + TABLE_PTRS,
                       "ints": list(plan.args), "consts": consts, "warps": plan.consts["num_warps"]})
-        for n_in, n_out, bits, width, mode, align in plan.dims:  # (the table kernel, one launch a dim)
+        for n_in, n_out, bits, width, mode, align, lead in plan.dims:  # (the table kernel, one launch a dim)
             specs.append({"label": f"{label} table {n_in} <- {n_out}", "kernel": "_table_kernel",
                           "ptrs": TABLE_PTRS, "ints": [n_in, n_out, bits, width], "warps": 4,
-                          "consts": {"MODE": mode, "ALIGN": align, "ACC": "~fp32", "BI": up._TABLE_BLOCK,
-                                     "BK": up._TABLE_CHUNK}})
+                          "consts": {"MODE": mode, "ALIGN": align, "ACC": "~fp32", "LEAD": lead,
+                                     "BI": up._TABLE_BLOCK, "BK": up._TABLE_CHUNK}})
     path = tmp_path / "specs.json"
     path.write_text(json.dumps(specs))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}

@@ -287,16 +287,29 @@ _MIXED = tl.constexpr(1 << 30)
 
 @triton.jit
 def _table_kernel(idx, wt, mx, n_in, n_out, r, T, MODE: tl.constexpr, ALIGN: tl.constexpr, ACC: tl.constexpr,
-                  BI: tl.constexpr, BK: tl.constexpr):
+                  LEAD: tl.constexpr, BI: tl.constexpr, BK: tl.constexpr):
     """One dim's table: input i's readers [lo, lo + count) at idx[i] and idx[n_in + i] (the count plus _MIXED where
     some term of i is mixed); the weight on i of its k-th reader at wt[i * T + k] (0 past the count), and at
-    mx[i * T + k] whether that term is mixed (`_weight`)."""
+    mx[i * T + k] whether that term is mixed (`_weight`). With LEAD, the readers of weight 0 that lead i's range
+    are left out of it, their number at idx[2 n_in + i] (else 0): such a term is g * 0, and the tile kernels add
+    it apart from the candidates (linear: the outputs clamped onto input 0, or whose position is exactly i - 1)."""
     s = scalar(r, ACC)
     i = tl.program_id(0) * BI + tl.arange(0, BI)
     m = i < n_in
     i = tl.minimum(i, n_in - 1)
     lo, hi = _readers(i, n_in, n_out, s, MODE, ALIGN)
+    lead = tl.zeros([BI], dtype=lo.dtype)
+    if LEAD:
+        lead = hi - lo  # (the first reader of nonzero weight, or all of them)
+        for k0 in range(0, T, BK):
+            k = k0 + tl.arange(0, BK)[None, :]
+            o = lo[:, None] + k
+            w, hit, mixed = _weight(o, i[:, None], n_in, s, MODE, ALIGN)
+            weighs = hit & (o < hi[:, None]) & (w != 0.0)
+            lead = tl.minimum(lead, tl.min(tl.where(weighs, k, T), axis=1).to(lo.dtype))
+        lo += lead
     tl.store(idx + i, lo.to(tl.int32), mask=m)
+    tl.store(idx + 2 * n_in + i, lead.to(tl.int32), mask=m)
     some = tl.zeros([BI], dtype=tl.int32)  # whether some term of input i is mixed
     for k0 in range(0, T, BK):
         k = k0 + tl.arange(0, BK)[None, :]
@@ -334,12 +347,18 @@ def _range(ix, n, i, WIDE: tl.constexpr):
 
 
 @triton.jit
+def _lead(ix, n, i):
+    """Input i's leading readers of weight 0, left out of its range (`_table_kernel`'s LEAD; 0 without)."""
+    return tl.load(ix + 2 * n + i)
+
+
+@triton.jit
 def _table_parts(idx, wt, mx, D, H, TD, TH):
     """H's and W's range tables and weight / mixed tables, past D's (and H's)."""
-    ih = idx + 2 * D
+    ih = idx + 3 * D
     wh = wt + D * TD
     xh = mx + D * TD
-    return ih, ih + 2 * H, wh, wh + H * TH, xh, xh + H * TH
+    return ih, ih + 3 * H, wh, wh + H * TH, xh, xh + H * TH
 
 
 # Layouts (Triton 3.6 measured): the gather's addresses show no contiguity, and where no axis of a block has more
@@ -352,8 +371,8 @@ def _table_parts(idx, wt, mx, D, H, TD, TH):
 @triton.jit(do_not_specialize=("gsW",))
 def _upsample_backward_kernel(gi, go, idx, wt, mx, n_tiles, C, D, H, W, gsN, gsC, gsD, gsH, gsW,
                               isN, isC, isD, isH, isW, TD, TH, TW,
-                              KW: tl.constexpr, BH: tl.constexpr, BW: tl.constexpr, ACC: tl.constexpr,
-                              I64: tl.constexpr):
+                              KW: tl.constexpr, BH: tl.constexpr, BW: tl.constexpr, LEAD: tl.constexpr,
+                              ACC: tl.constexpr, I64: tl.constexpr):
     iH, iW, wH, wW, xH, xW = _table_parts(idx, wt, mx, D, H, TD, TH)
     n_wb = tl.cdiv(W, BW)
     n_hb = tl.cdiv(H, BH)
@@ -401,6 +420,17 @@ def _upsample_backward_kernel(gi, go, idx, wt, mx, n_tiles, C, D, H, W, gsN, gsC
                     g = tl.load(row + cols, mask=mh[:, :, None] & mw, other=0.0).to(ACC)
                     term = wdh * ww * g
                     acc += tl.sum(tl.where(xdh | xw, term + g * 0.0, term), axis=2)
+        if LEAD:  # each column's leading readers of weight 0, left out of its range: g * 0 each, for every (od, oh)
+            ow_e = _lead(iW, W, w)
+            cols = (ow_lo - ow_e) * gsW
+            for q in range(0, tl.max(ow_e)):
+                mq = (q < ow_e) & cm
+                for i in range(0, od_n):
+                    plane = src + (od_lo + i) * gsD
+                    for j in range(0, kh):
+                        g = tl.load(plane + (oh_lo + j) * gsH + cols, mask=mq & rm & (j < oh_n), other=0.0)
+                        acc += g.to(ACC) * 0.0
+                cols += gsW
         dst = gi + n * isN + c * isC + d * isD + h * isH + w * isW
         tl.store(dst, cast_out(acc, gi.dtype.element_ty), mask=cm & rm)
 
@@ -408,8 +438,8 @@ def _upsample_backward_kernel(gi, go, idx, wt, mx, n_tiles, C, D, H, W, gsN, gsC
 @triton.jit  # (gsW = C > 1 here: specialised, its divisibility vectorises C)
 def _upsample_backward_rows_kernel(gi, go, idx, wt, mx, n_tiles, C, D, H, W, gsN, gsC, gsD, gsH, gsW,
                                    isN, isC, isD, isH, isW, TD, TH, TW,
-                                   KW: tl.constexpr, BW: tl.constexpr, BC: tl.constexpr, ACC: tl.constexpr,
-                                   I64: tl.constexpr):
+                                   KW: tl.constexpr, BW: tl.constexpr, BC: tl.constexpr, LEAD: tl.constexpr,
+                                   ACC: tl.constexpr, I64: tl.constexpr):
     iH, iW, wH, wW, xH, xW = _table_parts(idx, wt, mx, D, H, TD, TH)
     n_cb = tl.cdiv(C, BC)
     n_wb = tl.cdiv(W, BW)
@@ -451,6 +481,16 @@ def _upsample_backward_rows_kernel(gi, go, idx, wt, mx, n_tiles, C, D, H, W, gsN
                     g = tl.load(src + (od_lo + i) * gsD + (oh_lo + j) * gsH + cols, mask=mw, other=0.0).to(ACC)
                     term = wdh * ww * g
                     acc += tl.sum(tl.where(_or(xd | xh, xw), term + g * 0.0, term), axis=2)
+        if LEAD:  # (the plane kernel's terms of weight 0)
+            ow_e = _lead(iW, W, w)
+            cols = (ow_lo - ow_e) * gsW + c * gsC
+            for q in range(0, tl.max(ow_e)):
+                mq = (q < ow_e) & m
+                for i in range(0, od_n):
+                    for j in range(0, oh_n):
+                        g = tl.load(src + (od_lo + i) * gsD + (oh_lo + j) * gsH + cols, mask=mq, other=0.0)
+                        acc += g.to(ACC) * 0.0
+                cols += gsW
         dst = gi + n * isN + d * isD + h * isH + w * isW + c * isC
         tl.store(dst, cast_out(acc, gi.dtype.element_ty), mask=m)
 
@@ -527,10 +567,12 @@ def _scale(n_in: int, n_out: int, align_corners: bool, scale, dtype: torch.dtype
     return r(r(n_in) / r(n_out))
 
 
-def _most_readers(mode: int, n_in: int, n_out: int, scale: float, align: bool) -> int:
+def _most_readers(mode: int, n_in: int, n_out: int, scale: float, align: bool, lead: bool = False) -> int:
     """The most outputs whose taps land on one input along a dim, counted from the forward's index math (in
     float64: the kernel's fp32 positions can move a count by one at an exact boundary, and then a tile takes a
-    second chunk of candidates; the result does not depend on it)."""
+    second chunk of candidates; the result does not depend on it). With `lead` (linear), without each input's
+    leading readers of weight 0: those whose position is exactly one below it (taps f and f + 1 with weight 0 on
+    f + 1; the clamped half-pixel outputs among them)."""
     o = np.arange(n_out, dtype=np.float64)
     if mode == _ANTIALIAS:
         support = max(scale, 1.0)
@@ -546,10 +588,14 @@ def _most_readers(mode: int, n_in: int, n_out: int, scale: float, align: bool) -
     taps = np.clip(first[:, None] + np.array((0, 1) if mode == _LINEAR else (-1, 0, 1, 2)), 0, n_in - 1)
     new = np.ones(taps.shape, dtype=bool)  # (an output's clamped taps that land on one input count once)
     new[:, 1:] = taps[:, 1:] != taps[:, :-1]
-    return int(np.bincount(taps[new], minlength=n_in).max())
+    counts = np.bincount(taps[new], minlength=n_in)
+    if lead and mode == _LINEAR:
+        zero = new[:, 1] & (src == first)  # (weight 0 on tap f + 1: a leading reader of it)
+        counts = counts - np.bincount(taps[zero, 1], minlength=n_in)
+    return int(counts.max())
 
 
-def _most(mode: int, n_in: int, n_out: int, scale: float, align: bool, cfg: UpsampleConfig) -> int:
+def _most(mode: int, n_in: int, n_out: int, scale: float, align: bool, cfg: UpsampleConfig, lead: bool = False) -> int:
     """The most outputs that read one input along a dim: counted where that is cheap (`_most_readers`, up to
     `cfg.count_max` outputs), else a bound: the positions of the outputs that read input i lie in a half-open
     interval of `span` source units ([i-1, i+1) linear, [i-2, i+2) cubic, a window center's 2 * support) and sit
@@ -559,7 +605,7 @@ def _most(mode: int, n_in: int, n_out: int, scale: float, align: bool, cfg: Upsa
     if scale <= 0:  # (align_corners onto one output)
         return n_out
     if n_out <= cfg.count_max:
-        return max(_most_readers(mode, n_in, n_out, scale, align), 1)
+        return max(_most_readers(mode, n_in, n_out, scale, align, lead), 1)
     span = {int(_LINEAR): 2.0, int(_CUBIC): 4.0}.get(mode, 2.0 * max(scale, 1.0))
     return min(n_out, math.floor(span / scale * (1 + 2**-10)) + 1)
 
@@ -646,8 +692,14 @@ def _plan(spec: _Spec, g_stride: tuple, in_sizes: tuple, out_sizes: tuple, align
         dims.append((i, o, scalar_bits(ratio), _width(m, most), m, align))
     cl = fmt is not None
     kw = _candidates(most, cfg)  # (W's)
+    # W's leading readers of weight 0 (linear: 2x half-pixel's input 1 has 5 readers, the first of weight 0) are left
+    # out of its table and added apart (LEAD) where that takes fewer candidates: 4 instead of 8 there
+    kw_lead = _candidates(_most(m, w_in, w_out, ratio, align, cfg, lead=True), cfg) if m == _LINEAR else kw
+    lead = kw_lead < kw
+    kw = min(kw, kw_lead)
+    dims = [dim + (lead and k == 2,) for k, dim in enumerate(dims)]
     tile = max(1, cfg.block // kw)
-    table = sum(dim[0] * dim[3] for dim in dims) + 2 * (d_in + h_in + w_in)  # (the tables' offsets)
+    table = sum(dim[0] * dim[3] for dim in dims) + 3 * (d_in + h_in + w_in)  # (the tables' offsets)
     if rows:
         bc = min(triton.next_power_of_2(c), cfg.max_bc)
         bw = min(triton.next_power_of_2(w_in), max(1, tile // bc))
@@ -661,7 +713,7 @@ def _plan(spec: _Spec, g_stride: tuple, in_sizes: tuple, out_sizes: tuple, align
         # int64 always)
         reach = max(w_out * gstr[4] + (c + bc) * gstr[1], w_in * istr[4] + (c + bc) * istr[1], w_out + w_in,
                     table)
-        consts = {"KW": kw, "BW": bw, "BC": bc, "ACC": acc, "I64": reach > cfg.i32_max}
+        consts = {"KW": kw, "BW": bw, "BC": bc, "LEAD": lead, "ACC": acc, "I64": reach > cfg.i32_max}
         kernel = _upsample_backward_rows_kernel
     else:
         bw, bh, warps = _plane_tile(kw, w_in, h_in, tile, cfg)
@@ -669,7 +721,7 @@ def _plan(spec: _Spec, g_stride: tuple, in_sizes: tuple, out_sizes: tuple, align
         # 32-bit in-plane index math unless an in-plane offset can pass 2^31 (plane offsets are int64 always)
         reach = max(h_out * gstr[3] + w_out * gstr[4], h_in * istr[3] + w_in * istr[4], h_out + h_in, w_out + w_in,
                     table)
-        consts = {"KW": kw, "BH": bh, "BW": bw, "ACC": acc, "I64": reach > cfg.i32_max}
+        consts = {"KW": kw, "BH": bh, "BW": bw, "LEAD": lead, "ACC": acc, "I64": reach > cfg.i32_max}
         kernel = _upsample_backward_kernel
     consts = launch_consts(consts, warps)
     args = (n_tiles, c, d_in, h_in, w_in, *gstr, *istr, *(dim[3] for dim in dims))
@@ -690,7 +742,7 @@ def _tables(plan: _Plan, like: torch.Tensor, device: int) -> tuple[torch.Tensor,
     tables = plan.tables.get(device)
     if tables is not None:
         return tables
-    n_idx = 2 * sum(dim[0] for dim in plan.dims)
+    n_idx = 3 * sum(dim[0] for dim in plan.dims)
     n_w = sum(dim[0] * dim[3] for dim in plan.dims)
     idx = torch.empty(n_idx, dtype=torch.int32, device=like.device)
     wt = torch.empty(n_w, dtype=plan.acc, device=like.device)
@@ -698,11 +750,11 @@ def _tables(plan: _Plan, like: torch.Tensor, device: int) -> tuple[torch.Tensor,
     acc = TL_MATH[plan.acc]
     with torch.cuda.device(like.device) if like.is_cuda else contextlib.nullcontext():
         at_i = at_w = 0
-        for n_in, n_out, bits, width, mode, align in plan.dims:
+        for n_in, n_out, bits, width, mode, align, lead in plan.dims:
             _table_kernel[(cdiv(n_in, _TABLE_BLOCK),)](
                 idx[at_i:], wt[at_w:], mx[at_w:], n_in, n_out, bits, width, MODE=mode, ALIGN=align, ACC=acc,
-                BI=_TABLE_BLOCK, BK=_TABLE_CHUNK)
-            at_i, at_w = at_i + 2 * n_in, at_w + n_in * width
+                LEAD=lead, BI=_TABLE_BLOCK, BK=_TABLE_CHUNK)
+            at_i, at_w = at_i + 3 * n_in, at_w + n_in * width
     if not (like.is_cuda and torch.cuda.is_current_stream_capturing()):
         plan.tables[device] = idx, wt, mx
     return idx, wt, mx
