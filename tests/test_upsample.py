@@ -194,6 +194,21 @@ def test_strided_grad_output_is_read_in_place(op, monkeypatch):
         assert read.data_ptr() == g.data_ptr() and read.stride() == g.stride(), f"{name}: grad_output was copied"
 
 
+@pytest.mark.parametrize("op", [BILINEAR, TRILINEAR, BICUBIC, AA])
+def test_grad_output_along_h_is_tiled_with_h_and_w_swapped(op, monkeypatch):
+    """A grad_output whose fastest axis is H (transposed H and W) is tiled with the two swapped, so that the plane
+    tile's lanes read along it: the kernel's W stride is grad_output's 1. The values are stock's, and grad_input
+    keeps stock's layout."""
+    d = _dims(op)
+    in_sizes, out_sizes = (2, 3, *(2, 5, 6)[-d:]), (3, 9, 13)[-d:]
+    g = torch.randn(*in_sizes[:2], *out_sizes[:-2], out_sizes[-1], out_sizes[-2], device=DEVICE).transpose(-1, -2)
+    launches = record_launches(monkeypatch, up)
+    res = check_case(op, (g, list(out_sizes), list(in_sizes), False, *(None,) * d), what=f"{op} transposed")
+    assert res.is_contiguous()
+    ints = launches[-1].ints  # (n_tiles, C, D, H, W, grad_output's strides N, C, D, H, W, ...)
+    assert (ints[3], ints[4], ints[8], ints[9]) == (in_sizes[-1], in_sizes[-2], out_sizes[-2], 1), ints
+
+
 def _grads():
     """(label, op, grad_output, input sizes) over the layouts that decide ATen's grad_input layout."""
     cl, cl3 = torch.channels_last, torch.channels_last_3d

@@ -682,10 +682,17 @@ def _plan(spec: _Spec, g_stride: tuple, in_sizes: tuple, out_sizes: tuple, align
         # and a thread's column work (ranges, weights) serves each
         c, h_in, h_out = 1, c, c
         gstr, istr = ((s[0], 0, s[2], s[1], s[4]) for s in (gstr, istr))
+    per_dim = (None,) * (3 - spec.dims) + tuple(scales)  # (D, H, W)
+    if not rows and spec.dims > 1 and 0 < gstr[3] < gstr[4]:
+        # grad_output runs along H (transposed): H and W trade places, so that the plane tile's lanes, which read
+        # along its W, read along grad_output's fastest axis (the 4x larger tensor at 2x); grad_input's stores go
+        # strided instead. The tables follow the swap: the kernel knows the dims by their tables alone
+        h_in, w_in, h_out, w_out = w_in, h_in, w_out, h_out
+        gstr, istr = ((*s[:3], s[4], s[3]) for s in (gstr, istr))
+        per_dim = (per_dim[0], per_dim[2], per_dim[1])
     acc = TL_MATH[math_dtype(dtype)]
     dims = []  # D, H, W: dims the op does not resize copy
-    for k, (i, o, sc) in enumerate(zip((d_in, h_in, w_in), (d_out, h_out, w_out),
-                                       (None,) * (3 - spec.dims) + scales, strict=True)):
+    for k, (i, o, sc) in enumerate(zip((d_in, h_in, w_in), (d_out, h_out, w_out), per_dim, strict=True)):
         m = mode if k >= 3 - spec.dims else int(_COPY)
         ratio = _scale(i, o, align, sc, dtype)
         most = _most(m, i, o, ratio, align, cfg)
