@@ -14,9 +14,11 @@ input i's range, and the weight (and whether the term is "mixed", below) of its 
 the tables and know nothing of the interpolation; the element sums w_d * w_h * w_w * g over its outputs and is
 written once. Along D and H the outputs are loops (ascending); along W up to KW of them (KW the most outputs an
 input has, counted on the host, up to 16: more are taken in turn) are a tensor axis, their weights loaded once a
-tile and summed with tl.sum for each (od, oh) in each thread's registers. The loops run as many times as the most
-outputs an element of the tile has (about 2 * out/in + 1 when upsampling, 1 or 2 when downsampling, whatever the
-factor), so the cost tracks the outputs per input. When no dim is resized, grad_input is a copy.
+tile and summed with tl.sum for each (od, oh) in each thread's registers; where an input's first readers along W
+have weight 0 on it (linear: the outputs clamped onto input 0, or exactly one input below), W's table leaves them
+out and their g * 0 is added apart, so that 2x takes 4 candidates, not 8 (LEAD). The loops run as many times as
+the most outputs an element of the tile has (about 2 * out/in + 1 when upsampling, 1 or 2 when downsampling,
+whatever the factor), so the cost tracks the outputs per input. When no dim is resized, grad_input is a copy.
 
 Per dim (ATen's semantics, CUDA's where the CPU kernel departs from it):
 * linear: scale = (in-1)/(out-1) with align_corners (0 for out = 1), else 1/scales given and > 0, else in/out;
@@ -38,7 +40,8 @@ Stock adds w * g tap by tap, so an infinite g gives NaN on an input where a tap 
 A program owns a [BW, BH] tile of one (n, c, d) plane of grad_input (past 2^30 tiles, several in turn; for 1d, whose
 H is 1, the channels are the plane's rows); the output ranges along H and W are per-row and per-column vectors, the D
 range a scalar, and grad_output is read in place
-through its strides. A channels_last grad_input (C > 1) is tiled by rows instead: one (n, d, h) row, a [BC, BW]
+through its strides (where grad_output's fastest axis is H, the plan swaps H and W, so that the tile's lanes read
+along it). A channels_last grad_input (C > 1) is tiled by rows instead: one (n, d, h) row, a [BC, BW]
 block of (c, w), C the fastest axis, so stores (and a channels_last grad_output's loads) are contiguous; the same
 terms in the same order. The order is fixed for a problem, so its bits are; two tilings of one problem may group the
 W candidates' sum differently (tl.sum over another layout) and differ in the last bit. grad_input takes ATen's
@@ -595,11 +598,12 @@ def _most_readers(mode: int, n_in: int, n_out: int, scale: float, align: bool, l
     return int(counts.max())
 
 
-def _most(mode: int, n_in: int, n_out: int, scale: float, align: bool, cfg: UpsampleConfig, lead: bool = False) -> int:
+def _most(mode: int, n_in: int, n_out: int, scale: float, align: bool, cfg: UpsampleConfig,
+          lead: bool = False) -> int:
     """The most outputs that read one input along a dim: counted where that is cheap (`_most_readers`, up to
     `cfg.count_max` outputs), else a bound: the positions of the outputs that read input i lie in a half-open
     interval of `span` source units ([i-1, i+1) linear, [i-2, i+2) cubic, a window center's 2 * support) and sit
-    `scale` apart."""
+    `scale` apart. With `lead`, counted without each input's leading readers of weight 0 (the bound keeps them)."""
     if mode == _COPY:
         return 1
     if scale <= 0:  # (align_corners onto one output)
