@@ -516,7 +516,7 @@ class _Plan:
     args: tuple
     consts: dict
     kernel: object  # the plane or the row kernel; None: no dim resized, a copy
-    dims: tuple  # per dim (D, H, W): its table's launch, (n_in, n_out, scale bits, width T, MODE, ALIGN)
+    dims: tuple  # per dim (D, H, W): its table's launch, (n_in, n_out, scale bits, width T, MODE, ALIGN, LEAD)
     acc: torch.dtype  # the math dtype (the weight tables')
     tables: dict = field(default_factory=dict)  # device -> (idx, wt, mx): built once (`_tables`)
 
@@ -704,7 +704,8 @@ def _plan(spec: _Spec, g_stride: tuple, in_sizes: tuple, out_sizes: tuple, align
     cl = fmt is not None
     kw = _candidates(most, cfg)  # (W's)
     # W's leading readers of weight 0 (linear: 2x half-pixel's input 1 has 5 readers, the first of weight 0) are left
-    # out of its table and added apart (LEAD) where that takes fewer candidates: 4 instead of 8 there
+    # out of its table and added apart (LEAD) where that takes fewer candidates: 4 instead of 8 there (m, ratio:
+    # W's, the loop's last)
     kw_lead = _candidates(_most(m, w_in, w_out, ratio, align, cfg, lead=True), cfg) if m == _LINEAR else kw
     lead = kw_lead < kw
     kw = min(kw, kw_lead)
