@@ -105,10 +105,16 @@ _NEG_NAN = {torch.float16: 0xFE01 - (1 << 16), torch.bfloat16: 0xFFC1 - (1 << 16
 _INTS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
+# the forward's split for long segments at test sizes: chunks of 4 columns x 16 rows, 4 rows a step
+_SPLIT = {"split_min_elems": 0, "split_chunk": 64, "rows_bd_max": 4, "rows_tile": 16}
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["walked", "split"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
-def test_special_values_across_tiles(dtype):
-    """Segments of 700 rows span several row tiles: the max found in a later tile, ties between tiles (the first
-    wins), the sign of tied zeros and a NaN's payload and sign are kept bit for bit."""
+def test_special_values_across_tiles(dtype, split):
+    """Segments of 700 rows span several row tiles (or, split, the chunk pass's chunks): the max found in a later
+    tile, ties between tiles (the first wins), the sign of tied zeros and a NaN's payload and sign are kept bit for
+    bit."""
     n, inf = 700, math.inf
     cols = [torch.full((n,), -inf, dtype=torch.float64) for _ in range(4)]
     cols[0][[10, 300, 600]] = torch.tensor([-0.0, 0.0, -0.0], dtype=torch.float64)  # max 0: the first, -0.0
@@ -121,7 +127,10 @@ def test_special_values_across_tiles(dtype):
     ints[7, 3] = _NEG_NAN[dtype]  # a negative NaN with a payload, before a positive NaN
     data[450, 3] = math.nan
     data = data.to(DEVICE)
-    vals, idxs = gradkern.segment_max(data, _offsets([n]))
+    with config.override(sm.CONFIG, **(_SPLIT if split else {})):
+        kernels = [k.kernel for k in gradkern.plan("segment_max_forward", data, _offsets([n]), 0).kernels]
+        vals, idxs = gradkern.segment_max(data, _offsets([n]))
+    assert ("_segment_max_fwd_chunks_kernel" in kernels) == split, kernels
     assert idxs.cpu().tolist() == [[10, 400, 260, 7]]
     expected = torch.tensor([[-0.0, 3.0, inf, math.nan]], dtype=torch.float64).to(dtype)
     expected.view(_INTS[data.element_size()])[0, 3] = _NEG_NAN[dtype]
@@ -706,6 +715,49 @@ def test_forward_kernels_give_the_same_bits(dtype):
         for vals, idxs in outs:
             assert_bitwise_equal(vals, ev.to(DEVICE), "values")
             assert_bitwise_equal(idxs, ei.to(DEVICE), "indices")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
+def test_long_segments_take_the_chunk_pass(dtype):
+    """Where a slice has more rows than a chunk and the problem is large enough (split_min_elems), the tile or lane
+    kernel leaves every segment longer than a chunk (16 rows here) to the split's passes (the chunk map, the
+    chunks' partials, their combination): segments of
+    exactly a chunk and one more, starting on a chunk's first row and inside one, one chunk shared by two long
+    segments, long ones between empty and short ones, rows before the first segment and after the last; an outer
+    dim, int32 offsets, a strided layout; a workspace whose chunk map holds stale entries (naming other segments,
+    or out of range) where no long segment writes. Smaller problems keep one kernel."""
+    g = torch.Generator().manual_seed(7)
+    lengths = [16, 17, 0, 3, 40, 1, 0, 0, 29, 2, 2, 100, 5, 16, 33, 0]
+    n = 8 + sum(lengths) + 5  # (8 rows before the first segment, 5 after the last)
+    offs = torch.tensor([8, *(8 + torch.tensor(lengths).cumsum(0)).tolist()], device=DEVICE)
+    for x, axis in ((_data((n, 3), dtype, ties=True), 0),
+                    (_data((2, n, 6), dtype, seed=2, ties=True)[..., ::2], 1),
+                    (_data((n, 1), dtype, seed=3), 0)):
+        x.movedim(axis, 0)[torch.randint(0, n, (4,), generator=g).to(DEVICE), ..., 0] = float("nan")
+        ev, ei = _expected(x, offs, axis)
+        for knobs in ({"lanes_max_inner": 0, "fwd_lanes_max_inner": 0},  # the tile kernel
+                      {"lanes_max_mean": 1 << 30, "lanes_min_programs": 0, "lanes_cap": 4}):  # lanes
+            with config.override(sm.CONFIG, rows_max_programs=0, **_SPLIT, **knobs):
+                kernels = [k.kernel for k in gradkern.plan("segment_max_forward", x, offs, axis).kernels]
+                main = ["_segment_max_fwd_mark_kernel", "_segment_max_fwd_kernel"] if "lanes_max_inner" in knobs \
+                    else ["_segment_max_fwd_lanes_kernel"]  # (the lane kernel writes the chunk map itself)
+                assert kernels == [*main, "_segment_max_fwd_chunks_kernel", "_segment_max_fwd_long_kernel"], kernels
+                for o in (offs, offs.int()):
+                    vals, idxs = ops.segment_max_forward(x, o, axis)
+                    assert_bitwise_equal(vals, ev.to(DEVICE), f"values {x.shape} {knobs}")
+                    assert_bitwise_equal(idxs, ei.to(DEVICE), f"indices {x.shape} {knobs}")
+        with config.override(sm.CONFIG, **{**_SPLIT, "split_min_elems": x.numel() + 1}):
+            assert len(gradkern.plan("segment_max_forward", x, offs, axis).kernels) == 1
+    empty = torch.empty
+    for stale in (4, 11, -1, 1 << 40):  # (4 and 11: the 40- and 100-row segments)
+        def filled(*size, stale=stale, **kw):
+            t = empty(*size, **kw)
+            return t.fill_(stale) if t.dtype == torch.int64 else t
+        with config.override(sm.CONFIG, rows_max_programs=0, lanes_max_inner=0, **_SPLIT), \
+                pytest.MonkeyPatch.context() as m:
+            m.setattr(torch, "empty", filled)
+            vals, idxs = ops.segment_max_forward(x, offs, axis)
+        assert_bitwise_equal(idxs, ei.to(DEVICE), f"indices, stale entries {stale}")
 
 
 def test_forward_kernel_follows_the_mean_segment_length():

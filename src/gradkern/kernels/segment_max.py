@@ -6,11 +6,13 @@ backward, and the forward's tile kernel, run one program per (outer index, segme
 walk its segment's rows in tiles of BLOCK_L x BLOCK_D. The forward picks one of three kernels per problem, from
 its shapes (SegmentConfig): that one; a lane kernel for narrow data of short segments (a lane a (segment, column));
 or, for a few long segments, a row kernel (a program a tile of rows, with a second pass for the segments that
-cross tiles and the empty ones). All are gathers, so there are no atomics and the results do not depend on the
-kernel or the tiling (max, argmax and tie counts are exact). segment_max's backward zeroes its result and writes
-each (segment, column)'s gradient to the one row its index names: segments are disjoint, so no two lanes write one
-element. Offsets are clamped to [0, N] in the kernels, so even invalid offsets never read or write out of
-bounds.
+cross tiles and the empty ones). On large problems the tile and lane kernels leave segments longer than a chunk
+of rows to the split: a map of the chunks each covers, a pass over each chunk's rows, then one combining a
+segment's chunks, so that no program walks more than a chunk of one segment (power-law lengths). All are
+gathers, so there are no atomics and the results do not depend on the kernel or the tiling (max, argmax and tie
+counts are exact). segment_max's backward zeroes its result and writes each (segment, column)'s gradient to the
+one row its index names: segments are disjoint, so no two lanes write one element. Offsets are clamped to [0, N]
+in the kernels, so even invalid offsets never read or write out of bounds.
 
 Semantics of `gradkern.segment_max` (first-argmax, like torch_scatter's segment_csr):
 * values[s] = the max over the segment, as the element data[indices[s]] itself (so of two tied zeros the first
@@ -192,30 +194,81 @@ def _max_over_rows(xb, start, end, N, sx_n, dmask, BLOCK_L: tl.constexpr, BLOCK_
 
 
 @triton.jit
+def _chunks_max(w, n_w, row0, start, end, N, INNER, d, dmask, CH: tl.constexpr, BLOCK_T: tl.constexpr,
+                BLOCK_D: tl.constexpr, BITS: tl.constexpr, W: tl.constexpr, INF: tl.constexpr):
+    """The first row of the max of rows [start, end) of columns d, a segment longer than a chunk (CH rows), from
+    the chunk pass's partial results (_segment_max_fwd_chunks_kernel; row0: its first workspace row of this outer
+    slice), BLOCK_T chunks a step: the largest key, and of equal ones the first chunk's row."""
+    lowest = -(1 << (W - 1))
+    wb = (w + n_w).to(tl.pointer_type(BITS))
+    ca = start // CH
+    cb = (end - 1) // CH + 1
+    first = (start > ca * CH).to(tl.int64)  # the first chunk's slot: 1 where the segment starts inside it
+    lt = tl.arange(0, BLOCK_T)
+    best_key = tl.full([BLOCK_D], lowest, BITS)
+    best_c = tl.zeros([BLOCK_D], tl.int64) + ca
+    for c0 in range(ca, cb, BLOCK_T):
+        c = c0 + lt
+        m = (c < cb)[:, None] & dmask[None, :]
+        e = ((row0 + 2 * c + tl.where(c == ca, first, 0)) * INNER)[:, None] + d[None, :]
+        key = tl.where(m, _order_key(tl.load(wb + e, mask=m, other=0), W, INF, BITS), lowest).to(BITS)
+        ck = tl.max(key, axis=0).to(BITS)  # (a reduction widens 16-bit integers)
+        cc = tl.min(tl.where(key == ck[None, :], c[:, None], cb), axis=0)
+        take = ck > best_key
+        best_key = tl.where(take, ck, best_key)
+        best_c = tl.where(take, cc, best_c)
+    e = (row0 + 2 * best_c + tl.where(best_c == ca, first, 0)) * INNER + d
+    return tl.load(w + e, mask=dmask, other=N)
+
+
+@triton.jit
+def _mark_chunks(hs, seg, start, end, big, CH: tl.constexpr):
+    """The split's chunk map (hs: this outer slice's, two entries a chunk), for segments `seg` (a vector) of rows
+    [start, end) where `big` (longer than CH): each in slot 0 of every chunk whose first row it holds and in slot 1
+    of the chunk it starts inside, if it does. Entries no long segment marks stay unwritten: the passes that read
+    them check them against the offsets, and only a long segment holding the chunk's rows as the slot says passes
+    (at most one can)."""
+    ca = start // CH
+    inside = start > ca * CH
+    tl.store(hs + 2 * ca + 1, seg, mask=big & inside)
+    c0 = ca + inside.to(tl.int64)
+    c_end = (end - 1) // CH + 1
+    for k in range(0, tl.max(tl.where(big, c_end - c0, 0), axis=0)):
+        tl.store(hs + 2 * (c0 + k), seg, mask=big & (c0 + k < c_end))
+
+
+@triton.jit
 def _segment_max_fwd_kernel(x, offs, vals, idxs, S, N, INNER, n_dblk, SX, O_LO, I_LO, soff_o,
                             BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, BITS: tl.constexpr, W: tl.constexpr,
-                            INF: tl.constexpr, SPLIT_O: tl.constexpr, SPLIT_I: tl.constexpr, PDL: tl.constexpr):
-    """A program a (segment, block of columns), its rows a tile at a time."""
+                            INF: tl.constexpr, SPLIT_O: tl.constexpr, SPLIT_I: tl.constexpr, CH: tl.constexpr,
+                            PDL: tl.constexpr):
+    """A program a (segment, block of columns), its rows a tile at a time; with CH, a segment longer than CH rows
+    is left to the split's passes, which store its result over what this stores (an empty segment's)."""
     dblk, seg, outer = _ids(n_dblk, S, PDL)
     start, end = _segment(offs, soff_o, outer, seg, N, False)
+    walked = end
+    if CH > 0:
+        walked = tl.where(end - start > CH, start, end)
     d = dblk * BLOCK_D + tl.arange(0, BLOCK_D)
     dmask = d < INNER
     xo, xi = _offsets(outer, d, SX, O_LO, I_LO, SPLIT_O, SPLIT_I)
-    idx, bits = _max_over_rows(x + xo + xi, start, end, N, SX[1], dmask, BLOCK_L, BLOCK_D, BITS, W, INF)
+    idx, bits = _max_over_rows(x + xo + xi, start, walked, N, SX[1], dmask, BLOCK_L, BLOCK_D, BITS, W, INF)
     o = (outer * S + seg) * INNER + d
     tl.store(vals + o, bits.to(vals.dtype.element_ty, bitcast=True), mask=dmask)  # (an empty segment: +0.0)
     tl.store(idxs + o, idx, mask=dmask)
 
 
 @triton.jit
-def _segment_max_fwd_lanes_kernel(x, offs, vals, idxs, S, N, INNER, n_sblk, SX, O_LO, I_LO, soff_o,
-                                  BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, CAP: tl.constexpr,
+def _segment_max_fwd_lanes_kernel(x, offs, vals, idxs, w, S, N, INNER, n_sblk, SX, O_LO, I_LO, soff_o, n_chunk,
+                                  n_w, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, CAP: tl.constexpr,
                                   BLOCK_L: tl.constexpr, UNROLL: tl.constexpr, BITS: tl.constexpr, W: tl.constexpr,
                                   INF: tl.constexpr, MATH: tl.constexpr, SPLIT_O: tl.constexpr,
-                                  SPLIT_I: tl.constexpr, PDL: tl.constexpr):
+                                  SPLIT_I: tl.constexpr, CH: tl.constexpr, PDL: tl.constexpr):
     """A program a block of BLOCK_S segments (all BLOCK_D >= INNER columns): segments of at most CAP rows take a
     lane a (segment, column), looping over their rows together, UNROLL rows a step (their loads independent); each
-    longer one then takes the whole program, its rows a tile of BLOCK_L at a time (_max_over_rows). The same
+    longer one then takes the whole program, its rows a tile of BLOCK_L at a time (_max_over_rows), but with CH
+    only up to CH rows: longer ones are marked in the split's chunk map (_mark_chunks), and the split's passes store
+    their results. The same
     results as the tile kernel: a row wins only where it is strictly larger in the keys' order (_order_key), so of
     equal ones (NaN too) the first row."""
     sblk, _, outer = _ids(n_sblk, 1, PDL)
@@ -251,6 +304,8 @@ def _segment_max_fwd_lanes_kernel(x, offs, vals, idxs, S, N, INNER, n_sblk, SX, 
     tl.store(vals + o, best, mask=keep)  # (an empty segment's: the +0.0 loaded)
     tl.store(idxs + o, tl.where((n_r > 0)[:, None], start[:, None] + best_r, N), mask=keep)
     long = smask & (lens > CAP)
+    if CH > 0:
+        long = long & (lens <= CH)
     rank = tl.cumsum(long.to(tl.int32), axis=0) - 1
     for j in range(0, tl.sum(long.to(tl.int32), axis=0)):
         pick = long & (rank == j)
@@ -261,6 +316,82 @@ def _segment_max_fwd_lanes_kernel(x, offs, vals, idxs, S, N, INNER, n_sblk, SX, 
         o1 = (outer * S + seg) * INNER + d
         tl.store(vals + o1, bits1.to(vals.dtype.element_ty, bitcast=True), mask=dmask)
         tl.store(idxs + o1, idx, mask=dmask)
+    if CH > 0:
+        _mark_chunks(w + 2 * n_w + outer * n_chunk * 2, segs.to(tl.int64), start, end, smask & (lens > CH), CH)
+
+
+@triton.jit
+def _segment_max_fwd_mark_kernel(x, offs, vals, idxs, w, S, N, n_sblk, soff_o, n_chunk, n_w, CH: tl.constexpr,
+                                 BLOCK_S: tl.constexpr, PDL: tl.constexpr):
+    """The split forward's chunk map (_mark_chunks; after the partials in the workspace w) for the tile kernel,
+    which does not write it itself (in its code the branch cost the f32 D = 1000 loop 30%): a program a block of
+    BLOCK_S segments, before the main kernel."""
+    sblk, _, outer = _ids(n_sblk, 1, PDL)
+    segs = sblk * BLOCK_S + tl.arange(0, BLOCK_S).to(tl.int64)
+    smask = segs < S
+    base = offs + outer * soff_o + segs
+    start = tl.minimum(tl.maximum(tl.load(base, mask=smask, other=0).to(tl.int64), 0), N)
+    end = tl.minimum(tl.maximum(tl.load(base + 1, mask=smask, other=0).to(tl.int64), start), N)
+    _mark_chunks(w + 2 * n_w + outer * n_chunk * 2, segs, start, end, smask & (end - start > CH), CH)
+
+
+@triton.jit
+def _segment_max_fwd_chunks_kernel(x, offs, vals, idxs, w, S, N, INNER, n_chunk, n_dblk, SX, O_LO, I_LO, soff_o, n_w,
+                                   CH: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr,
+                                   BITS: tl.constexpr, W: tl.constexpr, INF: tl.constexpr, SPLIT_O: tl.constexpr,
+                                   SPLIT_I: tl.constexpr, PDL: tl.constexpr):
+    """The split forward's chunk pass, after the main kernel, a program a chunk of CH rows: the segments the
+    chunk map names for it (_mark_chunks), where they are longer than CH rows and hold its rows as
+    the map says, the one holding its first row (slot 0) and one starting inside it (slot 1), each get the max of
+    their rows in the chunk and the first row holding it (_max_over_rows, every block of columns in turn) in the
+    chunk's slot of the workspace w: rows (int64) in its first n_w entries, the elements' bits in the next n_w,
+    then the map."""
+    _d, c, outer = _ids(1, n_chunk, PDL)
+    r0 = c * CH
+    r1 = tl.minimum(r0 + CH, N)
+    two = tl.arange(0, 2)
+    seg = tl.minimum(tl.maximum(tl.load(w + 2 * n_w + (outer * n_chunk + c) * 2 + two), 0), S - 1)
+    a, b = _segment(offs, soff_o, outer, seg, N, False)
+    take = (b - a > CH) & tl.where(two == 0, (a <= r0) & (b > r0), (a > r0) & (a < r1))
+    wb = (w + n_w).to(tl.pointer_type(BITS))
+    for k in tl.static_range(2):
+        here = take & (two == k)
+        if tl.max(here.to(tl.int32), axis=0) > 0:
+            lo = tl.max(tl.where(here, tl.maximum(a, r0), 0), axis=0)
+            hi = tl.max(tl.where(here, tl.minimum(b, r1), 0), axis=0)
+            for dblk in range(0, n_dblk):
+                d = dblk * BLOCK_D + tl.arange(0, BLOCK_D)
+                dmask = d < INNER
+                xo, xi = _offsets(outer, d, SX, O_LO, I_LO, SPLIT_O, SPLIT_I)
+                idx, bits = _max_over_rows(x + xo + xi, lo, hi, N, SX[1], dmask, BLOCK_L, BLOCK_D, BITS, W, INF)
+                e = ((outer * n_chunk + c) * 2 + k) * INNER + d
+                tl.store(w + e, idx, mask=dmask)
+                tl.store(wb + e, bits, mask=dmask)
+
+
+@triton.jit
+def _segment_max_fwd_long_kernel(x, offs, vals, idxs, w, S, N, INNER, n_chunk, n_dblk, SX, O_LO, I_LO, soff_o, n_w,
+                                 CH: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BITS: tl.constexpr,
+                                 W: tl.constexpr, INF: tl.constexpr, SPLIT_O: tl.constexpr, SPLIT_I: tl.constexpr,
+                                 PDL: tl.constexpr):
+    """The split forward's last pass: program c (a chunk) stores the result of the segment longer than CH rows that
+    ends in chunk c, if one does (at most one can, and it holds the chunk's first row: the map's slot 0), from its
+    chunks' partials (_chunks_max), every block of columns in turn. Its element is loaded from its rows: a row the
+    workspace names outside them (offsets that decrease) is clamped into them."""
+    _d, c, outer = _ids(1, n_chunk, PDL)
+    seg = tl.minimum(tl.maximum(tl.load(w + 2 * n_w + (outer * n_chunk + c) * 2), 0), S - 1)
+    start, end = _segment(offs, soff_o, outer, seg, N, False)
+    if (end - start > CH) & (start <= c * CH) & ((end - 1) // CH == c):
+        for dblk in range(0, n_dblk):
+            d = dblk * BLOCK_D + tl.arange(0, BLOCK_D)
+            dmask = d < INNER
+            row = _chunks_max(w, n_w, outer * n_chunk * 2, start, end, N, INNER, d, dmask, CH, BLOCK_T, BLOCK_D,
+                              BITS, W, INF)
+            row = tl.minimum(tl.maximum(row, start), end - 1)
+            xo, xi = _offsets(outer, d, SX, O_LO, I_LO, SPLIT_O, SPLIT_I)
+            o = (outer * S + seg) * INNER + d
+            tl.store(vals + o, tl.load(x + xo + xi + row * SX[1], mask=dmask), mask=dmask)
+            tl.store(idxs + o, row, mask=dmask)
 
 
 @triton.jit
@@ -667,6 +798,14 @@ class SegmentConfig:
     rows_tile: int = 2048
     rows_bd_max: int = 64
     rows_warps: int = 4
+    # the forward's split for long segments: where a slice has more rows than a chunk of about split_chunk elements
+    # and the problem at least split_min_elems, the tile or lane kernel leaves segments longer than a chunk to a
+    # pass over each chunk and one combining their chunks, split_combine elements a step. H200, the power-law
+    # sweep cases 0.33-0.68x stock -> 1.8-12.5x (64M x 1: 209 -> 0.46 ms), the others a few us slower; chunks of
+    # 8K elements tied, 32K and 64K lost, combine steps of 4K tied (docs/tuning/segment_max.md, "The split")
+    split_chunk: int = 16384
+    split_min_elems: int = 1 << 20
+    split_combine: int = 1024
     # the segment_reduce backward's, by element size: f32 1.08x faster with two than one, f16 1.8x slower
     segred_warps: tuple[tuple[int, int], ...] = ((2, 1), (4, 2), (8, 2))
     # the segment_reduce backward by tile class (small tile?, element size). Register caps, for more programs an SM:
@@ -734,8 +873,9 @@ class _Plan:
     consts: dict
     uid: int
     kernel: object = None  # where an op has several kernels: the one this problem runs
-    then: _Plan | None = None  # a second launch after this one (its kernel, grid and arguments)
-    tiles: int = 0  # the first launch's row tiles, over every outer slice: what its workspace holds (see _fwd)
+    then: _Plan | None = None  # the next launch after this one (its kernel, grid and arguments)
+    work: tuple = ()  # the workspaces the launches share: (elements, dtype) each, made before the first
+    reads_work: bool = True  # whether this launch takes them, after its four operands
 
 
 _plans = PlanCache("kernels.segment_max._plans")
@@ -805,8 +945,10 @@ def _fwd(data: torch.Tensor, offsets: torch.Tensor, axis: int, op: str):
         bits = {"BITS": _BITS[data.element_size()], "W": 8 * data.element_size(), "INF": _INF_BITS[data.dtype]}
         bl, bd, warps = _blocks(cfg, inner, n, s, cfg.fwd_warps, data.element_size())  # the tile kernel's
         n_dblk = cdiv(inner, bd)
+        soff = _offsets_stride(offsets)
         if n >= cfg.rows_min_mean * s and outer * s * n_dblk < cfg.rows_max_programs:
-            return _rows_plan(cfg, bits, strides, copies, split, outer, n, s, inner, _offsets_stride(offsets), pdl)
+            return _rows_plan(cfg, bits, strides, copies, split, outer, n, s, inner, soff, pdl)
+        ch = _chunk_rows(cfg, outer, n, inner)
         lanes, unroll = _lane_block(cfg, outer, n, s, inner, cfg.fwd_lanes_max_inner)
         if lanes:
             # a lane a (segment, column); long segments a program each, in turn
@@ -814,33 +956,73 @@ def _fwd(data: torch.Tensor, offsets: torch.Tensor, axis: int, op: str):
             bs = max(1, lanes // bd)
             n_sblk = cdiv(s, bs)
             bl = max(1, min(cfg.lanes_long_tile // bd, cfg.bl_max))
-            return _new_plan(outer * n_sblk, (s, n, inner, n_sblk, *strides, _offsets_stride(offsets)), copies,
+            main = _new_plan(outer * n_sblk, (s, n, inner, n_sblk, *strides, soff, *_split_ints(ch, outer, n, inner)),
+                             copies,
                              {"BLOCK_S": bs, "BLOCK_D": bd, "CAP": cfg.lanes_cap, "BLOCK_L": bl,
-                              "UNROLL": unroll, "MATH": TL_MATH[_runtime.math_dtype(data.dtype)], **bits, **split},
-                             cfg.lanes_warps, pdl, kernel=_segment_max_fwd_lanes_kernel)
-        return _new_plan(outer * s * n_dblk, (s, n, inner, n_dblk, *strides, _offsets_stride(offsets)), copies,
-                         {"BLOCK_L": bl, "BLOCK_D": bd, **bits, **split}, warps, pdl, kernel=_segment_max_fwd_kernel)
+                              "UNROLL": unroll, "MATH": TL_MATH[_runtime.math_dtype(data.dtype)], **bits, **split,
+                              "CH": ch}, cfg.lanes_warps, pdl, kernel=_segment_max_fwd_lanes_kernel)
+        else:
+            main = dataclasses.replace(_new_plan(outer * s * n_dblk, (s, n, inner, n_dblk, *strides, soff), copies,
+                                                 {"BLOCK_L": bl, "BLOCK_D": bd, **bits, **split, "CH": ch}, warps,
+                                                 pdl, kernel=_segment_max_fwd_kernel), reads_work=False)
+        return _split_plan(cfg, main, ch, bits, strides, copies, split, outer, n, s, inner, soff, pdl) if ch else main
 
     plan = _planned(("forward", data.shape, data.stride(), data.dtype, offsets.shape, offsets.dtype, axis, device,
                      pdl), make)
     (data,) = _walk((data,), plan)
     offsets = offsets.contiguous()
-    if plan.then is None:
-        _run(plan.kernel, plan, (data, offsets, vals, idxs), device)
-        return vals, idxs
-    # the row tiles' partial results (two a tile and column): keys (as the data's bits), rows; the segment of each
-    # tile's first row
-    partials = plan.tiles * 2 * math.prod(data.shape[axis + 1:])
-    wk = torch.empty(partials, dtype=_KEY_DTYPES[data.element_size()], device=data.device)
-    wi = torch.empty(partials, dtype=torch.int64, device=data.device)
-    hs = torch.empty(plan.tiles, dtype=torch.int64, device=data.device)
-    ptrs = (data, offsets, vals, idxs, wk, wi, hs)
-    _run(plan.kernel, plan, ptrs, device)
-    _run(plan.then.kernel, plan.then, ptrs, device)
+    ptrs = (data, offsets, vals, idxs)
+    # (the lane kernel without the split takes idxs for its workspace, never read)
+    work = tuple(torch.empty(k, dtype=dtype, device=data.device) for k, dtype in plan.work) or (idxs,)
+    while plan is not None:
+        _run(plan.kernel, plan, ptrs + work if plan.reads_work else ptrs, device)
+        plan = plan.then
     return vals, idxs
 
 
 _KEY_DTYPES = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _chunk_rows(cfg, outer: int, n: int, inner: int) -> int:
+    """The split forward's chunk (rows: about split_chunk elements of at most rows_bd_max columns, a power of two),
+    or 0 (no split) where a slice has no more rows than a chunk or the problem fewer than split_min_elems
+    elements: there the longest segment a program can walk costs less than the split's two passes."""
+    bd = min(next_pow2(max(inner, 1)), cfg.rows_bd_max)
+    ch = max(1, cfg.rows_tile // bd, cfg.split_chunk // bd)
+    return ch if outer * n * inner >= cfg.split_min_elems and n > ch else 0
+
+
+def _split_ints(ch: int, outer: int, n: int, inner: int) -> tuple[int, int]:
+    """The split's (n_chunk, n_w): its chunks a slice, and its partials' entries (0, 0 without the split)."""
+    n_chunk = cdiv(n, ch) if ch else 0
+    return n_chunk, outer * n_chunk * 2 * inner
+
+
+def _split_plan(cfg, main: _Plan, ch: int, bits: dict, strides: tuple, copies: tuple, split: dict, outer: int,
+                n: int, s: int, inner: int, soff: int, pdl: bool) -> _Plan:
+    """The split forward: the main kernel (`main`, which leaves segments longer than ch rows alone; the lane kernel
+    writes their chunk map, the tile kernel's is _segment_max_fwd_mark_kernel's, `lanes` segments a program, before
+    it), the chunk pass (_segment_max_fwd_chunks_kernel, rows_tile elements a step) and the fix pass
+    (_segment_max_fwd_long_kernel, split_combine elements a step), a program a chunk each, rows_bd_max columns a
+    block. The workspace: each chunk's two slots a column, rows (int64), then the elements' bits (in as many int64
+    entries, more than they take); then the chunk map, two entries a chunk."""
+    bd = min(next_pow2(max(inner, 1)), cfg.rows_bd_max)
+    n_chunk, n_w = _split_ints(ch, outer, n, inner)
+    ints = (s, n, inner, n_chunk, cdiv(inner, bd), *strides, soff, n_w)
+    fix = _new_plan(outer * n_chunk, ints, copies, {"CH": ch, "BLOCK_T": max(1, cfg.split_combine // bd),
+                                                    "BLOCK_D": bd, **bits, **split},
+                    cfg.rows_warps, pdl, kernel=_segment_max_fwd_long_kernel)
+    chunks = _new_plan(outer * n_chunk, ints, copies, {"CH": ch, "BLOCK_L": max(1, cfg.rows_tile // bd),
+                                                       "BLOCK_D": bd, **bits, **split},
+                       cfg.rows_warps, pdl, kernel=_segment_max_fwd_chunks_kernel)
+    work = ((2 * n_w + outer * n_chunk * 2, torch.int64),)
+    if main.kernel is _segment_max_fwd_lanes_kernel:
+        return dataclasses.replace(main, then=dataclasses.replace(chunks, then=fix), work=work)
+    n_sblk = cdiv(s, cfg.lanes)
+    mark = _new_plan(outer * n_sblk, (s, n, n_sblk, soff, n_chunk, n_w), copies, {"CH": ch, "BLOCK_S": cfg.lanes},
+                     cfg.rows_warps, pdl, kernel=_segment_max_fwd_mark_kernel)
+    return dataclasses.replace(mark, then=dataclasses.replace(main, then=dataclasses.replace(chunks, then=fix)),
+                               work=work)
 
 
 def _rows_plan(cfg, bits: dict, strides: tuple, copies: tuple, split: dict, outer: int, n: int, s: int, inner: int,
@@ -857,7 +1039,11 @@ def _rows_plan(cfg, bits: dict, strides: tuple, copies: tuple, split: dict, oute
     rows = _new_plan(outer * n_rblk * n_dblk, (s, n, inner, n_rblk, n_dblk, (s - 1).bit_length(), *strides, soff),
                      copies, {"BLOCK_R": br, "BLOCK_D": bd, **bits, **split}, cfg.rows_warps, pdl,
                      kernel=_segment_max_fwd_rows_kernel)
-    return dataclasses.replace(rows, then=fix, tiles=outer * n_rblk)
+    # the row tiles' partial results (two a tile and column): keys (as the data's bits), rows; the segment of each
+    # tile's first row
+    partials = outer * n_rblk * 2 * inner
+    return dataclasses.replace(rows, then=fix, work=((partials, _KEY_DTYPES[bits["W"] // 8]), (partials, torch.int64),
+                                     (outer * n_rblk, torch.int64)))
 
 
 def _bwd(grad: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor, num_rows: int, axis: int):
