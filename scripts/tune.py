@@ -118,6 +118,12 @@ GROUPS = {  # name: (ops, dtypes, configs); each config overrides only what it n
     # TUNE_CASES="sweep:D=40|D=64|D=100|D=256|D=1000"
     "segwide": (["segment_max_forward"], [F32, BF16],
                 [DEFAULTS, (segment_max.CONFIG, {"fwd_lanes_max_inner": 8})]),
+    # the forward's split for long segments: as shipped (chunks of 16K elements, combine steps of 1K), off (the
+    # twentieth session's start), chunks of 8K and 32K, combine steps of 4K; with TUNE_CASES="sweep:" (every case)
+    "segsplit": (["segment_max_forward"], [F32, BF16],
+                 [DEFAULTS, (segment_max.CONFIG, {"split_min_elems": 1 << 62})]
+                 + [(segment_max.CONFIG, {"split_chunk": n}) for n in (8192, 32768)]
+                 + [(segment_max.CONFIG, {"split_combine": 4096})]),
     # replicate pads wider than `unroll`: strip parts a source a lane (loop_lanes 1024 shipped, 256, 4096), or
     # per-element loops (loop_lanes 0) after loop_unroll_3d sources (0, and 4 before the thirteenth session); with
     # TUNE_CASES="sweep:pad (7, 7|pad (7, 2, 1, 0)|pad (7, 1)" (a 3-D pad 7 with 4 compiles for over 40 s)
