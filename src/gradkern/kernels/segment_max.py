@@ -340,12 +340,11 @@ def _segment_max_fwd_chunks_kernel(x, offs, vals, idxs, w, S, N, INNER, n_chunk,
                                    CH: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr,
                                    BITS: tl.constexpr, W: tl.constexpr, INF: tl.constexpr, SPLIT_O: tl.constexpr,
                                    SPLIT_I: tl.constexpr, PDL: tl.constexpr):
-    """The split forward's chunk pass, after the main kernel, a program a chunk of CH rows: the segments the
-    chunk map names for it (_mark_chunks), where they are longer than CH rows and hold its rows as
-    the map says, the one holding its first row (slot 0) and one starting inside it (slot 1), each get the max of
-    their rows in the chunk and the first row holding it (_max_over_rows, every block of columns in turn) in the
-    chunk's slot of the workspace w: rows (int64) in its first n_w entries, the elements' bits in the next n_w,
-    then the map."""
+    """The split forward's chunk pass, after the main kernel, a program a chunk of CH rows: the segments the chunk
+    map names for it (_mark_chunks), where they are longer than CH rows and hold its rows as the map says, the one
+    holding its first row (slot 0) and one starting inside it (slot 1), each get the max of their rows in the chunk
+    and the first row holding it (_max_over_rows, every block of columns in turn) in the chunk's slot of the
+    workspace w: rows (int64) in its first n_w entries, the elements' bits in the next n_w, then the map."""
     _d, c, outer = _ids(1, n_chunk, PDL)
     r0 = c * CH
     r1 = tl.minimum(r0 + CH, N)
