@@ -222,6 +222,13 @@ def _chunks_max(w, n_w, row0, start, end, N, INNER, d, dmask, CH: tl.constexpr, 
 
 
 @triton.jit
+def _chunk_map(w, n_w, outer, n_chunk):
+    """Outer slice `outer`'s chunk map in the split's workspace w: after the partials (rows, then bits: n_w entries
+    each), two entries a chunk."""
+    return w + 2 * n_w + outer * n_chunk * 2
+
+
+@triton.jit
 def _mark_chunks(hs, seg, start, end, big, CH: tl.constexpr):
     """The split's chunk map (hs: this outer slice's, two entries a chunk), for segments `seg` (a vector) of rows
     [start, end) where `big` (longer than CH): each in slot 0 of every chunk whose first row it holds and in slot 1
@@ -268,9 +275,8 @@ def _segment_max_fwd_lanes_kernel(x, offs, vals, idxs, w, S, N, INNER, n_sblk, S
     lane a (segment, column), looping over their rows together, UNROLL rows a step (their loads independent); each
     longer one then takes the whole program, its rows a tile of BLOCK_L at a time (_max_over_rows), but with CH
     only up to CH rows: longer ones are marked in the split's chunk map (_mark_chunks), and the split's passes store
-    their results. The same
-    results as the tile kernel: a row wins only where it is strictly larger in the keys' order (_order_key), so of
-    equal ones (NaN too) the first row."""
+    their results. The same results as the tile kernel: a row wins only where it is strictly larger in the keys'
+    order (_order_key), so of equal ones (NaN too) the first row."""
     sblk, _, outer = _ids(n_sblk, 1, PDL)
     segs = sblk * BLOCK_S + tl.arange(0, BLOCK_S)
     smask = segs < S
@@ -317,22 +323,20 @@ def _segment_max_fwd_lanes_kernel(x, offs, vals, idxs, w, S, N, INNER, n_sblk, S
         tl.store(vals + o1, bits1.to(vals.dtype.element_ty, bitcast=True), mask=dmask)
         tl.store(idxs + o1, idx, mask=dmask)
     if CH > 0:
-        _mark_chunks(w + 2 * n_w + outer * n_chunk * 2, segs.to(tl.int64), start, end, smask & (lens > CH), CH)
+        _mark_chunks(_chunk_map(w, n_w, outer, n_chunk), segs.to(tl.int64), start, end, smask & (lens > CH), CH)
 
 
 @triton.jit
 def _segment_max_fwd_mark_kernel(x, offs, vals, idxs, w, S, N, n_sblk, soff_o, n_chunk, n_w, CH: tl.constexpr,
                                  BLOCK_S: tl.constexpr, PDL: tl.constexpr):
-    """The split forward's chunk map (_mark_chunks; after the partials in the workspace w) for the tile kernel,
-    which does not write it itself (in its code the branch cost the f32 D = 1000 loop 30%): a program a block of
+    """The split forward's chunk map (_mark_chunks) for the tile kernel, which does not write it itself (the code
+    slowed its loop even where it did not run: docs/tuning/segment_max.md, "The split"): a program a block of
     BLOCK_S segments, before the main kernel."""
     sblk, _, outer = _ids(n_sblk, 1, PDL)
     segs = sblk * BLOCK_S + tl.arange(0, BLOCK_S).to(tl.int64)
     smask = segs < S
-    base = offs + outer * soff_o + segs
-    start = tl.minimum(tl.maximum(tl.load(base, mask=smask, other=0).to(tl.int64), 0), N)
-    end = tl.minimum(tl.maximum(tl.load(base + 1, mask=smask, other=0).to(tl.int64), start), N)
-    _mark_chunks(w + 2 * n_w + outer * n_chunk * 2, segs, start, end, smask & (end - start > CH), CH)
+    start, end = _segment(offs, soff_o, outer, tl.minimum(segs, S - 1), N, False)
+    _mark_chunks(_chunk_map(w, n_w, outer, n_chunk), segs, start, end, smask & (end - start > CH), CH)
 
 
 @triton.jit
@@ -349,7 +353,7 @@ def _segment_max_fwd_chunks_kernel(x, offs, vals, idxs, w, S, N, INNER, n_chunk,
     r0 = c * CH
     r1 = tl.minimum(r0 + CH, N)
     two = tl.arange(0, 2)
-    seg = tl.minimum(tl.maximum(tl.load(w + 2 * n_w + (outer * n_chunk + c) * 2 + two), 0), S - 1)
+    seg = tl.minimum(tl.maximum(tl.load(_chunk_map(w, n_w, outer, n_chunk) + 2 * c + two), 0), S - 1)
     a, b = _segment(offs, soff_o, outer, seg, N, False)
     take = (b - a > CH) & tl.where(two == 0, (a <= r0) & (b > r0), (a > r0) & (a < r1))
     wb = (w + n_w).to(tl.pointer_type(BITS))
@@ -378,7 +382,7 @@ def _segment_max_fwd_long_kernel(x, offs, vals, idxs, w, S, N, INNER, n_chunk, n
     chunks' partials (_chunks_max), every block of columns in turn. Its element is loaded from its rows: a row the
     workspace names outside them (offsets that decrease) is clamped into them."""
     _d, c, outer = _ids(1, n_chunk, PDL)
-    seg = tl.minimum(tl.maximum(tl.load(w + 2 * n_w + (outer * n_chunk + c) * 2), 0), S - 1)
+    seg = tl.minimum(tl.maximum(tl.load(_chunk_map(w, n_w, outer, n_chunk) + 2 * c), 0), S - 1)
     start, end = _segment(offs, soff_o, outer, seg, N, False)
     if (end - start > CH) & (start <= c * CH) & ((end - 1) // CH == c):
         for dblk in range(0, n_dblk):
@@ -800,8 +804,7 @@ class SegmentConfig:
     # the forward's split for long segments: where a slice has more rows than a chunk of about split_chunk elements
     # and the problem at least split_min_elems, the tile or lane kernel leaves segments longer than a chunk to a
     # pass over each chunk and one combining their chunks, split_combine elements a step. H200, the power-law
-    # sweep cases 0.33-0.68x stock -> 1.8-12.5x (64M x 1: 209 -> 0.46 ms), the others a few us slower; chunks of
-    # 8K elements tied, 32K and 64K lost, combine steps of 4K tied (docs/tuning/segment_max.md, "The split")
+    # sweep cases 0.33-0.68x stock -> 1.8-12.5x, the others a few us slower (docs/tuning/segment_max.md, "The split")
     split_chunk: int = 16384
     split_min_elems: int = 1 << 20
     split_combine: int = 1024
@@ -982,11 +985,16 @@ def _fwd(data: torch.Tensor, offsets: torch.Tensor, axis: int, op: str):
 _KEY_DTYPES = {2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
+def _rows_block(cfg, inner: int) -> int:
+    """The row-parallel kernels' column block (the row kernel's, the split's passes'): at most rows_bd_max."""
+    return min(next_pow2(max(inner, 1)), cfg.rows_bd_max)
+
+
 def _chunk_rows(cfg, outer: int, n: int, inner: int) -> int:
     """The split forward's chunk (rows: about split_chunk elements of at most rows_bd_max columns, a power of two),
     or 0 (no split) where a slice has no more rows than a chunk or the problem fewer than split_min_elems
-    elements: there the longest segment a program can walk costs less than the split's two passes."""
-    bd = min(next_pow2(max(inner, 1)), cfg.rows_bd_max)
+    elements: there the longest segment a program can walk costs less than the split's passes."""
+    bd = _rows_block(cfg, inner)
     ch = max(1, cfg.rows_tile // bd, cfg.split_chunk // bd)
     return ch if outer * n * inner >= cfg.split_min_elems and n > ch else 0
 
@@ -1005,7 +1013,7 @@ def _split_plan(cfg, main: _Plan, ch: int, bits: dict, strides: tuple, copies: t
     (_segment_max_fwd_long_kernel, split_combine elements a step), a program a chunk each, rows_bd_max columns a
     block. The workspace: each chunk's two slots a column, rows (int64), then the elements' bits (in as many int64
     entries, more than they take); then the chunk map, two entries a chunk."""
-    bd = min(next_pow2(max(inner, 1)), cfg.rows_bd_max)
+    bd = _rows_block(cfg, inner)
     n_chunk, n_w = _split_ints(ch, outer, n, inner)
     ints = (s, n, inner, n_chunk, cdiv(inner, bd), *strides, soff, n_w)
     fix = _new_plan(outer * n_chunk, ints, copies, {"CH": ch, "BLOCK_T": max(1, cfg.split_combine // bd),
@@ -1028,7 +1036,7 @@ def _rows_plan(cfg, bits: dict, strides: tuple, copies: tuple, split: dict, oute
                soff: int, pdl: bool) -> _Plan:
     """The row-parallel forward: _segment_max_fwd_rows_kernel over tiles of rows, then
     _segment_max_fwd_fix_kernel for the segments that cross tiles and the empty ones."""
-    bd = min(next_pow2(max(inner, 1)), cfg.rows_bd_max)
+    bd = _rows_block(cfg, inner)
     br = max(1, cfg.rows_tile // bd)
     n_rblk, n_dblk = cdiv(n, br), cdiv(inner, bd)
     n_jobs = max(n_rblk, cdiv(s, br))
