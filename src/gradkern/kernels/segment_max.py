@@ -170,27 +170,23 @@ def _max_over_rows(xb, start, end, N, sx_n, dmask, BLOCK_L: tl.constexpr, BLOCK_
     lowest = -(1 << (W - 1))  # below every key: rows past the segment's end
     best_key = tl.full([BLOCK_D], lowest, BITS)  # the lowest: no row seen yet
     best_idx = tl.full([BLOCK_D], 0, tl.int64)
-    best_bits = tl.zeros([BLOCK_D], BITS)  # the stored bits of the element at best_idx
     for r0 in range(start, end, BLOCK_L):
         m = (lr < end - r0)[:, None] & dmask[None, :]
         bits = tl.load(xb[None, :] + (r0 + lr)[:, None] * sx_n, mask=m, other=0.0).to(BITS, bitcast=True)
         key = tl.where(m, _order_key(bits, W, INF, BITS), lowest).to(BITS)  # (lowest is an int32 literal)
         ckey = tl.max(key, axis=0).to(BITS)  # (Triton's max of int16 is int32)
         crow = tl.min(tl.where(key == ckey[None, :], lr[:, None], BLOCK_L), axis=0)
-        # the element's bits: the key inverted, except for zeros and NaN (sign and payload), loaded again (one
-        # element a column, from L1) only where a column needs it, so the tile's bits are dead once keyed
-        cbits = (ckey ^ ((ckey >> (W - 1)) & ((1 << (W - 1)) - 1))).to(BITS)
-        special = (ckey == 0) | (ckey == (1 << (W - 1)) - 1)
-        if tl.max(special.to(tl.int32), axis=0) > 0:
-            picked = tl.load(xb + (r0 + crow) * sx_n, mask=dmask & special, other=0.0).to(BITS, bitcast=True)
-            cbits = tl.where(special, picked, cbits)
         # a later tile wins only with a strictly larger key (ties, NaN included, keep the first)
         take = ckey > best_key
         best_key = tl.where(take, ckey, best_key)
         best_idx = tl.where(take, r0 + crow, best_idx)
-        best_bits = tl.where(take, cbits, best_bits)
+    # the element's bits: the key inverted, except for zeros and NaN (sign and payload), loaded again (one element a
+    # column) only where a column needs them, so no tile's bits outlive its keys
     empty = best_key == lowest
-    return tl.where(empty, N, best_idx), tl.where(empty, 0, best_bits)
+    bits = (best_key ^ ((best_key >> (W - 1)) & ((1 << (W - 1)) - 1))).to(BITS)
+    special = ((best_key == 0) | (best_key == (1 << (W - 1)) - 1)) & dmask
+    bits = tl.where(special, tl.load(xb + best_idx * sx_n, mask=special, other=0.0).to(BITS, bitcast=True), bits)
+    return tl.where(empty, N, best_idx), tl.where(empty, 0, bits)
 
 
 @triton.jit
