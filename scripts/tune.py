@@ -124,6 +124,12 @@ GROUPS = {  # name: (ops, dtypes, configs); each config overrides only what it n
                  [DEFAULTS, (segment_max.CONFIG, {"split_min_elems": 1 << 62})]
                  + [(segment_max.CONFIG, {"split_chunk": n}) for n in (8192, 32768)]
                  + [(segment_max.CONFIG, {"split_combine": 4096})]),
+    # short tiles and more rows in flight (twenty-first session): as shipped, the tile kernels' tiles of `tile`
+    # elements at every mean with the segment_reduce backward's columns not widened, the forward's lanes_few at 4 rows
+    # a step, tiles of 256; with TUNE_CASES="sweep:" (every case)
+    "segtile": (["segment_max_forward", "_segment_reduce_backward"], [F32, BF16],
+                [DEFAULTS, (segment_max.CONFIG, {"short_tile": 4096, "segred_min_tile": 0}),
+                 (segment_max.CONFIG, {"fwd_lanes_few_unroll": 4}), (segment_max.CONFIG, {"short_tile": 256})]),
     # replicate pads wider than `unroll`: strip parts a source a lane (loop_lanes 1024 shipped, 256, 4096), or
     # per-element loops (loop_lanes 0) after loop_unroll_3d sources (0, and 4 before the thirteenth session); with
     # TUNE_CASES="sweep:pad (7, 7|pad (7, 2, 1, 0)|pad (7, 1)" (a 3-D pad 7 with 4 compiles for over 40 s)

@@ -128,15 +128,15 @@ def test_special_values_across_tiles(dtype, split):
     data[450, 3] = math.nan
     data = data.to(DEVICE)
     with config.override(sm.CONFIG, **(_SPLIT if split else {})):
-        kernels = [k.kernel for k in gradkern.plan("segment_max_forward", data, _offsets([n]), 0).kernels]
+        launches = gradkern.plan("segment_max_forward", data, _offsets([n]), 0).kernels
         vals, idxs = gradkern.segment_max(data, _offsets([n]))
+    kernels = [k.kernel for k in launches]
     assert ("_segment_max_fwd_chunks_kernel" in kernels) == split, kernels
     assert idxs.cpu().tolist() == [[10, 400, 260, 7]]
     expected = torch.tensor([[-0.0, 3.0, inf, math.nan]], dtype=torch.float64).to(dtype)
     expected.view(_INTS[data.element_size()])[0, 3] = _NEG_NAN[dtype]
     assert_bitwise_equal(vals, expected.to(DEVICE), "values")
-    cfg = sm.CONFIG.current
-    assert data.shape[0] > 2 * sm._blocks(cfg, 4, n, 1, cfg.fwd_warps)[0]  # more than two row tiles
+    assert all(n > 2 * k.config["BLOCK_L"] for k in launches if "BLOCK_L" in k.config)  # more than two row tiles
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
@@ -432,6 +432,28 @@ def test_segment_reduce_backward_equals_stock(dtype, lengths_read, paths, monkey
     assert max(c["BLOCK_L"] for c in made) < 40, "a segment spans tiles"
 
 
+@pytest.mark.parametrize("case", ["short", "long", "unit"])
+def test_segment_reduce_tile_follows_the_mean_length(case, monkeypatch):
+    """The segment_reduce backward's tile kernel takes tiles of short_tile elements at short mean lengths, `tile`
+    at long ones, and widens its columns where segments are too short to fill segred_min_tile elements; the
+    gradients are stock's whatever the tile."""
+    lengths, inner = {"short": ([5, 40, 1, 20, 0, 30], 40), "long": ([300], 40), "unit": ([1] * 12, 100)}[case]
+    cfg = sm.CONFIG.current
+    with config.override(sm.CONFIG):  # (a fresh plan cache)
+        data = _data((sum(lengths), inner), torch.float32, ties=True)
+        g = _data((len(lengths), inner), torch.float32, seed=1)
+        (y, gx), (ys, gxs) = _both(data, g, lengths=torch.tensor(lengths, device=DEVICE))
+        (made,) = [p.consts for p in sm._plans.values() if "SKIP_EMPTY" in p.consts]
+    assert_bitwise_equal(gx, gxs, "backward")
+    tile = made["BLOCK_L"] * made["BLOCK_D"]
+    if case == "short":
+        assert made["BLOCK_D"] == 64 and tile == cfg.short_tile, made
+    elif case == "long":
+        assert made["BLOCK_D"] == 64 and tile == cfg.tile, made
+    else:
+        assert made["BLOCK_L"] == 1 and made["BLOCK_D"] == cfg.segred_min_tile, made
+
+
 @pytest.mark.parametrize("write_rows", [1, 2], ids=["write-a-lane", "write-2-rows"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 def test_segment_reduce_lane_kernel_equals_stock(dtype, write_rows, monkeypatch):
@@ -703,7 +725,7 @@ def test_forward_kernels_give_the_same_bits(dtype):
         tile = {"lanes_max_inner": 0, "fwd_lanes_max_inner": 0, "rows_max_programs": 0}
         for knobs in (tile, {"lanes": 8, "lanes_few": 16, "lanes_cap": 3, **lanes},
                       {"lanes": 4, "lanes_few": 16, "lanes_cap": 64, **lanes},
-                      {"lanes": 4, "lanes_cap": 64, "lanes_unroll": 3, "lanes_few_unroll": 3, **lanes},
+                      {"lanes": 4, "lanes_cap": 64, "lanes_unroll": 3, "fwd_lanes_few_unroll": 3, **lanes},
                       {"rows_tile": 4, **rows}, {"rows_tile": 16, **rows},
                       {"rows_tile": 128, **rows}):
             with config.override(sm.CONFIG, **knobs):
@@ -798,14 +820,14 @@ def test_forward_tile_columns_follow_the_element_size_and_the_mean_length():
 
 def test_lanes_a_program_follow_the_grid_and_the_mean_length():
     """The lane kernels' block (`_lane_block`, from the shapes): `lanes` (lanes_unroll rows a step) where that still
-    gives lanes_min_programs programs, else lanes_few (lanes_few_unroll); segments longer on average than
-    lanes_max_mean take lanes_few lanes on grids of at least lanes_few_min_programs programs, else the tile kernel.
-    The forward and segment_reduce's backward agree."""
+    gives lanes_min_programs programs, else lanes_few (lanes_few_unroll, the forward's fwd_lanes_few_unroll);
+    segments longer on average than lanes_max_mean take lanes_few lanes on grids of at least lanes_few_min_programs
+    programs, else the tile kernel. The forward and segment_reduce's backward agree."""
     def block(n, s, inner, **knobs):
         data = torch.randn(n, inner, device=DEVICE, requires_grad=True)
         offs = torch.linspace(0, n, s + 1, device=DEVICE).to(torch.int64)
         with config.override(sm.CONFIG, rows_max_programs=0, lanes=16, lanes_few=4, lanes_unroll=1,
-                             lanes_few_unroll=2, **knobs):
+                             lanes_few_unroll=2, fwd_lanes_few_unroll=2, **knobs):
             (fwd,) = gradkern.plan("segment_max_forward", data, offs, 0).kernels
             out = torch.segment_reduce(data, "max", offsets=offs, axis=0)
             (bwd,) = gradkern.plan("_segment_reduce_backward", torch.ones_like(out), out, data, "max",
@@ -822,6 +844,16 @@ def test_lanes_a_program_follow_the_grid_and_the_mean_length():
     assert block(640, 8, 1, lanes_few_min_programs=0) == 0  # mean 80 > lanes_few_max_mean
     assert block(640, 32, 3, lanes_few_min_programs=0) == (1, 2)  # (4 lanes a segment)
     assert block(640, 32, 9, lanes_few_min_programs=0, fwd_lanes_max_inner=8) == 0  # 9 columns > lanes_max_inner
+
+    def forward_unroll(inner):
+        data = torch.randn(640, inner, device=DEVICE)
+        offs = torch.linspace(0, 640, 33, device=DEVICE).to(torch.int64)
+        with config.override(sm.CONFIG, rows_max_programs=0, lanes=16, lanes_few=4, lanes_few_min_programs=0,
+                             lanes_few_unroll=2, fwd_lanes_few_unroll=3):
+            (fwd,) = gradkern.plan("segment_max_forward", data, offs, 0).kernels
+        return fwd.config["UNROLL"]
+    assert forward_unroll(2) == 3  # two segments a program (4 lanes, 2 columns): the forward's own step
+    assert forward_unroll(3) == 2  # one (4 columns)
 
 
 def test_few_segments_take_the_row_kernel():

@@ -767,14 +767,17 @@ class SegmentConfig:
     # lanes_min_programs programs, and for mean lengths up to lanes_few_max_mean on grids of at least
     # lanes_few_min_programs (where the tile kernel's program a segment idles; 2048: forward 1.4M x 3 empty-heavy
     # 0.70x stock). Rows a lane takes a loop step (loads in flight together): lanes_unroll with `lanes`,
-    # lanes_few_unroll with lanes_few. Figures and the variants that lost: docs/tuning/segment_max.md,
-    # "Fewer lanes a program, more rows a step"
+    # lanes_few_unroll with lanes_few (the forward's: fwd_lanes_few_unroll where a program holds two segments or
+    # more; H200, 8 rows: 1M x 40 in segments of 1-63 0.55x -> 0.65x stock, 22M x 3 0.56x -> 0.68x, but a segment a
+    # program, D = 100, 0.87x -> 0.60x bf16). Figures and the variants that lost: docs/tuning/segment_max.md,
+    # "Fewer lanes a program, more rows a step" and "Short tiles, more rows in flight"
     lanes_few: int = 128
     lanes_min_programs: int = 1024
     lanes_few_max_mean: int = 64
     lanes_few_min_programs: int = 2048
     lanes_unroll: int = 1
     lanes_few_unroll: int = 4
+    fwd_lanes_few_unroll: int = 8
     # the forward lane kernel's tile (elements) for a segment longer than lanes_cap, which takes the program: few
     # programs loop over one, but its registers bound every program's occupancy (H200, 22M x 3 in segments of 1-63,
     # none longer than the cap: 56 registers, 0.63x stock; docs/tuning/segment_max.md, "Float compares")
@@ -804,7 +807,16 @@ class SegmentConfig:
     split_chunk: int = 16384
     split_min_elems: int = 1 << 20
     split_combine: int = 1024
-    # the segment_reduce backward's, by element size: f32 1.08x faster with two than one, f16 1.8x slower
+    # the tile kernels (forward, segment_reduce backward) take tiles of short_tile elements where segments are
+    # shorter than long_mean rows on average, else `tile` (a long segment walks fewer, taller tiles); the
+    # segment_reduce backward widens its columns to fill segred_min_tile elements at short means. H200, x stock:
+    # the backward's D >= 24 cases with lengths 1-63 0.65-0.90x -> 1.95-2.37x f32, the forward's D = 1000 0.57x ->
+    # 0.66x f32, 0.33x -> 0.51x bf16; a segment of 1M rows with short tiles 21x -> 3x (docs/tuning/segment_max.md,
+    # "Short tiles, more rows in flight")
+    short_tile: int = 512
+    long_mean: int = 256
+    segred_min_tile: int = 128
+    # the segment_reduce backward's warps, by element size: f32 1.08x faster with two than one, f16 1.8x slower
     segred_warps: tuple[tuple[int, int], ...] = ((2, 1), (4, 2), (8, 2))
     # the segment_reduce backward by tile class (small tile?, element size). Register caps, for more programs an SM:
     # f16 segments of 16 3.29x -> 3.91x stock with 56; large f32 tiles stay uncapped (they spill)
@@ -823,16 +835,20 @@ class SegmentConfig:
 CONFIG = Tunable("segment_max", SegmentConfig())
 
 
-def _blocks(cfg: SegmentConfig, inner: int, n: int, s: int, small_warps: int,
-            row_esize: int = 0) -> tuple[int, int, int]:
-    """(BLOCK_L, BLOCK_D, num_warps) from the inner size and the mean segment length; `small_warps` for a small
-    tile. At most cfg.bd_max columns, or with `row_esize` (the forward's element size, where fwd_row_bytes is set)
-    a line a tile row, more where segments are too short to fill fwd_min_tile elements a program."""
+def _blocks(cfg: SegmentConfig, inner: int, n: int, s: int, small_warps: int, cols: int, min_tile: int,
+            tile: int) -> tuple[int, int, int]:
+    """(BLOCK_L, BLOCK_D, num_warps) from the inner size and the mean segment length: at most `cols` columns, more
+    where segments are too short to fill `min_tile` elements a program (0: never), and rows up to `tile` elements;
+    `small_warps` for a small tile."""
     mean = max(1, n // max(s, 1))
-    cols = cfg.fwd_row_bytes // row_esize if row_esize else 0
-    bd = min(next_pow2(max(inner, 1)), max(cols, cfg.fwd_min_tile // next_pow2(mean)) if cols else cfg.bd_max)
-    bl = max(1, min(next_pow2(mean), max(1, cfg.tile // bd), cfg.bl_max))
+    bd = min(next_pow2(max(inner, 1)), max(cols, min_tile // next_pow2(mean)))
+    bl = max(1, min(next_pow2(mean), max(1, tile // bd), cfg.bl_max))
     return bl, bd, small_warps if bl * bd <= cfg.small_tile else cfg.large_warps
+
+
+def _tile(cfg: SegmentConfig, n: int, s: int) -> int:
+    """The tile kernels' elements a tile for `s` segments of `n` rows: short_tile, or `tile` at long means."""
+    return cfg.tile if n >= cfg.long_mean * max(s, 1) else cfg.short_tile
 
 
 def _norm_axis(op: str, axis, ndim: int) -> int:
@@ -941,13 +957,17 @@ def _fwd(data: torch.Tensor, offsets: torch.Tensor, axis: int, op: str):
         strides, copies, split = _layouts((data,), axis)
         outer, inner = math.prod(data.shape[:axis]), math.prod(data.shape[axis + 1:])
         bits = {"BITS": _BITS[data.element_size()], "W": 8 * data.element_size(), "INF": _INF_BITS[data.dtype]}
-        bl, bd, warps = _blocks(cfg, inner, n, s, cfg.fwd_warps, data.element_size())  # the tile kernel's
+        # the tile kernel's: a line a tile row (fwd_row_bytes), or bd_max columns
+        row = cfg.fwd_row_bytes // data.element_size()
+        bl, bd, warps = _blocks(cfg, inner, n, s, cfg.fwd_warps, row or cfg.bd_max, cfg.fwd_min_tile if row else 0,
+                                _tile(cfg, n, s))
         n_dblk = cdiv(inner, bd)
         soff = _offsets_stride(offsets)
         if n >= cfg.rows_min_mean * s and outer * s * n_dblk < cfg.rows_max_programs:
             return _rows_plan(cfg, bits, strides, copies, split, outer, n, s, inner, soff, pdl)
         ch = _chunk_rows(cfg, outer, n, inner)
-        lanes, unroll = _lane_block(cfg, outer, n, s, inner, cfg.fwd_lanes_max_inner)
+        lanes, unroll = _lane_block(cfg, outer, n, s, inner, cfg.fwd_lanes_max_inner,
+                                    cfg.fwd_lanes_few_unroll)
         if lanes:
             # a lane a (segment, column); long segments a program each, in turn
             bd = next_pow2(inner)
@@ -1172,17 +1192,18 @@ def _check_segment_reduce(grad, output, data, reduce, lengths, offsets, axis) ->
     return s
 
 
-def _lane_block(cfg, outer: int, n: int, s: int, inner: int, max_inner: int) -> tuple[int, int]:
+def _lane_block(cfg, outer: int, n: int, s: int, inner: int, max_inner: int, few_unroll: int) -> tuple[int, int]:
     """(lanes a program, rows a lane takes a loop step) of the lane kernels (forward, segment_reduce backward) for
     `outer` x `s` segments of `n` rows and `inner` columns, up to `max_inner` (past lanes_max_inner, only at means
-    past lanes_max_mean); (0, 0) where the tile kernel serves. From the shapes alone (a plan's descriptor)."""
+    past lanes_max_mean), `few_unroll` rows a step with lanes_few where a program holds two segments or more (else
+    lanes_few_unroll); (0, 0) where the tile kernel serves. From the shapes alone (a plan's descriptor)."""
     if inner > max_inner or inner > cfg.lanes_max_inner and n <= cfg.lanes_max_mean * s:
         return 0, 0
     bd = next_pow2(inner)
 
     def programs(lanes: int) -> int:
         return outer * cdiv(s, max(1, lanes // bd))
-    few = cfg.lanes_few, cfg.lanes_few_unroll
+    few = cfg.lanes_few, few_unroll if cfg.lanes_few >= 2 * bd else cfg.lanes_few_unroll
     if n <= cfg.lanes_max_mean * s:
         return (cfg.lanes, cfg.lanes_unroll) if programs(cfg.lanes) >= cfg.lanes_min_programs else few
     if n <= cfg.lanes_few_max_mean * s and programs(cfg.lanes_few) >= cfg.lanes_few_min_programs:
@@ -1198,11 +1219,13 @@ def _segment_reduce_plan(data, seg, s: int, ends: bool, grad, output, pdl: bool)
     outer, inner = math.prod(data.shape[:axis]), math.prod(data.shape[axis + 1:])
     strides, copies, split = _layouts((grad, output, data), axis)
     esize = data.element_size()
-    bl, bd, warps = _blocks(cfg, inner, n, s, dict(cfg.segred_warps)[esize])
+    bl, bd, warps = _blocks(cfg, inner, n, s, dict(cfg.segred_warps)[esize], cfg.bd_max, cfg.segred_min_tile,
+                            _tile(cfg, n, s))
     n_dblk = cdiv(inner, bd)
     lens = ends and _reads_lengths(cfg, data, axis, s)
     math_dt = TL_MATH[_runtime.math_dtype(data.dtype)]
-    lanes, unroll = (0, 0) if lens else _lane_block(cfg, outer, n, s, inner, cfg.lanes_max_inner)
+    lanes, unroll = (0, 0) if lens else _lane_block(cfg, outer, n, s, inner, cfg.lanes_max_inner,
+                                                           cfg.lanes_few_unroll)
     write_rows = dict(cfg.lanes_write_rows).get(esize, 1) if lanes == cfg.lanes_few else 1
     if lanes:
         # a lane a (segment, column), as the forward's lane kernel; long segments a program each, in turn
