@@ -118,9 +118,10 @@ GROUPS = {  # name: (ops, dtypes, configs); each config overrides only what it n
     # TUNE_CASES="sweep:D=40|D=64|D=100|D=256|D=1000"
     "segwide": (["segment_max_forward"], [F32, BF16],
                 [DEFAULTS, (segment_max.CONFIG, {"fwd_lanes_max_inner": 8})]),
-    # the forward's split for long segments: as shipped (chunks of 16K elements, combine steps of 1K), off (the
-    # twentieth session's start), chunks of 8K and 32K, combine steps of 4K; with TUNE_CASES="sweep:" (every case)
-    "segsplit": (["segment_max_forward"], [F32, BF16],
+    # the split for long segments (the forward's; the segment_reduce backward's tile kernel's): as shipped (chunks of
+    # 16K elements, combine steps of 1K), off (the twentieth session's start), chunks of 8K and 32K, combine steps of
+    # 4K; with TUNE_CASES="sweep:" (every case)
+    "segsplit": (["segment_max_forward", "_segment_reduce_backward"], [F32, BF16],
                  [DEFAULTS, (segment_max.CONFIG, {"split_min_elems": 1 << 62})]
                  + [(segment_max.CONFIG, {"split_chunk": n}) for n in (8192, 32768)]
                  + [(segment_max.CONFIG, {"split_combine": 4096})]),

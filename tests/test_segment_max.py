@@ -761,7 +761,7 @@ def test_long_segments_take_the_chunk_pass(dtype):
                       {"lanes_max_mean": 1 << 30, "lanes_min_programs": 0, "lanes_cap": 4}):  # lanes
             with config.override(sm.CONFIG, rows_max_programs=0, **_SPLIT, **knobs):
                 kernels = [k.kernel for k in gradkern.plan("segment_max_forward", x, offs, axis).kernels]
-                main = ["_segment_max_fwd_mark_kernel", "_segment_max_fwd_kernel"] if "lanes_max_inner" in knobs \
+                main = ["_segment_mark_kernel", "_segment_max_fwd_kernel"] if "lanes_max_inner" in knobs \
                     else ["_segment_max_fwd_lanes_kernel"]  # (the lane kernel writes the chunk map itself)
                 assert kernels == [*main, "_segment_max_fwd_chunks_kernel", "_segment_max_fwd_long_kernel"], kernels
                 for o in (offs, offs.int()):
@@ -780,6 +780,49 @@ def test_long_segments_take_the_chunk_pass(dtype):
             m.setattr(torch, "empty", filled)
             vals, idxs = ops.segment_max_forward(x, offs, axis)
         assert_bitwise_equal(idxs, ei.to(DEVICE), f"indices, stale entries {stale}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
+def test_segment_reduce_long_segments_take_the_chunk_passes(dtype):
+    """The segment_reduce backward's split, as the forward's, for its tile kernel: segments longer than a chunk (16
+    rows here) are left to the chunk map, tie counts a chunk, their sums a segment and a pass writing each chunk's
+    rows; ties spread over chunks (a constant segment of 100 rows divides g by 100), NaN, g of both signs; lengths,
+    their int32 form and offsets, an outer dim; a workspace holding stale entries. The lane kernel takes no split.
+    Stock's gradients bit for bit."""
+    lengths = [16, 17, 0, 3, 40, 1, 0, 0, 29, 2, 2, 100, 5, 16, 33, 0]
+    n = sum(lengths)
+    data = _data((n, 3), dtype, ties=True)
+    data[110:210, 1] = 2.5  # the 100-row segment, constant in one column
+    data[[5, 70, 200], 0] = float("nan")
+    L = torch.tensor(lengths, device=DEVICE)
+    grads = (_data((len(lengths), 3), dtype, seed=3), torch.full((len(lengths), 3), 3.0, dtype=dtype, device=DEVICE))
+    split = ["_segred_chunks_kernel", "_segred_sum_kernel", "_segred_write_kernel"]
+    for knobs, main in (({"lanes_max_inner": 0}, ["_segment_mark_kernel", "_segment_reduce_max_bwd_kernel"]),
+                        ({"lanes_max_mean": 1 << 30, "lanes_min_programs": 0, "lanes_cap": 4, "lens_max_s": 0},
+                         ["_segment_reduce_max_bwd_lanes_kernel"])):
+        with config.override(sm.CONFIG, **_SPLIT, **knobs):
+            out = torch.segment_reduce(data, "max", lengths=L)
+            launches = gradkern.plan("_segment_reduce_backward", grads[0], out, data, "max", lengths=L).kernels
+            assert [k.kernel for k in launches] == (main if "lanes_cap" in knobs else main + split), launches
+            for g in grads:
+                for kw in ({"lengths": L}, {"offsets": _offsets(lengths)}, {"lengths": L.int()}):
+                    (_, gx), (_, gxs) = _both(data, g, **kw)
+                    assert_bitwise_equal(gx, gxs, f"{list(kw)} {knobs}")
+            data2 = torch.stack([data, data.flip(0)])
+            lengths2 = torch.stack([L, L.flip(0)])
+            (_, gx), (_, gxs) = _both(data2, torch.stack(grads), lengths=lengths2, axis=1)
+            assert_bitwise_equal(gx, gxs, f"outer dim {knobs}")
+    with config.override(sm.CONFIG, **{**_SPLIT, "split_min_elems": data.numel() + 1}):
+        assert len(gradkern.plan("_segment_reduce_backward", grads[0], out, data, "max", lengths=L).kernels) == 1
+    empty = torch.empty
+    for stale in (4, 11, -1, 1 << 40):  # (4 and 11: the 40- and 100-row segments)
+        def filled(*size, stale=stale, **kw):
+            t = empty(*size, **kw)
+            return t.fill_(stale) if t.dtype == torch.int64 else t
+        with config.override(sm.CONFIG, lanes_max_inner=0, **_SPLIT), pytest.MonkeyPatch.context() as m:
+            m.setattr(torch, "empty", filled)
+            got = ops._segment_reduce_backward(grads[1], out, data, "max", L)
+        assert_bitwise_equal(got, _both(data, grads[1], lengths=L)[1][1], f"stale entries {stale}")
 
 
 def test_forward_kernel_follows_the_mean_segment_length():

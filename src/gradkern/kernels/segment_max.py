@@ -199,29 +199,56 @@ def _chunks_max(w, n_w, row0, start, end, N, INNER, d, dmask, CH: tl.constexpr, 
     wb = (w + n_w).to(tl.pointer_type(BITS))
     ca = start // CH
     cb = (end - 1) // CH + 1
-    first = (start > ca * CH).to(tl.int64)  # the first chunk's slot: 1 where the segment starts inside it
     lt = tl.arange(0, BLOCK_T)
     best_key = tl.full([BLOCK_D], lowest, BITS)
     best_c = tl.zeros([BLOCK_D], tl.int64) + ca
     for c0 in range(ca, cb, BLOCK_T):
         c = c0 + lt
         m = (c < cb)[:, None] & dmask[None, :]
-        e = ((row0 + 2 * c + tl.where(c == ca, first, 0)) * INNER)[:, None] + d[None, :]
+        e = _chunk_entry(row0, c, start, CH)[:, None] * INNER + d[None, :]
         key = tl.where(m, _order_key(tl.load(wb + e, mask=m, other=0), W, INF, BITS), lowest).to(BITS)
         ck = tl.max(key, axis=0).to(BITS)  # (a reduction widens 16-bit integers)
         cc = tl.min(tl.where(key == ck[None, :], c[:, None], cb), axis=0)
         take = ck > best_key
         best_key = tl.where(take, ck, best_key)
         best_c = tl.where(take, cc, best_c)
-    e = (row0 + 2 * best_c + tl.where(best_c == ca, first, 0)) * INNER + d
-    return tl.load(w + e, mask=dmask, other=N)
+    return tl.load(w + _chunk_entry(row0, best_c, start, CH) * INNER + d, mask=dmask, other=N)
 
 
 @triton.jit
-def _chunk_map(w, n_w, outer, n_chunk):
-    """Outer slice `outer`'s chunk map in the split's workspace w: after the partials (rows, then bits: n_w entries
-    each), two entries a chunk."""
-    return w + 2 * n_w + outer * n_chunk * 2
+def _chunk_entry(row0, c, start, CH: tl.constexpr):
+    """The workspace row (from row0, this outer slice's first) of chunks `c` of the segment starting at row
+    `start`: two rows a chunk, the first chunk's slot 1 where the segment starts inside it, else slot 0."""
+    ca = start // CH
+    return row0 + 2 * c + tl.where(c == ca, (start > ca * CH).to(tl.int64), 0)
+
+
+@triton.jit
+def _chunk_slots(w, at, outer, n_chunk, c, offs, soff_o, S, N, CH: tl.constexpr, ENDS: tl.constexpr):
+    """The segments chunk c's map entries name (the split's map at `at` entries into w), checked against the
+    offsets: (slot ids 0 and 1, the segments, their row ranges [a, b), whether each slot holds a segment longer
+    than CH rows as the slot says: slot 0 holding the chunk's first row, slot 1 starting inside it)."""
+    r0 = c * CH
+    two = tl.arange(0, 2)
+    seg = tl.minimum(tl.maximum(tl.load(_chunk_map(w, at, outer, n_chunk) + 2 * c + two), 0), S - 1)
+    a, b = _segment(offs, soff_o, outer, seg, N, ENDS)
+    take = (b - a > CH) & tl.where(two == 0, (a <= r0) & (b > r0), (a > r0) & (a < tl.minimum(r0 + CH, N)))
+    return two, seg, a, b, take
+
+
+@triton.jit
+def _slot(two, k, take, seg, a, b, r0, r1):
+    """Slot k of _chunk_slots' results, as scalars: (the segment, its rows within [r0, r1), its start)."""
+    here = take & (two == k)
+    return (tl.max(tl.where(here, seg, 0), axis=0), tl.max(tl.where(here, tl.maximum(a, r0), 0), axis=0),
+            tl.max(tl.where(here, tl.minimum(b, r1), 0), axis=0), tl.max(tl.where(here, a, 0), axis=0))
+
+
+@triton.jit
+def _chunk_map(w, at, outer, n_chunk):
+    """Outer slice `outer`'s chunk map in the split's workspace w, after its partials (`at` entries): two entries
+    a chunk."""
+    return w + at + outer * n_chunk * 2
 
 
 @triton.jit
@@ -319,20 +346,20 @@ def _segment_max_fwd_lanes_kernel(x, offs, vals, idxs, w, S, N, INNER, n_sblk, S
         tl.store(vals + o1, bits1.to(vals.dtype.element_ty, bitcast=True), mask=dmask)
         tl.store(idxs + o1, idx, mask=dmask)
     if CH > 0:
-        _mark_chunks(_chunk_map(w, n_w, outer, n_chunk), segs.to(tl.int64), start, end, smask & (lens > CH), CH)
+        _mark_chunks(_chunk_map(w, 2 * n_w, outer, n_chunk), segs.to(tl.int64), start, end, smask & (lens > CH), CH)
 
 
 @triton.jit
-def _segment_max_fwd_mark_kernel(x, offs, vals, idxs, w, S, N, n_sblk, soff_o, n_chunk, n_w, CH: tl.constexpr,
-                                 BLOCK_S: tl.constexpr, PDL: tl.constexpr):
-    """The split forward's chunk map (_mark_chunks) for the tile kernel, which does not write it itself (the code
-    slowed its loop even where it did not run: docs/tuning/segment_max.md, "The split"): a program a block of
-    BLOCK_S segments, before the main kernel."""
+def _segment_mark_kernel(offs, w, S, N, n_sblk, soff_o, n_chunk, at, CH: tl.constexpr, BLOCK_S: tl.constexpr,
+                         ENDS: tl.constexpr, PDL: tl.constexpr):
+    """The split's chunk map (_mark_chunks; at `at` entries into w) for the tile kernels, which do not write it
+    themselves (the code slowed the forward's loop even where it did not run: docs/tuning/segment_max.md, "The
+    split"): a program a block of BLOCK_S segments, before the main kernel."""
     sblk, _, outer = _ids(n_sblk, 1, PDL)
     segs = sblk * BLOCK_S + tl.arange(0, BLOCK_S).to(tl.int64)
     smask = segs < S
-    start, end = _segment(offs, soff_o, outer, tl.minimum(segs, S - 1), N, False)
-    _mark_chunks(_chunk_map(w, n_w, outer, n_chunk), segs, start, end, smask & (end - start > CH), CH)
+    start, end = _segment(offs, soff_o, outer, tl.minimum(segs, S - 1), N, ENDS)
+    _mark_chunks(_chunk_map(w, at, outer, n_chunk), segs, start, end, smask & (end - start > CH), CH)
 
 
 @triton.jit
@@ -346,18 +373,11 @@ def _segment_max_fwd_chunks_kernel(x, offs, vals, idxs, w, S, N, INNER, n_chunk,
     and the first row holding it (_max_over_rows, every block of columns in turn) in the chunk's slot of the
     workspace w: rows (int64) in its first n_w entries, the elements' bits in the next n_w, then the map."""
     _d, c, outer = _ids(1, n_chunk, PDL)
-    r0 = c * CH
-    r1 = tl.minimum(r0 + CH, N)
-    two = tl.arange(0, 2)
-    seg = tl.minimum(tl.maximum(tl.load(_chunk_map(w, n_w, outer, n_chunk) + 2 * c + two), 0), S - 1)
-    a, b = _segment(offs, soff_o, outer, seg, N, False)
-    take = (b - a > CH) & tl.where(two == 0, (a <= r0) & (b > r0), (a > r0) & (a < r1))
+    two, seg, a, b, take = _chunk_slots(w, 2 * n_w, outer, n_chunk, c, offs, soff_o, S, N, CH, False)
     wb = (w + n_w).to(tl.pointer_type(BITS))
     for k in tl.static_range(2):
-        here = take & (two == k)
-        if tl.max(here.to(tl.int32), axis=0) > 0:
-            lo = tl.max(tl.where(here, tl.maximum(a, r0), 0), axis=0)
-            hi = tl.max(tl.where(here, tl.minimum(b, r1), 0), axis=0)
+        if tl.max((take & (two == k)).to(tl.int32), axis=0) > 0:
+            _seg, lo, hi, _start = _slot(two, k, take, seg, a, b, c * CH, tl.minimum(c * CH + CH, N))
             for dblk in range(0, n_dblk):
                 d = dblk * BLOCK_D + tl.arange(0, BLOCK_D)
                 dmask = d < INNER
@@ -378,7 +398,7 @@ def _segment_max_fwd_long_kernel(x, offs, vals, idxs, w, S, N, INNER, n_chunk, n
     chunks' partials (_chunks_max), every block of columns in turn. Its element is loaded from its rows: a row the
     workspace names outside them (offsets that decrease) is clamped into them."""
     _d, c, outer = _ids(1, n_chunk, PDL)
-    seg = tl.minimum(tl.maximum(tl.load(_chunk_map(w, n_w, outer, n_chunk) + 2 * c), 0), S - 1)
+    seg = tl.minimum(tl.maximum(tl.load(_chunk_map(w, 2 * n_w, outer, n_chunk) + 2 * c), 0), S - 1)
     start, end = _segment(offs, soff_o, outer, seg, N, False)
     if (end - start > CH) & (start <= c * CH) & ((end - 1) // CH == c):
         for dblk in range(0, n_dblk):
@@ -539,18 +559,21 @@ def _segment_reduce_max_bwd_kernel(g, o, x, offs, gx, S, N, INNER, n_dblk, SG, S
                                    BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, MATH: tl.constexpr,
                                    ENDS: tl.constexpr, LENS: tl.constexpr, TWO_PASS: tl.constexpr,
                                    SKIP_EMPTY: tl.constexpr, SPLIT_O: tl.constexpr, SPLIT_I: tl.constexpr,
-                                   PDL: tl.constexpr):
+                                   CH: tl.constexpr, PDL: tl.constexpr):
     """One program a (segment, inner block): _segred_segment. SKIP_EMPTY branches over empty segments (without,
-    their masks do)."""
+    their masks do). With CH, a segment longer than CH rows is left to the split's passes."""
     dblk, seg, outer = _ids(n_dblk, S, PDL)
     start, end = _segment(offs, soff_o, outer, seg, N, ENDS, LENS)
+    walked = end
+    if CH > 0:
+        walked = tl.where(end - start > CH, start, end)
     d = dblk * BLOCK_D + tl.arange(0, BLOCK_D)
     dmask = d < INNER
     ob = gx + outer * N * INNER
     xo, xi = _offsets(outer, d, SX, O_LO, I_LO, SPLIT_O, SPLIT_I)
     xb = x + xo + xi
-    if (end > start) or (not SKIP_EMPTY):
-        _segred_segment(g, o, xb, ob, outer, seg, start, end, d, dmask, SG, SO, SX[1], O_LO, I_LO, INNER, BLOCK_L,
+    if (walked > start) or (not SKIP_EMPTY):
+        _segred_segment(g, o, xb, ob, outer, seg, start, walked, d, dmask, SG, SO, SX[1], O_LO, I_LO, INNER, BLOCK_L,
                         BLOCK_D, MATH, TWO_PASS, SPLIT_O, SPLIT_I)
     if seg == 0:
         _zero_rows(ob, 0, start, d, dmask, INNER, gx.dtype.element_ty, BLOCK_L, BLOCK_D)
@@ -635,6 +658,87 @@ def _segment_reduce_max_bwd_lanes_kernel(g, o, x, offs, gx, S, N, INNER, n_sblk,
     if sblk == n_sblk - 1:
         _zero_rows(ob, tl.sum(tl.where(segs == S - 1, end, 0), axis=0), N, d, dmask, INNER, gx.dtype.element_ty,
                    BLOCK_L, BLOCK_D)
+
+
+@triton.jit
+def _segred_chunks_kernel(g, o, x, offs, gx, w, S, N, INNER, n_chunk, n_dblk, SG, SO, SX, O_LO, I_LO, soff_o, n_w,
+                          CH: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, MATH: tl.constexpr,
+                          ENDS: tl.constexpr, SPLIT_O: tl.constexpr, SPLIT_I: tl.constexpr, PDL: tl.constexpr):
+    """The split segment_reduce backward's count pass, after the main kernel, a program a chunk of CH rows: each
+    segment longer than CH rows that the chunk map names for the chunk (_chunk_slots) gets its ties over its rows in
+    the chunk counted (every block of columns in turn) into the chunk's slot of the workspace w (n_w entries, then
+    the map)."""
+    _d, c, outer = _ids(1, n_chunk, PDL)
+    two, seg, a, b, take = _chunk_slots(w, n_w, outer, n_chunk, c, offs, soff_o, S, N, CH, ENDS)
+    for k in tl.static_range(2):
+        if tl.max((take & (two == k)).to(tl.int32), axis=0) > 0:
+            sk, lo, hi, _start = _slot(two, k, take, seg, a, b, c * CH, tl.minimum(c * CH + CH, N))
+            for dblk in range(0, n_dblk):
+                d = dblk * BLOCK_D + tl.arange(0, BLOCK_D)
+                dmask = d < INNER
+                oo, oi = _offsets(outer, d, SO, O_LO, I_LO, SPLIT_O, SPLIT_I)
+                ov = tl.load(o + oo + sk * SO[1] + oi, mask=dmask).to(MATH)
+                xo, xi = _offsets(outer, d, SX, O_LO, I_LO, SPLIT_O, SPLIT_I)
+                cnt = tl.zeros([BLOCK_D], tl.int32)
+                for r0 in range(lo, hi, BLOCK_L):
+                    _rows, _m, sel = _selected(x + xo + xi, ov, r0, hi, dmask, SX[1], BLOCK_L, MATH)
+                    cnt += tl.sum(sel.to(tl.int32), axis=0)
+                tl.store(w + ((outer * n_chunk + c) * 2 + k) * INNER + d, cnt, mask=dmask)
+
+
+@triton.jit
+def _segred_sum_kernel(g, o, x, offs, gx, w, S, N, INNER, n_chunk, n_dblk, SG, SO, SX, O_LO, I_LO, soff_o, n_w,
+                       CH: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, ENDS: tl.constexpr,
+                       PDL: tl.constexpr):
+    """The split segment_reduce backward's second pass: program c (a chunk) sums the tie counts of the segment
+    longer than CH rows that ends in chunk c, if one does (the map's slot 0), over its chunks, BLOCK_T chunks a
+    step, into its first chunk's entry (read by no other program)."""
+    _d, c, outer = _ids(1, n_chunk, PDL)
+    seg = tl.minimum(tl.maximum(tl.load(_chunk_map(w, n_w, outer, n_chunk) + 2 * c), 0), S - 1)
+    start, end = _segment(offs, soff_o, outer, seg, N, ENDS)
+    if (end - start > CH) & (start <= c * CH) & ((end - 1) // CH == c):
+        row0 = outer * n_chunk * 2
+        lt = tl.arange(0, BLOCK_T)
+        for dblk in range(0, n_dblk):
+            d = dblk * BLOCK_D + tl.arange(0, BLOCK_D)
+            dmask = d < INNER
+            total = tl.zeros([BLOCK_D], tl.int64)
+            for c0 in range(start // CH, c + 1, BLOCK_T):
+                cs = c0 + lt
+                m = (cs <= c)[:, None] & dmask[None, :]
+                e = _chunk_entry(row0, cs, start, CH)[:, None] * INNER + d[None, :]
+                total += tl.sum(tl.load(w + e, mask=m, other=0), axis=0)
+            tl.store(w + _chunk_entry(row0, start // CH, start, CH) * INNER + d, total, mask=dmask)
+
+
+@triton.jit
+def _segred_write_kernel(g, o, x, offs, gx, w, S, N, INNER, n_chunk, n_dblk, SG, SO, SX, O_LO, I_LO, soff_o, n_w,
+                         CH: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, MATH: tl.constexpr,
+                         ENDS: tl.constexpr, SPLIT_O: tl.constexpr, SPLIT_I: tl.constexpr, PDL: tl.constexpr):
+    """The split segment_reduce backward's last pass, a program a chunk: the rows of each long segment the chunk
+    map names for it (as the count pass) get g, or g / k with the segment's tie count k (_tie_grad), where
+    selected, and zero elsewhere."""
+    _d, c, outer = _ids(1, n_chunk, PDL)
+    two, seg, a, b, take = _chunk_slots(w, n_w, outer, n_chunk, c, offs, soff_o, S, N, CH, ENDS)
+    ob = gx + outer * N * INNER
+    for k in tl.static_range(2):
+        if tl.max((take & (two == k)).to(tl.int32), axis=0) > 0:
+            sk, lo, hi, start = _slot(two, k, take, seg, a, b, c * CH, tl.minimum(c * CH + CH, N))
+            e = _chunk_entry(outer * n_chunk * 2, start // CH, start, CH)
+            zero = tl.zeros([BLOCK_L, BLOCK_D], gx.dtype.element_ty)
+            for dblk in range(0, n_dblk):
+                d = dblk * BLOCK_D + tl.arange(0, BLOCK_D)
+                dmask = d < INNER
+                oo, oi = _offsets(outer, d, SO, O_LO, I_LO, SPLIT_O, SPLIT_I)
+                ov = tl.load(o + oo + sk * SO[1] + oi, mask=dmask).to(MATH)
+                go, gi = _offsets(outer, d, SG, O_LO, I_LO, SPLIT_O, SPLIT_I)
+                gv = tl.load(g + go + sk * SG[1] + gi, mask=dmask).to(MATH)
+                cnt = tl.load(w + e * INNER + d, mask=dmask, other=0).to(tl.int32)
+                q = _tie_grad(gv, cnt, gx.dtype.element_ty, MATH)
+                xo, xi = _offsets(outer, d, SX, O_LO, I_LO, SPLIT_O, SPLIT_I)
+                for r0 in range(lo, hi, BLOCK_L):
+                    rows, m, sel = _selected(x + xo + xi, ov, r0, hi, dmask, SX[1], BLOCK_L, MATH)
+                    tl.store(ob + rows[:, None] * INNER + d[None, :], tl.where(sel, q[None, :], zero), mask=m)
 
 
 @triton.jit
@@ -800,10 +904,12 @@ class SegmentConfig:
     rows_tile: int = 2048
     rows_bd_max: int = 64
     rows_warps: int = 4
-    # the forward's split for long segments: where a slice has more rows than a chunk of about split_chunk elements
-    # and the problem at least split_min_elems, the tile or lane kernel leaves segments longer than a chunk to a
-    # pass over each chunk and one combining their chunks, split_combine elements a step. H200, the power-law
-    # sweep cases 0.33-0.68x stock -> 1.8-12.5x, the others a few us slower (docs/tuning/segment_max.md, "The split")
+    # the split for long segments: where a slice has more rows than a chunk of about split_chunk elements and the
+    # problem at least split_min_elems, the forward's tile or lane kernel and the segment_reduce backward's tile
+    # kernel leave segments longer than a chunk to passes a chunk (combining chunks split_combine elements a
+    # step). H200, the power-law sweep cases: forward 0.33-0.68x stock -> 1.8-12.5x, segment_reduce backward
+    # 1.19-2.49x -> 6.4-24x; the others a few us slower, small problems more (their passes' launches; docs/tuning/
+    # segment_max.md, "The split" and "The segment_reduce backward's split")
     split_chunk: int = 16384
     split_min_elems: int = 1 << 20
     split_combine: int = 1024
@@ -889,7 +995,7 @@ class _Plan:
     kernel: object = None  # where an op has several kernels: the one this problem runs
     then: _Plan | None = None  # the next launch after this one (its kernel, grid and arguments)
     work: tuple = ()  # the workspaces the launches share: (elements, dtype) each, made before the first
-    reads_work: bool = True  # whether this launch takes them, after its four operands
+    picks: tuple[int, ...] | None = None  # the pointers this launch takes of the operands and workspaces (None: all)
 
 
 _plans = PlanCache("kernels.segment_max._plans")
@@ -940,6 +1046,15 @@ def _run(kernel, plan: _Plan, ptrs: tuple, device: int) -> None:
     launch(kernel, (plan.grid,), ptrs, plan.ints, plan.consts, device, (kernel, plan.uid, device))
 
 
+def _run_all(plan: _Plan, ptrs: tuple, device: int, spare: torch.Tensor) -> None:
+    """A plan's launches in turn, on operands `ptrs` and the plan's workspaces, made here (or `spare`, never read,
+    for a kernel that takes a workspace it does not use)."""
+    args = ptrs + (tuple(torch.empty(k, dtype=dtype, device=spare.device) for k, dtype in plan.work) or (spare,))
+    while plan is not None:
+        _run(plan.kernel, plan, args if plan.picks is None else tuple(args[i] for i in plan.picks), device)
+        plan = plan.then
+
+
 # ----------------------------------------------------------------------------------------------- the ops
 def _fwd(data: torch.Tensor, offsets: torch.Tensor, axis: int, op: str):
     n = data.shape[axis]
@@ -982,19 +1097,24 @@ def _fwd(data: torch.Tensor, offsets: torch.Tensor, axis: int, op: str):
         else:
             main = dataclasses.replace(_new_plan(outer * s * n_dblk, (s, n, inner, n_dblk, *strides, soff), copies,
                                                  {"BLOCK_L": bl, "BLOCK_D": bd, **bits, **split, "CH": ch}, warps,
-                                                 pdl, kernel=_segment_max_fwd_kernel), reads_work=False)
-        return _split_plan(cfg, main, ch, bits, strides, copies, split, outer, n, s, inner, soff, pdl) if ch else main
+                                                 pdl, kernel=_segment_max_fwd_kernel), picks=(0, 1, 2, 3))
+        if not ch:
+            return main
+        rb = _rows_block(cfg, inner)
+        n_chunk, n_w = _split_ints(ch, outer, n, inner)
+        ints = (s, n, inner, n_chunk, cdiv(inner, rb), *strides, soff, n_w)
+        passes = [(_segment_max_fwd_chunks_kernel, {"CH": ch, "BLOCK_L": max(1, cfg.rows_tile // rb), "BLOCK_D": rb,
+                                                    **bits, **split}),
+                  (_segment_max_fwd_long_kernel, {"CH": ch, "BLOCK_T": max(1, cfg.split_combine // rb),
+                                                  "BLOCK_D": rb, **bits, **split})]
+        return _split_plan(cfg, main, ch, copies, outer, n, s, inner, soff, pdl, ints, passes, at=2, offs=1,
+                           ends=False)
 
     plan = _planned(("forward", data.shape, data.stride(), data.dtype, offsets.shape, offsets.dtype, axis, device,
                      pdl), make)
     (data,) = _walk((data,), plan)
     offsets = offsets.contiguous()
-    ptrs = (data, offsets, vals, idxs)
-    # (the lane kernel without the split takes idxs for its workspace, never read)
-    work = tuple(torch.empty(k, dtype=dtype, device=data.device) for k, dtype in plan.work) or (idxs,)
-    while plan is not None:
-        _run(plan.kernel, plan, ptrs + work if plan.reads_work else ptrs, device)
-        plan = plan.then
+    _run_all(plan, (data, offsets, vals, idxs), device, idxs)
     return vals, idxs
 
 
@@ -1021,31 +1141,26 @@ def _split_ints(ch: int, outer: int, n: int, inner: int) -> tuple[int, int]:
     return n_chunk, outer * n_chunk * 2 * inner
 
 
-def _split_plan(cfg, main: _Plan, ch: int, bits: dict, strides: tuple, copies: tuple, split: dict, outer: int,
-                n: int, s: int, inner: int, soff: int, pdl: bool) -> _Plan:
-    """The split forward: the main kernel (`main`, which leaves segments longer than ch rows alone; the lane kernel
-    writes their chunk map, the tile kernel's is _segment_max_fwd_mark_kernel's, `lanes` segments a program, before
-    it), the chunk pass (_segment_max_fwd_chunks_kernel, rows_tile elements a step) and the fix pass
-    (_segment_max_fwd_long_kernel, split_combine elements a step), a program a chunk each, rows_bd_max columns a
-    block. The workspace: each chunk's two slots a column, rows (int64), then the elements' bits (in as many int64
-    entries, more than they take); then the chunk map, two entries a chunk."""
-    bd = _rows_block(cfg, inner)
+def _split_plan(cfg, main: _Plan, ch: int, copies: tuple, outer: int, n: int, s: int, inner: int, soff: int,
+                pdl: bool, ints: tuple, passes: list, at: int, offs: int, ends: bool) -> _Plan:
+    """The split for long segments: the main kernel (`main`, which leaves segments longer than ch rows alone; a
+    lane kernel writes their chunk map, a tile kernel's is _segment_mark_kernel's, `lanes` segments a program,
+    before it), then `passes` ((kernel, constexprs) each: a program a chunk, ints `ints`). The workspace: the chunks'
+    partials (`at` times n_w entries), then the chunk map, two entries a chunk. The map launch takes the operand
+    `offs` (offsets, or with `ends` the segments' ends) and the workspace (after the operands)."""
     n_chunk, n_w = _split_ints(ch, outer, n, inner)
-    ints = (s, n, inner, n_chunk, cdiv(inner, bd), *strides, soff, n_w)
-    fix = _new_plan(outer * n_chunk, ints, copies, {"CH": ch, "BLOCK_T": max(1, cfg.split_combine // bd),
-                                                    "BLOCK_D": bd, **bits, **split},
-                    cfg.rows_warps, pdl, kernel=_segment_max_fwd_long_kernel)
-    chunks = _new_plan(outer * n_chunk, ints, copies, {"CH": ch, "BLOCK_L": max(1, cfg.rows_tile // bd),
-                                                       "BLOCK_D": bd, **bits, **split},
-                       cfg.rows_warps, pdl, kernel=_segment_max_fwd_chunks_kernel)
-    work = ((2 * n_w + outer * n_chunk * 2, torch.int64),)
+    then = None
+    for kernel, consts in reversed(passes):
+        then = dataclasses.replace(_new_plan(outer * n_chunk, ints, copies, consts, cfg.rows_warps, pdl,
+                                             kernel=kernel), then=then)
+    work = ((at * n_w + outer * n_chunk * 2, torch.int64),)
     if main.kernel is _segment_max_fwd_lanes_kernel:
-        return dataclasses.replace(main, then=dataclasses.replace(chunks, then=fix), work=work)
+        return dataclasses.replace(main, then=then, work=work)
     n_sblk = cdiv(s, cfg.lanes)
-    mark = _new_plan(outer * n_sblk, (s, n, n_sblk, soff, n_chunk, n_w), copies, {"CH": ch, "BLOCK_S": cfg.lanes},
-                     cfg.rows_warps, pdl, kernel=_segment_max_fwd_mark_kernel)
-    return dataclasses.replace(mark, then=dataclasses.replace(main, then=dataclasses.replace(chunks, then=fix)),
-                               work=work)
+    mark = _new_plan(outer * n_sblk, (s, n, n_sblk, soff, n_chunk, at * n_w), copies,
+                     {"CH": ch, "BLOCK_S": cfg.lanes, "ENDS": ends}, cfg.rows_warps, pdl, kernel=_segment_mark_kernel)
+    return dataclasses.replace(mark, then=dataclasses.replace(main, then=then), work=work,
+                               picks=(offs, len(main.picks or ())))
 
 
 def _rows_plan(cfg, bits: dict, strides: tuple, copies: tuple, split: dict, outer: int, n: int, s: int, inner: int,
@@ -1161,7 +1276,7 @@ def _segment_reduce_backward(grad: torch.Tensor, output: torch.Tensor, data: tor
     if ends and not plan.consts.get("LENS"):  # lengths the kernel does not read itself: it reads their cumsum
         seg = lengths.cumsum(-1)
     seg = (seg.reshape(-1, seg.shape[-1]) if axis else seg).contiguous()
-    _run(plan.kernel, plan, (grad, output, data, seg, gx), device)
+    _run_all(plan, (grad, output, data, seg, gx), device, gx)
     return gx
 
 
@@ -1222,10 +1337,15 @@ def _segment_reduce_plan(data, seg, s: int, ends: bool, grad, output, pdl: bool)
     bl, bd, warps = _blocks(cfg, inner, n, s, dict(cfg.segred_warps)[esize], cfg.bd_max, cfg.segred_min_tile,
                             _tile(cfg, n, s))
     n_dblk = cdiv(inner, bd)
-    lens = ends and _reads_lengths(cfg, data, axis, s)
+    lanes, unroll = _lane_block(cfg, outer, n, s, inner, cfg.lanes_max_inner, cfg.lanes_few_unroll)
+    # the split serves the tile kernel only: in the lane kernel its map's code cost 16M x 1 in segments of 1-63
+    # 130 -> 173 us (H200), and long segments there run at 26x stock already (docs/tuning/segment_max.md)
+    ch = 0 if lanes else _chunk_rows(cfg, outer, n, inner)
+    lens = ends and not ch and _reads_lengths(cfg, data, axis, s)  # (the split's passes read the ends)
+    if lens:
+        lanes, unroll = 0, 0
     math_dt = TL_MATH[_runtime.math_dtype(data.dtype)]
-    lanes, unroll = (0, 0) if lens else _lane_block(cfg, outer, n, s, inner, cfg.lanes_max_inner,
-                                                           cfg.lanes_few_unroll)
+    soff = _offsets_stride(seg)
     write_rows = dict(cfg.lanes_write_rows).get(esize, 1) if lanes == cfg.lanes_few else 1
     if lanes:
         # a lane a (segment, column), as the forward's lane kernel; long segments a program each, in turn
@@ -1235,15 +1355,29 @@ def _segment_reduce_plan(data, seg, s: int, ends: bool, grad, output, pdl: bool)
         consts = {"BLOCK_S": max(1, lanes // bd), "BLOCK_D": bd, "CAP": cfg.lanes_cap, "BLOCK_L": bl,
                   "UNROLL": unroll, "WRITE_R": write_rows, "MATH": math_dt, "ENDS": ends,
                   "TWO_PASS": (bl * bd <= cfg.small_tile, esize) not in cfg.segred_one_pass, **split}
-        return _new_plan(outer * n_sblk, (s, n, inner, n_sblk, *strides, _offsets_stride(seg)), copies, consts,
-                         cfg.lanes_warps, pdl, kernel=_segment_reduce_max_bwd_lanes_kernel)
+        return dataclasses.replace(_new_plan(outer * n_sblk, (s, n, inner, n_sblk, *strides, soff), copies, consts,
+                                             cfg.lanes_warps, pdl, kernel=_segment_reduce_max_bwd_lanes_kernel),
+                                   picks=(0, 1, 2, 3, 4))
     tiles = (bl * bd <= cfg.small_tile, esize)  # the tile class
     consts = {"BLOCK_L": bl, "BLOCK_D": bd, "MATH": math_dt, "ENDS": ends,
               "LENS": next_pow2(s) if lens else 0, "TWO_PASS": tiles not in cfg.segred_one_pass,
-              "SKIP_EMPTY": tiles not in cfg.segred_no_skip, **split}
+              "SKIP_EMPTY": tiles not in cfg.segred_no_skip, **split, "CH": ch}
     cap = dict(cfg.segred_maxnreg).get(tiles)
-    return _new_plan(outer * s * n_dblk, (s, n, inner, n_dblk, *strides, _offsets_stride(seg)), copies, consts,
-                     warps, pdl, kernel=_segment_reduce_max_bwd_kernel, **({"maxnreg": cap} if cap else {}))
+    main = dataclasses.replace(
+        _new_plan(outer * s * n_dblk, (s, n, inner, n_dblk, *strides, soff), copies, consts, warps, pdl,
+                  kernel=_segment_reduce_max_bwd_kernel, **({"maxnreg": cap} if cap else {})), picks=(0, 1, 2, 3, 4))
+    if not ch:
+        return main
+    # the split: tie counts a chunk, their sums a segment, then the rows written
+    rb = _rows_block(cfg, inner)
+    n_chunk, n_w = _split_ints(ch, outer, n, inner)
+    rows = {"CH": ch, "BLOCK_L": max(1, cfg.rows_tile // rb), "BLOCK_D": rb, "MATH": math_dt, "ENDS": ends, **split}
+    passes = [(_segred_chunks_kernel, rows),
+              (_segred_sum_kernel, {"CH": ch, "BLOCK_T": max(1, cfg.split_combine // rb), "BLOCK_D": rb,
+                                    "ENDS": ends}),
+              (_segred_write_kernel, rows)]
+    return _split_plan(cfg, main, ch, copies, outer, n, s, inner, soff, pdl,
+                       (s, n, inner, n_chunk, cdiv(inner, rb), *strides, soff, n_w), passes, at=1, offs=3, ends=ends)
 
 
 def _reads_lengths(cfg: SegmentConfig, data: torch.Tensor, axis: int, s: int) -> bool:
