@@ -237,11 +237,33 @@ def _chunk_slots(w, at, outer, n_chunk, c, offs, soff_o, S, N, CH: tl.constexpr,
 
 
 @triton.jit
-def _slot(two, k, take, seg, a, b, r0, r1):
-    """Slot k of _chunk_slots' results, as scalars: (the segment, its rows within [r0, r1), its start)."""
+def _slot(two, k, take, seg, a, b, c, N, CH: tl.constexpr):
+    """Slot k of chunk c's _chunk_slots results, as scalars: (whether it is taken, the segment, its rows within the
+    chunk [lo, hi), its start)."""
     here = take & (two == k)
-    return (tl.max(tl.where(here, seg, 0), axis=0), tl.max(tl.where(here, tl.maximum(a, r0), 0), axis=0),
+    r0 = c * CH
+    r1 = tl.minimum(r0 + CH, N)
+    return (tl.max(here.to(tl.int32), axis=0) > 0, tl.max(tl.where(here, seg, 0), axis=0),
+            tl.max(tl.where(here, tl.maximum(a, r0), 0), axis=0),
             tl.max(tl.where(here, tl.minimum(b, r1), 0), axis=0), tl.max(tl.where(here, a, 0), axis=0))
+
+
+@triton.jit
+def _ending_segment(w, at, outer, n_chunk, c, offs, soff_o, S, N, CH: tl.constexpr, ENDS: tl.constexpr):
+    """The segment chunk c's map slot 0 names, checked against the offsets: (segment, start, end, whether it is
+    longer than CH rows and ends in chunk c: at most one can, and it holds the chunk's first row)."""
+    seg = tl.minimum(tl.maximum(tl.load(_chunk_map(w, at, outer, n_chunk) + 2 * c), 0), S - 1)
+    start, end = _segment(offs, soff_o, outer, seg, N, ENDS)
+    return seg, start, end, (end - start > CH) & (start <= c * CH) & ((end - 1) // CH == c)
+
+
+@triton.jit
+def _walked(start, end, CH: tl.constexpr):
+    """Where a main kernel stops walking rows [start, end): with the split (CH), a segment longer than CH rows is
+    the split's passes', so none of its rows."""
+    if CH > 0:
+        end = tl.where(end - start > CH, start, end)
+    return end
 
 
 @triton.jit
@@ -276,9 +298,7 @@ def _segment_max_fwd_kernel(x, offs, vals, idxs, S, N, INNER, n_dblk, SX, O_LO, 
     is left to the split's passes, which store its result over what this stores (an empty segment's)."""
     dblk, seg, outer = _ids(n_dblk, S, PDL)
     start, end = _segment(offs, soff_o, outer, seg, N, False)
-    walked = end
-    if CH > 0:
-        walked = tl.where(end - start > CH, start, end)
+    walked = _walked(start, end, CH)
     d = dblk * BLOCK_D + tl.arange(0, BLOCK_D)
     dmask = d < INNER
     xo, xi = _offsets(outer, d, SX, O_LO, I_LO, SPLIT_O, SPLIT_I)
@@ -376,8 +396,8 @@ def _segment_max_fwd_chunks_kernel(x, offs, vals, idxs, w, S, N, INNER, n_chunk,
     two, seg, a, b, take = _chunk_slots(w, 2 * n_w, outer, n_chunk, c, offs, soff_o, S, N, CH, False)
     wb = (w + n_w).to(tl.pointer_type(BITS))
     for k in tl.static_range(2):
-        if tl.max((take & (two == k)).to(tl.int32), axis=0) > 0:
-            _seg, lo, hi, _start = _slot(two, k, take, seg, a, b, c * CH, tl.minimum(c * CH + CH, N))
+        there, _seg, lo, hi, _start = _slot(two, k, take, seg, a, b, c, N, CH)
+        if there:
             for dblk in range(0, n_dblk):
                 d = dblk * BLOCK_D + tl.arange(0, BLOCK_D)
                 dmask = d < INNER
@@ -398,9 +418,8 @@ def _segment_max_fwd_long_kernel(x, offs, vals, idxs, w, S, N, INNER, n_chunk, n
     chunks' partials (_chunks_max), every block of columns in turn. Its element is loaded from its rows: a row the
     workspace names outside them (offsets that decrease) is clamped into them."""
     _d, c, outer = _ids(1, n_chunk, PDL)
-    seg = tl.minimum(tl.maximum(tl.load(_chunk_map(w, 2 * n_w, outer, n_chunk) + 2 * c), 0), S - 1)
-    start, end = _segment(offs, soff_o, outer, seg, N, False)
-    if (end - start > CH) & (start <= c * CH) & ((end - 1) // CH == c):
+    seg, start, end, ends_here = _ending_segment(w, 2 * n_w, outer, n_chunk, c, offs, soff_o, S, N, CH, False)
+    if ends_here:
         for dblk in range(0, n_dblk):
             d = dblk * BLOCK_D + tl.arange(0, BLOCK_D)
             dmask = d < INNER
@@ -564,9 +583,7 @@ def _segment_reduce_max_bwd_kernel(g, o, x, offs, gx, S, N, INNER, n_dblk, SG, S
     their masks do). With CH, a segment longer than CH rows is left to the split's passes."""
     dblk, seg, outer = _ids(n_dblk, S, PDL)
     start, end = _segment(offs, soff_o, outer, seg, N, ENDS, LENS)
-    walked = end
-    if CH > 0:
-        walked = tl.where(end - start > CH, start, end)
+    walked = _walked(start, end, CH)
     d = dblk * BLOCK_D + tl.arange(0, BLOCK_D)
     dmask = d < INNER
     ob = gx + outer * N * INNER
@@ -671,8 +688,8 @@ def _segred_chunks_kernel(g, o, x, offs, gx, w, S, N, INNER, n_chunk, n_dblk, SG
     _d, c, outer = _ids(1, n_chunk, PDL)
     two, seg, a, b, take = _chunk_slots(w, n_w, outer, n_chunk, c, offs, soff_o, S, N, CH, ENDS)
     for k in tl.static_range(2):
-        if tl.max((take & (two == k)).to(tl.int32), axis=0) > 0:
-            sk, lo, hi, _start = _slot(two, k, take, seg, a, b, c * CH, tl.minimum(c * CH + CH, N))
+        there, sk, lo, hi, _start = _slot(two, k, take, seg, a, b, c, N, CH)
+        if there:
             for dblk in range(0, n_dblk):
                 d = dblk * BLOCK_D + tl.arange(0, BLOCK_D)
                 dmask = d < INNER
@@ -694,9 +711,8 @@ def _segred_sum_kernel(g, o, x, offs, gx, w, S, N, INNER, n_chunk, n_dblk, SG, S
     longer than CH rows that ends in chunk c, if one does (the map's slot 0), over its chunks, BLOCK_T chunks a
     step, into its first chunk's entry (read by no other program)."""
     _d, c, outer = _ids(1, n_chunk, PDL)
-    seg = tl.minimum(tl.maximum(tl.load(_chunk_map(w, n_w, outer, n_chunk) + 2 * c), 0), S - 1)
-    start, end = _segment(offs, soff_o, outer, seg, N, ENDS)
-    if (end - start > CH) & (start <= c * CH) & ((end - 1) // CH == c):
+    _seg, start, _end, ends_here = _ending_segment(w, n_w, outer, n_chunk, c, offs, soff_o, S, N, CH, ENDS)
+    if ends_here:
         row0 = outer * n_chunk * 2
         lt = tl.arange(0, BLOCK_T)
         for dblk in range(0, n_dblk):
@@ -722,8 +738,8 @@ def _segred_write_kernel(g, o, x, offs, gx, w, S, N, INNER, n_chunk, n_dblk, SG,
     two, seg, a, b, take = _chunk_slots(w, n_w, outer, n_chunk, c, offs, soff_o, S, N, CH, ENDS)
     ob = gx + outer * N * INNER
     for k in tl.static_range(2):
-        if tl.max((take & (two == k)).to(tl.int32), axis=0) > 0:
-            sk, lo, hi, start = _slot(two, k, take, seg, a, b, c * CH, tl.minimum(c * CH + CH, N))
+        there, sk, lo, hi, start = _slot(two, k, take, seg, a, b, c, N, CH)
+        if there:
             e = _chunk_entry(outer * n_chunk * 2, start // CH, start, CH)
             zero = tl.zeros([BLOCK_L, BLOCK_D], gx.dtype.element_ty)
             for dblk in range(0, n_dblk):
@@ -872,9 +888,9 @@ class SegmentConfig:
     # lanes_few_min_programs (where the tile kernel's program a segment idles; 2048: forward 1.4M x 3 empty-heavy
     # 0.70x stock). Rows a lane takes a loop step (loads in flight together): lanes_unroll with `lanes`,
     # lanes_few_unroll with lanes_few (the forward's: fwd_lanes_few_unroll where a program holds two segments or
-    # more; H200, 8 rows: 1M x 40 in segments of 1-63 0.55x -> 0.65x stock, 22M x 3 0.56x -> 0.68x, but a segment a
-    # program, D = 100, 0.87x -> 0.60x bf16). Figures and the variants that lost: docs/tuning/segment_max.md,
-    # "Fewer lanes a program, more rows a step" and "Short tiles, more rows in flight"
+    # more; H200, 8 rows: 1M x 40 in segments of 1-63 0.55x -> 0.65x stock, 22M x 3 0.56x -> 0.68x). Figures and the
+    # variants that lost: docs/tuning/segment_max.md, "Fewer lanes a program, more rows a step" and "Short tiles,
+    # more rows in flight"
     lanes_few: int = 128
     lanes_min_programs: int = 1024
     lanes_few_max_mean: int = 64
@@ -917,8 +933,7 @@ class SegmentConfig:
     # shorter than long_mean rows on average, else `tile` (a long segment walks fewer, taller tiles); the
     # segment_reduce backward widens its columns to fill segred_min_tile elements at short means. H200, x stock:
     # the backward's D >= 24 cases with lengths 1-63 0.65-0.90x -> 1.95-2.37x f32, the forward's D = 1000 0.57x ->
-    # 0.66x f32, 0.33x -> 0.51x bf16; a segment of 1M rows with short tiles 21x -> 3x (docs/tuning/segment_max.md,
-    # "Short tiles, more rows in flight")
+    # 0.66x f32, 0.33x -> 0.51x bf16 (docs/tuning/segment_max.md, "Short tiles, more rows in flight")
     short_tile: int = 512
     long_mean: int = 256
     segred_min_tile: int = 128
@@ -1100,14 +1115,9 @@ def _fwd(data: torch.Tensor, offsets: torch.Tensor, axis: int, op: str):
                                                  pdl, kernel=_segment_max_fwd_kernel), picks=(0, 1, 2, 3))
         if not ch:
             return main
-        rb = _rows_block(cfg, inner)
-        n_chunk, n_w = _split_ints(ch, outer, n, inner)
-        ints = (s, n, inner, n_chunk, cdiv(inner, rb), *strides, soff, n_w)
-        passes = [(_segment_max_fwd_chunks_kernel, {"CH": ch, "BLOCK_L": max(1, cfg.rows_tile // rb), "BLOCK_D": rb,
-                                                    **bits, **split}),
-                  (_segment_max_fwd_long_kernel, {"CH": ch, "BLOCK_T": max(1, cfg.split_combine // rb),
-                                                  "BLOCK_D": rb, **bits, **split})]
-        return _split_plan(cfg, main, ch, copies, outer, n, s, inner, soff, pdl, ints, passes, at=2, offs=1,
+        passes = [(_segment_max_fwd_chunks_kernel, "BLOCK_L", {**bits, **split}),
+                  (_segment_max_fwd_long_kernel, "BLOCK_T", {**bits, **split})]
+        return _split_plan(cfg, main, ch, strides, copies, outer, n, s, inner, soff, pdl, passes, at=2, offs=1,
                            ends=False)
 
     plan = _planned(("forward", data.shape, data.stride(), data.dtype, offsets.shape, offsets.dtype, axis, device,
@@ -1127,7 +1137,7 @@ def _rows_block(cfg, inner: int) -> int:
 
 
 def _chunk_rows(cfg, outer: int, n: int, inner: int) -> int:
-    """The split forward's chunk (rows: about split_chunk elements of at most rows_bd_max columns, a power of two),
+    """The split's chunk (rows: about split_chunk elements of at most rows_bd_max columns, a power of two),
     or 0 (no split) where a slice has no more rows than a chunk or the problem fewer than split_min_elems
     elements: there the longest segment a program can walk costs less than the split's passes."""
     bd = _rows_block(cfg, inner)
@@ -1141,18 +1151,24 @@ def _split_ints(ch: int, outer: int, n: int, inner: int) -> tuple[int, int]:
     return n_chunk, outer * n_chunk * 2 * inner
 
 
-def _split_plan(cfg, main: _Plan, ch: int, copies: tuple, outer: int, n: int, s: int, inner: int, soff: int,
-                pdl: bool, ints: tuple, passes: list, at: int, offs: int, ends: bool) -> _Plan:
+def _split_plan(cfg, main: _Plan, ch: int, strides: tuple, copies: tuple, outer: int, n: int, s: int, inner: int,
+                soff: int, pdl: bool, passes: list, at: int, offs: int, ends: bool) -> _Plan:
     """The split for long segments: the main kernel (`main`, which leaves segments longer than ch rows alone; a
     lane kernel writes their chunk map, a tile kernel's is _segment_mark_kernel's, `lanes` segments a program,
-    before it), then `passes` ((kernel, constexprs) each: a program a chunk, ints `ints`). The workspace: the chunks'
-    partials (`at` times n_w entries), then the chunk map, two entries a chunk. The map launch takes the operand
-    `offs` (offsets, or with `ends` the segments' ends) and the workspace (after the operands)."""
+    before it), then `passes`, a program a chunk each, rows_bd_max columns a block: (kernel, its step's constexpr,
+    its constexprs after BLOCK_D) each, the step BLOCK_L (rows_tile elements, a chunk's rows) or BLOCK_T
+    (split_combine elements, a segment's chunks). The workspace: the chunks' partials (`at` times n_w entries),
+    then the chunk map, two entries a chunk. The map launch takes the operand `offs` (offsets, or with `ends` the
+    segments' ends) and the workspace (after the operands)."""
+    bd = _rows_block(cfg, inner)
     n_chunk, n_w = _split_ints(ch, outer, n, inner)
+    ints = (s, n, inner, n_chunk, cdiv(inner, bd), *strides, soff, n_w)
+    steps = {"BLOCK_L": max(1, cfg.rows_tile // bd), "BLOCK_T": max(1, cfg.split_combine // bd)}
     then = None
-    for kernel, consts in reversed(passes):
-        then = dataclasses.replace(_new_plan(outer * n_chunk, ints, copies, consts, cfg.rows_warps, pdl,
-                                             kernel=kernel), then=then)
+    for kernel, step, consts in reversed(passes):
+        then = dataclasses.replace(_new_plan(outer * n_chunk, ints, copies,
+                                             {"CH": ch, step: steps[step], "BLOCK_D": bd, **consts}, cfg.rows_warps,
+                                             pdl, kernel=kernel), then=then)
     work = ((at * n_w + outer * n_chunk * 2, torch.int64),)
     if main.kernel is _segment_max_fwd_lanes_kernel:
         return dataclasses.replace(main, then=then, work=work)
@@ -1338,8 +1354,8 @@ def _segment_reduce_plan(data, seg, s: int, ends: bool, grad, output, pdl: bool)
                             _tile(cfg, n, s))
     n_dblk = cdiv(inner, bd)
     lanes, unroll = _lane_block(cfg, outer, n, s, inner, cfg.lanes_max_inner, cfg.lanes_few_unroll)
-    # the split serves the tile kernel only: in the lane kernel its map's code cost 16M x 1 in segments of 1-63
-    # 130 -> 173 us (H200), and long segments there run at 26x stock already (docs/tuning/segment_max.md)
+    # the split serves the tile kernel only: its map's code slowed the lane kernel, whose long segments already run
+    # far above stock (docs/tuning/segment_max.md, "The segment_reduce backward's split")
     ch = 0 if lanes else _chunk_rows(cfg, outer, n, inner)
     lens = ends and not ch and _reads_lengths(cfg, data, axis, s)  # (the split's passes read the ends)
     if lens:
@@ -1369,15 +1385,10 @@ def _segment_reduce_plan(data, seg, s: int, ends: bool, grad, output, pdl: bool)
     if not ch:
         return main
     # the split: tie counts a chunk, their sums a segment, then the rows written
-    rb = _rows_block(cfg, inner)
-    n_chunk, n_w = _split_ints(ch, outer, n, inner)
-    rows = {"CH": ch, "BLOCK_L": max(1, cfg.rows_tile // rb), "BLOCK_D": rb, "MATH": math_dt, "ENDS": ends, **split}
-    passes = [(_segred_chunks_kernel, rows),
-              (_segred_sum_kernel, {"CH": ch, "BLOCK_T": max(1, cfg.split_combine // rb), "BLOCK_D": rb,
-                                    "ENDS": ends}),
-              (_segred_write_kernel, rows)]
-    return _split_plan(cfg, main, ch, copies, outer, n, s, inner, soff, pdl,
-                       (s, n, inner, n_chunk, cdiv(inner, rb), *strides, soff, n_w), passes, at=1, offs=3, ends=ends)
+    rows = {"MATH": math_dt, "ENDS": ends, **split}
+    passes = [(_segred_chunks_kernel, "BLOCK_L", rows), (_segred_sum_kernel, "BLOCK_T", {"ENDS": ends}),
+              (_segred_write_kernel, "BLOCK_L", rows)]
+    return _split_plan(cfg, main, ch, strides, copies, outer, n, s, inner, soff, pdl, passes, at=1, offs=3, ends=ends)
 
 
 def _reads_lengths(cfg: SegmentConfig, data: torch.Tensor, axis: int, s: int) -> bool:
