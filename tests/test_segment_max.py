@@ -14,7 +14,7 @@ import gradkern
 from conftest import DEVICE, DTYPES, dtype_id, gpu_only
 from gradkern import InvalidProblem, Unsupported, config, ops
 from gradkern.kernels import segment_max as sm
-from gradkern.testing import assert_bitwise_equal, count_calls
+from gradkern.testing import assert_bitwise_equal, count_calls, record_launches
 
 
 def _data(shape, dtype, seed=0, ties=False):
@@ -676,11 +676,12 @@ def test_large_shapes_on_gpu(dtype):
         assert_bitwise_equal(gx, gxs, f"segment_reduce {label}")
 
 
-def test_backward_scatter_writes_only_rows_inside_each_segment():
+def test_backward_scatter_writes_only_rows_inside_each_segment(monkeypatch):
     """segment_max_backward zeroes its result and writes each (segment, column)'s gradient to the row its index
     names, only where that row lies in the segment: rows the offsets do not cover (they start past 0 and end
     before N), an empty segment's index N and an index outside its segment all leave zeros; a -0.0 gradient is
-    written as is. Lanes split over several programs (a small block) and an outer dim."""
+    written as is. Lanes split over several programs (a small block) and an outer dim; the lane split by the
+    width and the segments 32-bit with multiply-high divisions, and in int64."""
     n, inner = 12, 3
     offs = torch.tensor([2, 4, 4, 9, 10], device=DEVICE)  # rows 0-1 and 10-11 in no segment; segment 1 empty
     idxs = torch.tensor([[3, 2, 3], [n, n, n], [4, 8, 1], [9, 9, 9]], device=DEVICE)  # [2, 2]: 1 is outside 4..8
@@ -690,12 +691,16 @@ def test_backward_scatter_writes_only_rows_inside_each_segment():
         for d in range(inner):
             if offs[s] <= idxs[s, d] < offs[s + 1]:
                 expected[idxs[s, d], d] = g[s, d]
-    with config.override(sm.CONFIG, bwd_block=4):
-        for outer in (1, 2):
-            gg, ii = g.expand(outer, *g.shape), idxs.expand(outer, *idxs.shape)
-            gx = ops.segment_max_backward(gg.contiguous(), ii.contiguous(), offs, n, 1)
-            for o in range(outer):
-                assert_bitwise_equal(gx[o], expected.to(DEVICE), f"outer {o} of {outer}")
+    launches = record_launches(monkeypatch, sm)
+    for i32_max, i64 in ((sm.CONFIG.current.i32_max, False), (8, True)):
+        with config.override(sm.CONFIG, bwd_block=4, i32_max=i32_max):
+            for outer in (1, 2):
+                gg, ii = g.expand(outer, *g.shape), idxs.expand(outer, *idxs.shape)
+                gx = ops.segment_max_backward(gg.contiguous(), ii.contiguous(), offs, n, 1)
+                for o in range(outer):
+                    assert_bitwise_equal(gx[o], expected.to(DEVICE), f"outer {o} of {outer}, int64 {i64}")
+                consts = launches[-1].consts
+                assert consts["I64"] is i64 and consts["MAGIC"] == ((not i64,) * 2), consts
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=dtype_id)

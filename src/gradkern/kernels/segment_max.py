@@ -41,12 +41,12 @@ import triton.language as tl
 
 from .. import _runtime
 from .._cases import Draw, describe, refuse
-from .._runtime import DEVICE_TYPE, FLOAT_DTYPES, cdiv, meta_key, next_pow2
+from .._runtime import DEVICE_TYPE, FLOAT_DTYPES, I32_MAX, cdiv, magics, meta_key, next_pow2
 from ..config import PlanCache, Tunable
 from ..errors import InvalidProblem, Unsupported
 from ..launch.checks import check_tensor
 from ..launch.launcher import launch, launch_consts, pdl_ok
-from ..launch.tl_helpers import TL_MATH, cast_in, cast_out, gdc_wait
+from ..launch.tl_helpers import TL_MATH, cast_in, cast_out, divmod_, gdc_wait
 from ..registry import Case, register_op
 from ..routing import dispatch
 from ..routing.autograd import STOCK_IN_AUTO, plain_tensors
@@ -540,19 +540,23 @@ def _segment_max_fwd_fix_kernel(x, offs, vals, idxs, wk, wi, hs, S, N, INNER, n_
 
 
 @triton.jit
-def _segment_max_bwd_kernel(g, idxs, offs, gx, S, N, INNER, TOTAL, SG, O_LO, I_LO, soff_o,
-                            BLOCK: tl.constexpr, SPLIT_O: tl.constexpr, SPLIT_I: tl.constexpr, PDL: tl.constexpr):
+def _segment_max_bwd_kernel(g, idxs, offs, gx, S, N, INNER, TOTAL, SG, O_LO, I_LO, soff_o, MAG,
+                            BLOCK: tl.constexpr, SPLIT_O: tl.constexpr, SPLIT_I: tl.constexpr, MAGIC: tl.constexpr,
+                            I64: tl.constexpr, PDL: tl.constexpr):
     """segment_max's backward into a zeroed gx: lane l = (outer * S + seg) * INNER + d writes g[outer, seg, d] to
     row idxs[l] where that row lies in segment seg (an empty segment's N, or any index outside it, writes nothing).
-    A lane a (segment, column), whatever the segments' lengths: the rows no index names are the zeros."""
+    A lane a (segment, column), whatever the segments' lengths: the rows no index names are the zeros. The lane's
+    split by INNER and S is 32-bit unless I64, a multiply-high and shifts where MAGIC (`div`'s constants in MAG):
+    as int64 divisions, three of them, they were most of the kernel's instructions."""
     if PDL:
         gdc_wait()
-    lane = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    if I64:
+        lane = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    else:
+        lane = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = lane < TOTAL
-    d = lane % INNER
-    t = lane // INNER
-    seg = t % S
-    outer = t // S
+    t, d = divmod_(lane, INNER, MAG[0], MAG[1], MAGIC[0])
+    outer, seg = divmod_(t, S, MAG[2], MAG[3], MAGIC[1])
     base = offs + outer * soff_o + seg
     start = tl.minimum(tl.maximum(tl.load(base, mask=m, other=0).to(tl.int64), 0), N)
     end = tl.minimum(tl.maximum(tl.load(base + 1, mask=m, other=0).to(tl.int64), start), N)
@@ -874,6 +878,9 @@ class SegmentConfig:
     # sweep's f32 cases at 0.86-3.6x stock on an H200: docs/tuning/segment_max.md)
     bwd_block: int = 1024
     bwd_warps: int = 4
+    # segment_max's backward: 32-bit lane math unless a value can pass this (int32's limit; tests lower it to run
+    # the int64 path)
+    i32_max: int = I32_MAX
     # the forward's lane kernel, for inner widths up to lanes_max_inner and a mean segment length (rows / segments,
     # known from the shapes) up to lanes_max_mean: lanes (segment, column) a program, the most rows a lane takes (a
     # longer segment takes the program, a tile at a time), warps (first values, not searched). The segment_reduce
@@ -1215,8 +1222,15 @@ def _bwd(grad: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor, num_r
         cfg = CONFIG.current
         strides, copies, split = _layouts((grad,), axis)
         total = outer * s * inner
-        return _new_plan(cdiv(total, cfg.bwd_block), (s, num_rows, inner, total, *strides, _offsets_stride(offsets)),
-                         copies, {"BLOCK": cfg.bwd_block, **split}, cfg.bwd_warps, pdl)
+        soff = _offsets_stride(offsets)
+        # 32-bit lanes unless a lane (masked ones too), an offset into grad or offsets can pass 2^31 (gx's offsets
+        # are formed from the int64 indices)
+        reach = max(total + cfg.bwd_block, outer * soff + s + 1,
+                    1 + sum((x - 1) * abs(st) for x, st in zip(grad.shape, grad.stride(), strict=True)))
+        i64 = reach > cfg.i32_max
+        magic, mag = magics((inner, s), (total + cfg.bwd_block,) * 2, not i64)
+        return _new_plan(cdiv(total, cfg.bwd_block), (s, num_rows, inner, total, *strides, soff, mag), copies,
+                         {"BLOCK": cfg.bwd_block, **split, "MAGIC": magic, "I64": i64}, cfg.bwd_warps, pdl)
 
     plan = _planned(("backward", grad.shape, grad.stride(), grad.dtype, offsets.shape, offsets.dtype, num_rows,
                      axis, device, pdl), make)
