@@ -547,7 +547,7 @@ def _segment_max_bwd_kernel(g, idxs, offs, gx, S, N, INNER, TOTAL, SG, O_LO, I_L
     row idxs[l] where that row lies in segment seg (an empty segment's N, or any index outside it, writes nothing).
     A lane a (segment, column), whatever the segments' lengths: the rows no index names are the zeros. The lane's
     split by INNER and S is 32-bit unless I64, a multiply-high and shifts where MAGIC (`div`'s constants in MAG):
-    as int64 divisions, three of them, they were most of the kernel's instructions."""
+    int64 divisions by runtime values, a software routine each, would be most of the kernel's instructions."""
     if PDL:
         gdc_wait()
     if I64:
