@@ -30,6 +30,7 @@ import torch
 
 from .config import PlanCache
 from .errors import InvalidProblem
+from .launch import checks as launch_checks
 from .launch import launcher
 from .registry import Guarantee, OpInfo, get_op, route_rule
 from .routing.dispatch import auto_registers
@@ -132,7 +133,7 @@ def _copy(a):
     if isinstance(a, torch.Tensor):
         if a.numel() == 0:
             return torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=a.device)
-        span = 1 + sum((n - 1) * s for n, s in zip(a.shape, a.stride(), strict=True))
+        span = 1 + launch_checks.reach(a.shape, a.stride())
         flat = a.detach().as_strided((span,), (1,), a.storage_offset()).clone()
         return flat.as_strided(a.shape, a.stride(), 0)
     if isinstance(a, (list, tuple)):

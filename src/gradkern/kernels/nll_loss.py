@@ -44,7 +44,7 @@ from .._runtime import cdiv, math_dtype
 from ..config import GridLimits, PlanCache, Tunable
 from ..errors import InvalidProblem, Unsupported
 from ..launch.alloc import empty
-from ..launch.checks import check_like, check_tensor
+from ..launch.checks import check_like, check_tensor, reach
 from ..launch.launcher import launch, launch_consts
 from ..launch.tl_helpers import TL_MATH, cast_out
 from ..registry import Case, register_op
@@ -206,10 +206,6 @@ def _check(self, target, weight, reduction, ignore_index) -> tuple[int, int]:
     return reduction, ignore_index
 
 
-def _reach(shape, stride) -> int:
-    return sum((s - 1) * st for s, st in zip(shape, stride, strict=True))
-
-
 def _plan(x_shape: tuple, x_stride: tuple, t_stride: tuple, w_shape: tuple | None, w_stride: tuple | None,
           dtype: torch.dtype, reduction: int, ignore_index: int) -> _Plan:
     """The launches of a validated problem under the config in force."""
@@ -243,7 +239,7 @@ def _plan(x_shape: tuple, x_stride: tuple, t_stride: tuple, w_shape: tuple | Non
     grid = cdiv(n_blocks, steps)
     span = grid * steps * block
     # 32-bit index math unless a flat index or an offset into self, target or weight can pass 2^31
-    i64 = max(span, _reach(x_shape, x_stride), _reach((n, h, w), t_stride), (c - 1) * swc) > cfg.i32_max
+    i64 = max(span, reach(x_shape, x_stride), reach((n, h, w), t_stride), (c - 1) * swc) > cfg.i32_max
     acc = math_dtype(dtype)
     tl_acc = TL_MATH[acc]
     one = reduction != 0 and grid == 1

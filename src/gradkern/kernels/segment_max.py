@@ -44,7 +44,7 @@ from .._cases import Draw, describe, refuse
 from .._runtime import DEVICE_TYPE, FLOAT_DTYPES, I32_MAX, cdiv, magics, meta_key, next_pow2
 from ..config import PlanCache, Tunable
 from ..errors import InvalidProblem, Unsupported
-from ..launch.checks import check_tensor
+from ..launch.checks import check_tensor, reach
 from ..launch.launcher import launch, launch_consts, pdl_ok
 from ..launch.tl_helpers import TL_MATH, cast_in, cast_out, divmod_, gdc_wait
 from ..registry import Case, register_op
@@ -1225,9 +1225,7 @@ def _bwd(grad: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor, num_r
         soff = _offsets_stride(offsets)
         # 32-bit lanes unless a lane (masked ones too), an offset into grad or offsets can pass 2^31 (gx's offsets
         # are formed from the int64 indices)
-        reach = max(total + cfg.bwd_block, outer * soff + s + 1,
-                    1 + sum((x - 1) * abs(st) for x, st in zip(grad.shape, grad.stride(), strict=True)))
-        i64 = reach > cfg.i32_max
+        i64 = max(total + cfg.bwd_block, outer * soff + s + 1, 1 + reach(grad.shape, grad.stride())) > cfg.i32_max
         magic, mag = magics((inner, s), (total + cfg.bwd_block,) * 2, not i64)
         return _new_plan(cdiv(total, cfg.bwd_block), (s, num_rows, inner, total, *strides, soff, mag), copies,
                          {"BLOCK": cfg.bwd_block, **split, "MAGIC": magic, "I64": i64}, cfg.bwd_warps, pdl)

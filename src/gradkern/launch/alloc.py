@@ -14,7 +14,7 @@ import threading
 import torch
 
 from .._runtime import thread_value
-from .checks import contiguous_strides
+from .checks import contiguous_strides, reach
 
 __all__ = ["empty", "empty_contiguous_like", "channels_last_format", "recording"]
 
@@ -56,7 +56,7 @@ def _layout(shape: tuple[int, ...], stride: tuple[int, ...] | None) -> tuple[tup
     layout, since deterministic mode takes this path on every call (2x21x16x16 on the CPU: 4.8 -> 3.7 us a call)."""
     if stride is None:
         stride = contiguous_strides(shape)
-    return stride, (1 + sum((n - 1) * s for n, s in zip(shape, stride, strict=True)) if all(shape) else 0)
+    return stride, (1 + reach(shape, stride) if all(shape) else 0)
 
 
 _CONTIGUOUS = torch.contiguous_format

@@ -98,8 +98,14 @@ def check_out_overlap(op: str, name: str, out: torch.Tensor, inputs: dict, allow
                                  f"with '{arg}'", "one that does")
 
 
+def reach(shape: Sequence[int], stride: Sequence[int]) -> int:
+    """The largest element offset, from its first element, of a non-empty tensor of this layout (what a kernel's
+    offsets into it can reach)."""
+    return sum((d - 1) * st for d, st in zip(shape, stride, strict=True))
+
+
 def _span_bytes(t: torch.Tensor) -> int:
-    return (1 + sum((d - 1) * st for d, st in zip(t.shape, t.stride(), strict=True))) * t.element_size()
+    return (1 + reach(t.shape, t.stride())) * t.element_size()
 
 
 def contiguous_strides(shape) -> tuple[int, ...]:
