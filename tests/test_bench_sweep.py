@@ -181,6 +181,35 @@ def test_f16_nll_mean_past_65504_elements_is_checked_in_float32():
     assert bench_sweep._check(case, built, ours) is None
 
 
+def test_a_reference_that_raises_on_the_device_is_run_on_cpu_copies(monkeypatch):
+    """Where stock raises on the device (torch 2.11's CUDA reflection_pad1d_backward at 65536 planes of one channel),
+    the check's reference comes from CPU copies of the arguments; one that raises on the CPU too still raises."""
+    seen = []
+
+    def ref(x, scale=1.0):
+        seen.append(x)
+        if len(seen) == 1:
+            raise RuntimeError("CUDA error: invalid argument")
+        return x * scale
+    x = torch.arange(6.0)
+    copies = lambda args, kwargs: (tuple(a.clone() for a in args), dict(kwargs))
+    monkeypatch.setattr(bench_sweep, "_on_host", copies)  # (as if x were on a GPU)
+    assert torch.equal(bench_sweep._reference(ref, (x,), {"scale": 2.0}), 2 * x)
+    assert seen[0] is x and seen[1] is not x
+    monkeypatch.setattr(bench_sweep, "_on_host", lambda args, kwargs: None)  # (all on the CPU already)
+    seen.clear()
+    with pytest.raises(RuntimeError, match="invalid argument"):
+        bench_sweep._reference(ref, (x,), {})
+
+
+@gpu_only
+def test_reflection_pad1d_case_where_stock_cannot_launch_is_checked():
+    case = next(c for c in bench_sweep.sweep_cases("reflection_pad1d_backward", torch.float32, True)
+                if c.label.startswith("65536x1x64"))
+    rec = bench_sweep.measure_case(case, DEVICE, True, 1.0, False)
+    assert rec["status"] == "ok", rec["status"]
+
+
 def test_fallback_for_an_op_without_a_generator(monkeypatch):
     monkeypatch.delitem(bench_sweep.GENERATORS, "hardshrink")
     cases = bench_sweep.sweep_cases("hardshrink", torch.float32, False)
