@@ -1,12 +1,13 @@
-"""Sweep launch constants on the GPU machine: `python scripts/tune.py compile GROUP I` compiles config I of a
-group (run many at once: Triton's on-disk cache is shared), `python scripts/tune.py time GROUP...` times every
-config of the groups in one process and writes $OUT/tune-GROUP.json, one record per (config, op, dtype, case) with
-the GPU, torch and Triton versions and the date. The cases are the ops' registry cases (TUNE_SIZE: their size), or
-with TUNE_CASES=sweep the `bench --sweep` cases, TUNE_CASES="sweep:D=1 |D=3 " those whose label holds one of the
-'|'-separated strings. A config overrides fields of an op family's frozen config object
-(`gradkern.config.override`); the plans are rebuilt for it. Every result is also checked against stock PyTorch (a
-config that is fast but wrong shows as such). The values chosen from these figures are the families' shipped
-configs; results depend only on the shape, dtype and the config, never on timing."""
+"""Sweep launch constants on the GPU machine: `python scripts/tune.py compile GROUP I` compiles config I of a group
+(run many at once: Triton's on-disk cache is shared), `python scripts/tune.py time GROUP...` times every config of
+the groups in one process and writes $OUT/tune-GROUP.json, one record per (config, op, dtype, case) with the GPU,
+torch and Triton versions and the date. The cases are the ops' registry cases (TUNE_SIZE: their size), or with
+TUNE_CASES=sweep the `bench --sweep` cases, TUNE_CASES="sweep:D=1 |D=3 " those whose label holds one of the
+'|'-separated strings; TUNE_HOT_MS=100 runs each call back to back that long before it is timed (small cases). A
+config overrides fields of an op family's frozen config object (`gradkern.config.override`); the plans are rebuilt
+for it. Every result is also checked against stock PyTorch (a config that is fast but wrong shows as such). The
+values chosen from these figures are the families' shipped configs; results depend only on the shape, dtype and the
+config, never on timing."""
 
 from __future__ import annotations
 
@@ -118,6 +119,12 @@ GROUPS = {  # name: (ops, dtypes, configs); each config overrides only what it n
     # TUNE_CASES="sweep:D=40|D=64|D=100|D=256|D=1000"
     "segwide": (["segment_max_forward"], [F32, BF16],
                 [DEFAULTS, (segment_max.CONFIG, {"fwd_lanes_max_inner": 8})]),
+    # the forward's lane kernel for wide rows at unit mean lengths: as shipped (fwd_lanes_unit_mean 1), never (0,
+    # before), at every mean up to lanes_max_mean (lanes_max_inner 256); with TUNE_CASES="sweep:D=40 |D=64 |D=100
+    # |D=256 |D=1000 |D=16 |D=24 " and TUNE_HOT_MS=100
+    "seglanes": (["segment_max_forward"], [F32, BF16],
+                 [DEFAULTS, (segment_max.CONFIG, {"fwd_lanes_unit_mean": 0}),
+                  (segment_max.CONFIG, {"lanes_max_inner": 256})]),
     # the split for long segments (the forward's; the segment_reduce backward's tile kernel's): as shipped (chunks of
     # 16K elements, combine steps of 1K), off (the twentieth session's start), chunks of 8K and 32K, combine steps of
     # 4K; with TUNE_CASES="sweep:" (every case)
@@ -321,6 +328,13 @@ def _ms(fn) -> float:
         return (time.perf_counter() - t0) * 1e3
     import triton.testing
 
+    # TUNE_HOT_MS: calls back to back, unsynchronised, for that long first. Without it (H200, group seglanes) small
+    # cases (< 50 us) read 1.4-5x their time in a fresh process; with 100 ms all but one within 10% (the cause is
+    # not known: clocks read 1980 MHz throughout, and PDL off changed nothing)
+    hot = float(os.environ.get("TUNE_HOT_MS", 0))
+    t0 = time.perf_counter()
+    while (time.perf_counter() - t0) * 1e3 < hot:
+        fn()
     return float(triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median"))
 
 

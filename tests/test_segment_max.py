@@ -60,6 +60,9 @@ LENGTH_SETS = {
     "long": [1, 70, 2, 300],
     "single": [17],
     "all-empty-tail": [5, 6, 0, 0],
+    # means of at most a row: wide rows take the lane kernel there too (fwd_lanes_unit_mean), a long one its loop
+    "unit-and-empty": [1, 0, 1, 1, 0, 0, 1, 1],
+    "empty-with-long": [0] * 80 + [70] + [1] * 9,
 }
 
 
@@ -832,7 +835,8 @@ def test_segment_reduce_long_segments_take_the_chunk_passes(dtype):
 
 def test_forward_kernel_follows_the_mean_segment_length():
     """The lane kernel serves narrow data whose segments are short on average (rows / segments, from the shapes:
-    a plan's choice is a function of the descriptor); longer ones take the tile kernel."""
+    a plan's choice is a function of the descriptor), and wide data at unit mean lengths or long ones; the tile
+    kernel the rest."""
     def kernel(n, s, inner, **knobs):
         data = torch.randn(n, inner, device=DEVICE)
         offs = torch.linspace(0, n, s + 1, device=DEVICE).to(torch.int64)
@@ -840,11 +844,15 @@ def test_forward_kernel_follows_the_mean_segment_length():
             (launch,) = gradkern.plan("segment_max_forward", data, offs, 0).kernels
         return launch.kernel
     assert kernel(64, 64, 1) == kernel(64, 8, 3) == "_segment_max_fwd_lanes_kernel"
-    assert kernel(64, 7, 1) == kernel(64, 64, 9) == "_segment_max_fwd_kernel"
-    # wide rows (past lanes_max_inner, up to fwd_lanes_max_inner) only at means past lanes_max_mean (here 20)
+    assert kernel(64, 7, 1) == kernel(128, 64, 9) == "_segment_max_fwd_kernel"  # (mean 9; mean 2 at 9 columns)
+    # wide rows (past lanes_max_inner, up to fwd_lanes_max_inner) only at means past lanes_max_mean (here 20) or up
+    # to fwd_lanes_unit_mean (unit lengths, 1)
     few = {"lanes_few_min_programs": 0}
     assert kernel(640, 32, 9, **few) == kernel(640, 32, 256, **few) == "_segment_max_fwd_lanes_kernel"
     assert kernel(640, 32, 257, **few) == kernel(64, 32, 40, **few) == "_segment_max_fwd_kernel"  # (mean 2)
+    assert kernel(64, 64, 40, **few) == kernel(32, 64, 256, **few) == "_segment_max_fwd_lanes_kernel"  # (mean 1, 1/2)
+    assert kernel(64, 64, 40, fwd_lanes_unit_mean=0, **few) == "_segment_max_fwd_kernel"
+    assert kernel(64, 64, 257, **few) == "_segment_max_fwd_kernel"
 
 
 def test_forward_tile_columns_follow_the_element_size_and_the_mean_length():
@@ -861,8 +869,9 @@ def test_forward_tile_columns_follow_the_element_size_and_the_mean_length():
     assert block_d(256, 8, 64, torch.float32) == 32  # mean 32 rows
     assert block_d(256, 8, 64, torch.bfloat16) == 64
     assert block_d(256, 8, 64, torch.float32, fwd_row_bytes=0) == 64
-    assert block_d(16, 16, 256, torch.float32) == 128  # unit lengths: 128 columns a program
-    assert block_d(16, 16, 40, torch.float32) == 64  # (no more than the columns' power of two)
+    unit = {"fwd_lanes_unit_mean": 0}  # (else unit lengths of at most fwd_lanes_max_inner columns take lanes)
+    assert block_d(16, 16, 256, torch.float32, **unit) == 128  # unit lengths: 128 columns a program
+    assert block_d(16, 16, 40, torch.float32, **unit) == 64  # (no more than the columns' power of two)
     assert block_d(64, 16, 256, torch.float32) == 32  # mean 4 rows: 4 x 32 fills the 128 elements
 
 

@@ -914,6 +914,10 @@ class SegmentConfig:
     # wide rows). H200, the forward's D >= 40 sweep cases, bf16: 0.33x / 0.86x stock (min / geomean); the variants:
     # docs/tuning/segment_max.md, "Wide rows in the lane kernel"
     fwd_lanes_max_inner: int = 256
+    # ... and at means up to fwd_lanes_unit_mean (unit lengths, or emptier): there the tile kernel's program holds a
+    # row, and its programs wait on their loads one row each (H200, 1.7M unit rows of 40: 1.04 -> 0.58 ms, 0.53x ->
+    # 0.95x stock; docs/tuning/segment_max.md, "Unit lengths at wide rows")
+    fwd_lanes_unit_mean: int = 1
     # rows of a segment side by side in the segment_reduce backward's writing pass with lanes_few lanes, by element
     # size (else 1: a lane a (segment, column), as it counts), so that a warp's stores fill sectors; f64's is not
     # measured. Figures: docs/tuning/segment_max.md, "Writing rows side by side"
@@ -1338,9 +1342,11 @@ def _check_segment_reduce(grad, output, data, reduce, lengths, offsets, axis) ->
 def _lane_block(cfg, outer: int, n: int, s: int, inner: int, max_inner: int, few_unroll: int) -> tuple[int, int]:
     """(lanes a program, rows a lane takes a loop step) of the lane kernels (forward, segment_reduce backward) for
     `outer` x `s` segments of `n` rows and `inner` columns, up to `max_inner` (past lanes_max_inner, only at means
-    past lanes_max_mean), `few_unroll` rows a step with lanes_few where a program holds two segments or more (else
-    lanes_few_unroll); (0, 0) where the tile kernel serves. From the shapes alone (a plan's descriptor)."""
-    if inner > max_inner or inner > cfg.lanes_max_inner and n <= cfg.lanes_max_mean * s:
+    past lanes_max_mean or up to fwd_lanes_unit_mean), `few_unroll` rows a step with lanes_few where a program holds
+    two segments or more (else lanes_few_unroll); (0, 0) where the tile kernel serves. From the shapes alone (a
+    plan's descriptor)."""
+    wide_short = cfg.fwd_lanes_unit_mean * s < n <= cfg.lanes_max_mean * s
+    if inner > max_inner or inner > cfg.lanes_max_inner and wide_short:
         return 0, 0
     bd = next_pow2(inner)
 
