@@ -181,6 +181,22 @@ def test_f16_nll_mean_past_65504_elements_is_checked_in_float32():
     assert bench_sweep._check(case, built, ours) is None
 
 
+def test_f16_prelu_weight_gradient_is_checked_in_float32():
+    """Stock's prelu backward rounds each g * x term of grad_weight to f16 before summing; where the terms cancel,
+    its f16 sum misses by many of the result's ulps (the sweep's f16 1-D one-weight case: 0.195 against 0.08
+    allowed). gradkern sums the exact products. Here pairs of terms -(1 + 2^-9 + 2^-20) and 1 + 2^-9 sum to -2^-10
+    exactly, to 0 when rounded first. The check compares with a float32 reference rounded to f16."""
+    n = 2048
+    g = torch.tensor([1 + 2 ** -10, -(1 + 2 ** -9)] * (n // 2)).half().to(DEVICE)
+    x = torch.tensor([-(1 + 2 ** -10), -1.0] * (n // 2)).half().to(DEVICE)
+    w = torch.tensor([0.25]).half().to(DEVICE)
+    case = collections.namedtuple("Case", "op dtype")("prelu_backward", torch.float16)
+    built = collections.namedtuple("Built", "args kwargs")((g, x, w), {})
+    ours = gradkern.ops.prelu_backward(g, x, w)
+    assert float(ours[1]) == -(2 ** -10)
+    assert bench_sweep._check(case, built, ours) is None
+
+
 def test_a_reference_that_raises_on_the_device_is_run_on_cpu_copies(monkeypatch):
     """Where stock raises on the device (torch 2.11's CUDA reflection_pad1d_backward at 65536 planes of one channel),
     the check's reference comes from CPU copies of the arguments; one that raises on the CPU too still raises."""
