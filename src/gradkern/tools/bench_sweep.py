@@ -45,9 +45,10 @@ Where stock does less: segment_max_forward's baseline, `torch.segment_reduce`, w
 
 Timing (GPU): `gradkern.ops.<name>` under torch.no_grad, stock eager (`OpInfo.stock()`: the ATen op, or the op's
 stock composite) and `torch.compile(stock, dynamic=False)` (dynamo reset before each case), each the median of
-`triton.testing.do_bench` (a call of `SLOW_MS` or more: the faster of two calls); the copy ceiling is measured in
-the same run. Each case is first checked once against the op's reference on the device (loose tolerance: it catches
-garbage, not ulps; sparsemax_forward's sort-based reference runs in float32 for 16-bit cases); a case that fails or
+`triton.testing.do_bench` after `HOT_MS` of calls back to back (a call of `SLOW_MS` or more: the faster of two
+calls); the copy ceiling is measured in the same run. Each case is first checked once against the op's reference on
+the device (loose tolerance: it catches garbage, not ulps; the ops in `_CHECK_IN_F32` take a float32 reference for
+16-bit cases; a reference that raises on the device runs on CPU copies); a case that fails or
 raises is marked and not timed. The compiled code is inspected: "inductor" (Inductor generated every kernel),
 "mixed" (its own kernels beside ATen fallbacks, e.g. a sort), "fallback" (no kernel of its own, or the stock ATen op
 itself kept beside helper kernels). Speedups vs torch.compile are summarised only over "inductor" and "mixed" cases.
