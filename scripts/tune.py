@@ -331,10 +331,7 @@ def _ms(fn) -> float:
     # TUNE_HOT_MS: calls back to back, unsynchronised, for that long first. Without it (H200, group seglanes) small
     # cases (< 50 us) read 1.4-5x their time in a fresh process; with 100 ms all but one within 10% (the cause is
     # not known: clocks read 1980 MHz throughout, and PDL off changed nothing)
-    hot = float(os.environ.get("TUNE_HOT_MS", 0))
-    t0 = time.perf_counter()
-    while (time.perf_counter() - t0) * 1e3 < hot:
-        fn()
+    bench_sweep.run_hot(fn, float(os.environ.get("TUNE_HOT_MS", 0)))
     return float(triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median"))
 
 

@@ -1447,6 +1447,13 @@ def _check(case: SweepCase, built: Built, ours) -> str | None:
     return compare(ours, ref, case.dtype)
 
 
+def run_hot(fn: Callable, ms: float) -> None:
+    """Call `fn` back to back, unsynchronised, for `ms` milliseconds of host time (HOT_MS: why)."""
+    t0 = time.perf_counter()
+    while (time.perf_counter() - t0) * 1e3 < ms:
+        fn()
+
+
 def _time_ms(fn: Callable, gpu: bool) -> float:
     """ms a call: the median of do_bench's runs, or the faster of two calls where both take at least SLOW_MS."""
     if gpu:
@@ -1461,9 +1468,7 @@ def _time_ms(fn: Callable, gpu: bool) -> float:
             end.synchronize()
             t = start.elapsed_time(end)
             if t < SLOW_MS:
-                t0 = time.perf_counter()
-                while (time.perf_counter() - t0) * 1e3 < HOT_MS:
-                    fn()
+                run_hot(fn, HOT_MS)
                 return float(triton.testing.do_bench(fn, warmup=WARMUP_MS, rep=REP_MS, return_mode="median"))
             best = min(best, t)
         return best
