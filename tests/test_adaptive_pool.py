@@ -8,19 +8,17 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import gradkern
+from _det_helpers import check_refusals, check_registry_entries, check_training_step
 from conftest import DEVICE, DTYPES, dtype_id, gpu_only
 from gradkern import config, ops
 from gradkern.kernels import adaptive_pool as ap
 from gradkern.launch.alloc import channels_last_format
-from gradkern.registry import REGISTRY
 from gradkern.testing import (
     assert_bitwise_equal,
-    assert_close,
     assert_repeats_bitwise,
     check_case,
     layouts_nd,
     record_launches,
-    run_reference,
     spy_on_ops,
 )
 
@@ -375,36 +373,14 @@ def test_bad_inputs_raise_named_errors_and_launch_nothing(monkeypatch):
     ]
     if GPU:
         cases.append((gradkern.Unsupported, r"grad_output.*device cuda", lambda: p2(g2.cpu(), x2.cpu())))
-    for err, pattern, call in cases:
-        with pytest.raises(err, match=pattern) as info:
-            call()
-        assert str(info.value).split(":")[0] in OPS
-    assert not launches, "a rejected call launched a kernel"
-    for b, t in zip(before, (g2, x2, g3, x3), strict=True):
-        assert_bitwise_equal(t, b, "an input changed")
+    check_refusals(cases, launches, OPS, (g2, x2, g3, x3), before)
 
 
 def test_registry_entries():
-    for op in OPS:
-        info = REGISTRY[op]
-        assert set(info.aten) == {op} and info.accumulates and not info.exact and info.route is None
-        assert "atomics" in info.route_doc and "deterministic" in info.route_doc
-        for dt in DTYPES:
-            g = gradkern.guarantee(op, dt)
-            assert g.deterministic and g.bit_stable
-            assert g.accumulator_dtype == (torch.float64 if dt == torch.float64 else torch.float32)
-        case = info.cases("meta", torch.float32, "large")[0]
-        assert case.bytes >= 256 * 2**20
-        assert gradkern.plan(op, *info.cases(DEVICE, torch.float32, "tiny")[0].args).route == "gradkern"
+    check_registry_entries(OPS)
 
 
 # ----------------------------------------------------------------------------------------------- training
-def _train_step(fn, x, w):
-    xi = x.clone().requires_grad_(True)
-    (fn(xi) * w).sum().backward()
-    return xi.grad
-
-
 def _modules():
     """(label, function, input, the op its backward runs)."""
     cl = torch.channels_last
@@ -422,25 +398,11 @@ def test_training_in_deterministic_mode_runs_gradkern(dtype, monkeypatch):
     backward runs gradkern's kernel and gives stock's gradients (layout included)."""
     torch.manual_seed(0)
     calls = spy_on_ops(monkeypatch, OPS)
-    was = torch.are_deterministic_algorithms_enabled()
-    try:
-        for label, fn, shape, fmt, op in _modules():
-            x = torch.randn(shape, device=DEVICE).to(dtype)
-            if fmt is not None:
-                x = x.contiguous(memory_format=fmt)
-            w = torch.randn(fn(x).shape, device=DEVICE).to(dtype)
-            ref = run_reference(lambda a, b, _f=fn: _train_step(_f, a, b), (x, w))  # float64, CPU, stock
-            stock = _train_step(fn, x, w)
-            calls.clear()
-            torch.use_deterministic_algorithms(True)
-            with gradkern.use():
-                ours = _train_step(fn, x, w)
-            torch.use_deterministic_algorithms(was)
-            assert calls == [op], f"{label}: {calls}"
-            assert_close(ours, ref, dtype, label)
-            assert ours.stride() == stock.stride(), label
-    finally:
-        torch.use_deterministic_algorithms(was)
+    for label, fn, shape, fmt, op in _modules():
+        x = torch.randn(shape, device=DEVICE).to(dtype)
+        if fmt is not None:
+            x = x.contiguous(memory_format=fmt)
+        check_training_step(fn, x, calls, op, label)
 
 
 # ----------------------------------------------------------------------------------------------- GPU only

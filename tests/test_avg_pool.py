@@ -9,6 +9,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import gradkern
+from _det_helpers import check_refusals, check_registry_entries, check_training_step
 from conftest import DEVICE, DTYPES, dtype_id, gpu_only
 from gradkern import config, ops
 from gradkern.kernels import avg_pool as ap
@@ -20,7 +21,6 @@ from gradkern.testing import (
     check_case,
     layouts_nd,
     record_launches,
-    run_reference,
     spy_on_ops,
 )
 
@@ -282,27 +282,14 @@ def test_bad_inputs_raise_named_errors_and_launch_nothing(monkeypatch):
     ]
     if GPU:
         cases.append((un, r"'grad_output'.*device cuda", args(grad_output=g.cpu(), self=x.cpu())))
-    for err, pattern, bad in cases:
-        with pytest.raises(err, match=pattern) as info:
-            ops.avg_pool3d_backward(*bad)
-        assert str(info.value).startswith(f"{OP}: "), info.value
-    assert not launches, "a rejected call launched a kernel"
-    for b, t in zip(before, (g, x), strict=True):
-        assert_bitwise_equal(t, b, "an input changed")
+    check_refusals([(err, pattern, lambda bad=bad: ops.avg_pool3d_backward(*bad)) for err, pattern, bad in cases],
+                   launches, [OP], (g, x), before)
 
 
 def test_registry_entry():
-    info = REGISTRY[OP]
-    assert set(info.aten) == {OP} and info.accumulates and not info.exact and info.route is None
-    assert "atomics" in info.route_doc and "deterministic" in info.route_doc
-    for dt in DTYPES:
-        g = gradkern.guarantee(OP, dt)
-        assert g.deterministic and g.bit_stable
-        assert g.accumulator_dtype == (torch.float64 if dt == torch.float64 else torch.float32)
-    assert all(case.bytes >= 256 * 2**20 for case in info.cases("meta", torch.float32, "large"))
-    case = info.cases(DEVICE, torch.float32, "tiny")[0]
-    plan = gradkern.plan(OP, *case.args)
-    assert plan.route == "gradkern" and plan.bytes == case.bytes
+    check_registry_entries([OP])
+    case = REGISTRY[OP].cases(DEVICE, torch.float32, "tiny")[0]
+    assert gradkern.plan(OP, *case.args).bytes == case.bytes
 
 
 # ----------------------------------------------------------------------------------------------- training
@@ -321,12 +308,6 @@ def _pools():
     ]
 
 
-def _input_grad(fn, x, w):
-    xi = x.clone().requires_grad_(True)
-    (fn(xi) * w).sum().backward()
-    return xi.grad
-
-
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 def test_pooling_backward_in_deterministic_mode_runs_gradkern(dtype, monkeypatch):
     """Under gradkern.use(mode="always") with torch.use_deterministic_algorithms(True), avg_pool3d's backward
@@ -335,25 +316,11 @@ def test_pooling_backward_in_deterministic_mode_runs_gradkern(dtype, monkeypatch
         pytest.skip("stock avg_pool3d has no float16 / bfloat16 forward on CPU")
     torch.manual_seed(0)
     calls = spy_on_ops(monkeypatch, [OP])
-    was = torch.are_deterministic_algorithms_enabled()
-    try:
-        for label, fn, shape, fmt in _pools():
-            x = torch.randn(shape, device=DEVICE).to(dtype)
-            if fmt is not None:
-                x = x.contiguous(memory_format=fmt)
-            w = torch.randn(fn(x).shape, device=DEVICE).to(dtype)
-            ref = run_reference(lambda a, b, _f=fn: _input_grad(_f, a, b), (x, w))  # float64, CPU, stock
-            stock = _input_grad(fn, x, w)
-            calls.clear()
-            torch.use_deterministic_algorithms(True)
-            with gradkern.use(mode="always"):
-                ours = _input_grad(fn, x, w)
-            torch.use_deterministic_algorithms(was)
-            assert calls == [OP], f"{label}: {calls}"
-            assert_close(ours, ref, dtype, label)
-            assert ours.stride() == stock.stride(), label
-    finally:
-        torch.use_deterministic_algorithms(was)
+    for label, fn, shape, fmt in _pools():
+        x = torch.randn(shape, device=DEVICE).to(dtype)
+        if fmt is not None:
+            x = x.contiguous(memory_format=fmt)
+        check_training_step(fn, x, calls, OP, label, mode="always")
 
 
 def _step(model, x, y):

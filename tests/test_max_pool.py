@@ -11,6 +11,7 @@ import torch
 import torch.nn as nn
 
 import gradkern
+from _det_helpers import check_refusals, check_registry_entries, check_training_step
 from conftest import DEVICE, DTYPES, dtype_id, gpu_only
 from gradkern import config, ops
 from gradkern.kernels import max_pool as mp
@@ -619,29 +620,14 @@ def test_bad_inputs_raise_named_errors_and_launch_nothing(monkeypatch):
         (US, r"indices.*dtype int64", lambda: p3(a3[0], a3[1], a3[2].double())),
         (US, r"self.*dtype", lambda: p2(a2[0], a2[1].int(), a2[2])),
     ]
-    for err, pattern, call in cases:
-        with pytest.raises(err, match=pattern) as info:
-            call()
-        assert str(info.value).split(":")[0] in OPS
-    assert not launches, "a rejected call launched a kernel"
-    for b, t in zip(before, (g, x, idx, *a2, *a3), strict=True):
-        assert_bitwise_equal(t, b, "an input changed")
+    check_refusals(cases, launches, OPS, (g, x, idx, *a2, *a3), before)
 
 
 def test_registry_entries():
+    check_registry_entries(OPS)
     for op in OPS:
-        info = REGISTRY[op]
-        assert set(info.aten) == {op} and info.accumulates and not info.exact and info.route is None
-        assert "atomics" in info.route_doc and "deterministic" in info.route_doc
-        for dt in DTYPES:
-            g = gradkern.guarantee(op, dt)
-            assert g.deterministic and g.bit_stable
-            assert g.accumulator_dtype == (torch.float64 if dt == torch.float64 else torch.float32)
-        for case in info.cases("meta", torch.float32, "large"):
-            assert case.bytes >= 256 * 2**20, (op, case.label)
-        tiny = info.cases(DEVICE, torch.float32, "tiny")[0]
-        plan = gradkern.plan(op, *tiny.args)
-        assert plan.route == "gradkern" and plan.bytes == tiny.bytes
+        tiny = REGISTRY[op].cases(DEVICE, torch.float32, "tiny")[0]
+        assert gradkern.plan(op, *tiny.args).bytes == tiny.bytes
         g, x, idx = tiny.args[0], tiny.args[1], tiny.args[-1]
         assert tiny.bytes == (g.numel() + x.numel()) * 4 + idx.numel() * 8  # (self is not read)
 
@@ -660,12 +646,6 @@ def test_every_registry_case_is_a_valid_problem():
 
 
 # ----------------------------------------------------------------------------------------------- training
-def _train_step(module, x, w):
-    xi = x.clone().requires_grad_(True)
-    (module(xi) * w).sum().backward()
-    return xi.grad
-
-
 def _modules():
     """(label, module, input shape, memory format, values, the op its backward runs)."""
     return [
@@ -686,25 +666,11 @@ def test_training_in_deterministic_mode_runs_gradkern(dtype, monkeypatch):
     gradkern's kernels and gives stock's gradients (layout included)."""
     torch.manual_seed(0)
     calls = spy_on_ops(monkeypatch, OPS)
-    was = torch.are_deterministic_algorithms_enabled()
-    try:
-        for label, module, shape, fmt, values, op in _modules():
-            x = _values(shape, dtype, values)
-            if fmt is not None:
-                x = x.contiguous(memory_format=fmt)
-            w = torch.randn(module(x).shape, device=DEVICE).to(dtype)
-            ref = run_reference(lambda a, b, _m=module: _train_step(_m, a, b), (x, w))  # float64, CPU, stock
-            stock = _train_step(module, x, w)
-            calls.clear()
-            torch.use_deterministic_algorithms(True)
-            with gradkern.use(mode="always"):
-                ours = _train_step(module, x, w)
-            torch.use_deterministic_algorithms(was)
-            assert calls == [op], f"{label}: {calls}"
-            assert_close(ours, ref, dtype, label)
-            assert ours.stride() == stock.stride(), label
-    finally:
-        torch.use_deterministic_algorithms(was)
+    for label, module, shape, fmt, values, op in _modules():
+        x = _values(shape, dtype, values)
+        if fmt is not None:
+            x = x.contiguous(memory_format=fmt)
+        check_training_step(module, x, calls, op, label, mode="always")
 
 
 # ----------------------------------------------------------------------------------------------- GPU only

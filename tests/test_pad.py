@@ -11,6 +11,7 @@ import torch.nn.functional as F
 import triton
 
 import gradkern
+from _det_helpers import input_grad
 from conftest import DEVICE, DTYPES, dtype_id, gpu_only, small_pad_tiles
 from gradkern import config, ops
 from gradkern.kernels import pad as padmod
@@ -485,13 +486,6 @@ def _spy_on_pad_ops(monkeypatch) -> list[str]:
     return calls
 
 
-def _train_step(fn, x, w):
-    """One step: pad, a weighted loss, backward; returns the input's gradient."""
-    xi = x.clone().requires_grad_(True)
-    (fn(xi) * w).sum().backward()
-    return xi.grad
-
-
 @pytest.mark.parametrize("dtype, deterministic", [(d, True) for d in DTYPES] + [(torch.float32, False)],
                          ids=[f"{dtype_id(d)}-deterministic" for d in DTYPES] + ["f32-default"])
 def test_modules_train_through_gradkern(dtype, deterministic, monkeypatch):
@@ -504,11 +498,11 @@ def test_modules_train_through_gradkern(dtype, deterministic, monkeypatch):
         for label, fn, shape in _modules(dtype):
             x = torch.randn(shape, device=DEVICE).to(dtype)
             w = torch.randn(fn(x).shape, device=DEVICE).to(dtype)
-            ref = run_reference(lambda a, b, _f=fn: _train_step(_f, a, b), (x, w))  # float64, CPU, stock
+            ref = run_reference(lambda a, b, _f=fn: input_grad(_f, a, b), (x, w))  # float64, CPU, stock
             calls.clear()
             torch.use_deterministic_algorithms(deterministic)
             with gradkern.use(mode="always"):
-                ours = _train_step(fn, x, w)
+                ours = input_grad(fn, x, w)
             torch.use_deterministic_algorithms(was)
             assert calls, f"{label}: no gradkern pad kernel ran"
             assert_close(ours, ref, dtype, label)
@@ -537,12 +531,12 @@ def test_fpad_deterministic_route(monkeypatch):
     calls = _spy_on_pad_ops(monkeypatch)
     x = torch.randn(2, 3, 4, 5, device=DEVICE)
     w = torch.randn(2, 3, 7, 8, device=DEVICE)
-    stock = _train_step(lambda t: decomp._replication_pad(t, (1, 2, 0, 3)), x, w)
+    stock = input_grad(lambda t: decomp._replication_pad(t, (1, 2, 0, 3)), x, w)
     assert original_calls and not calls
     original_calls.clear()
     with gradkern.use(mode="always"):
         assert decomp._replication_pad is not spy
-        ours = _train_step(lambda t: decomp._replication_pad(t, (1, 2, 0, 3)), x, w)
+        ours = input_grad(lambda t: decomp._replication_pad(t, (1, 2, 0, 3)), x, w)
         assert calls == ["replication_pad2d_backward"] and not original_calls
         assert decomp._replication_pad(x[0].to("meta"), (1, 1)).shape == (3, 4, 7)  # another device: original
         assert original_calls
@@ -591,7 +585,7 @@ def test_deterministic_mode_ops_and_training_do_not_raise_on_cuda(monkeypatch):
             calls.clear()
             original_calls.clear()
             with gradkern.use(mode="always"):
-                _train_step(fn, x, w)
+                input_grad(fn, x, w)
             assert calls, f"{label}: no gradkern kernel ran"
             assert not original_calls, f"{label}: F.pad(replicate) took the slow decomposition"
     finally:
@@ -610,9 +604,9 @@ def test_bitwise_identical_repeats_on_gpu(dtype):
             for label, fn, shape in _modules(dtype):
                 x = torch.randn(*shape[:-1], 64 * shape[-1], device=DEVICE).to(dtype)  # larger along W
                 w = torch.randn(fn(x).shape, device=DEVICE).to(dtype)
-                first = _train_step(fn, x, w)
+                first = input_grad(fn, x, w)
                 for _ in range(2):
-                    assert_bitwise_equal(_train_step(fn, x, w), first, f"{label} training step")
+                    assert_bitwise_equal(input_grad(fn, x, w), first, f"{label} training step")
     finally:
         torch.use_deterministic_algorithms(was)
 

@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 import gradkern
+from _det_helpers import check_refusals, check_registry_entries, check_training_step
 from conftest import DEVICE, DTYPES, dtype_id, gpu_only
 from gradkern import config, ops
 from gradkern.kernels import upsample as up
@@ -458,35 +459,14 @@ def test_bad_inputs_raise_named_errors_and_launch_nothing(monkeypatch):
         (gradkern.Unsupported, r"output_size.*ints.*7.0", lambda: bl(g, [7.0, 9], inp, False)),
         (gradkern.Unsupported, r"input_size.*sequence.*int", lambda: lin(g[0], [9], 5, False)),
     ]
-    for err, pattern, call in cases:
-        with pytest.raises(err, match=pattern) as info:
-            call()
-        assert str(info.value).split(":")[0] in OPS
-    assert not launches, "a rejected call launched a kernel"
-    assert_bitwise_equal(g, before, "grad_output changed")
+    check_refusals(cases, launches, OPS, (g,), (before,))
 
 
 def test_registry_entries():
-    for op in OPS:
-        info = REGISTRY[op]
-        assert set(info.aten) == {op} and info.accumulates and not info.exact and info.route is None
-        assert "atomics" in info.route_doc and "deterministic" in info.route_doc
-        for dt in DTYPES:
-            g = gradkern.guarantee(op, dt)
-            assert g.deterministic and g.bit_stable
-            assert g.accumulator_dtype == (torch.float64 if dt == torch.float64 else torch.float32)
-        case = info.cases("meta", torch.float32, "large")[0]
-        assert case.bytes >= 256 * 2**20
-        assert gradkern.plan(op, *info.cases(DEVICE, torch.float32, "small")[0].args).route == "gradkern"
+    check_registry_entries(OPS, "small")
 
 
 # ----------------------------------------------------------------------------------------------- training
-def _train_step(fn, x, w):
-    xi = x.clone().requires_grad_(True)
-    (fn(xi) * w).sum().backward()
-    return xi.grad
-
-
 def _interpolations():
     """(label, function, input shape, channels_last, the op its backward runs, 16-bit stock on CPU)."""
     cl = torch.channels_last
@@ -524,15 +504,8 @@ def test_training_through_interpolate_runs_gradkern(dtype, monkeypatch):
         x = torch.randn(shape, device=DEVICE).to(dtype)
         if fmt is not None:
             x = x.contiguous(memory_format=fmt)
-        w = torch.randn(fn(x).shape, device=DEVICE).to(dtype)
-        ref = run_reference(lambda a, b, _f=fn: _train_step(_f, a, b), (x, w))  # float64, CPU, stock
-        stock = _train_step(fn, x, w)
-        calls.clear()
-        with gradkern.use(mode="always"):
-            ours = _train_step(fn, x, w)
-        assert calls == [op], f"{label}: {calls}"
-        assert_close(ours, ref, dtype, label, summed_from=w.numel())
-        assert ours.stride() == stock.stride(), label
+        check_training_step(fn, x, calls, op, label, mode="always", deterministic=False,
+                            summed_from=fn(x).numel())
 
 
 # ----------------------------------------------------------------------------------------------- GPU only
