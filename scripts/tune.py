@@ -328,9 +328,8 @@ def _ms(fn) -> float:
         return (time.perf_counter() - t0) * 1e3
     import triton.testing
 
-    # TUNE_HOT_MS: calls back to back, unsynchronised, for that long first. Without it (H200, group seglanes) small
-    # cases (< 50 us) read 1.4-5x their time in a fresh process; with 100 ms all but one within 10% (the cause is
-    # not known: clocks read 1980 MHz throughout, and PDL off changed nothing)
+    # TUNE_HOT_MS: calls back to back, unsynchronised, for that long first: without it small cases (< 50 us) read up
+    # to 1.4-5x their time in a fresh process (docs/tuning/README.md, "Timing small cases")
     bench_sweep.run_hot(fn, float(os.environ.get("TUNE_HOT_MS", 0)))
     return float(triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median"))
 

@@ -208,11 +208,10 @@ def test_a_reference_that_raises_on_the_device_is_run_on_cpu_copies(monkeypatch)
             raise RuntimeError("CUDA error: invalid argument")
         return x * scale
     x = torch.arange(6.0)
-    copies = lambda args, kwargs: (tuple(a.clone() for a in args), dict(kwargs))
-    monkeypatch.setattr(bench_sweep, "_on_host", copies)  # (as if x were on a GPU)
+    monkeypatch.setattr(bench_sweep, "_off_cpu", lambda args, kwargs: True)  # (as if x were on a GPU)
     assert torch.equal(bench_sweep._reference(ref, (x,), {"scale": 2.0}), 2 * x)
     assert seen[0] is x and seen[1] is not x
-    monkeypatch.setattr(bench_sweep, "_on_host", lambda args, kwargs: None)  # (all on the CPU already)
+    monkeypatch.setattr(bench_sweep, "_off_cpu", lambda args, kwargs: False)  # (all on the CPU already)
     seen.clear()
     with pytest.raises(RuntimeError, match="invalid argument"):
         bench_sweep._reference(ref, (x,), {})

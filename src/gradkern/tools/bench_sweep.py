@@ -78,7 +78,7 @@ from .. import _runtime
 from ..plan import route_of
 from ..registry import REGISTRY
 from ..routing.dispatch import use
-from ..testing import ARRANGEMENTS, arrange
+from ..testing import ARRANGEMENTS, arrange, run_reference, tensors_of
 from .bench import _f, _safe, copy_ceiling_gbs
 from .cli import _device_name, print_table
 
@@ -1412,26 +1412,20 @@ _UNDEFINED_OUTPUTS = {"nll_loss2d_forward": lambda self, target, weight, reducti
                       (1,) * (reduction == 0)}
 
 
-def _on_host(args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
-    """CPU copies of the arguments' tensors, or None where none is off the CPU."""
-    tensors = [t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)]
-    if all(t.device.type == "cpu" for t in tensors):
-        return None
-    cpu = lambda t: t.cpu() if isinstance(t, torch.Tensor) else t
-    return tuple(cpu(a) for a in args), {k: cpu(v) for k, v in kwargs.items()}
+def _off_cpu(args: tuple, kwargs: dict) -> bool:
+    return any(t.device.type != "cpu" for t in tensors_of((args, kwargs)))
 
 
 def _reference(ref_fn: Callable, args: tuple, kwargs: dict):
-    """The reference's result, from CPU copies where stock raises on the device (torch 2.11's CUDA
-    reflection_pad1d_backward cannot launch 65536 planes of one channel: 'invalid argument'; gradkern's kernel
-    serves them)."""
+    """The reference's result, from CPU copies (`run_reference`, dtypes kept) where stock raises on the device
+    (torch 2.11's CUDA reflection_pad1d_backward cannot launch 65536 planes of one channel: 'invalid argument';
+    gradkern's kernel serves them)."""
     try:
         return ref_fn(*args, **kwargs)
     except RuntimeError:
-        host = _on_host(args, kwargs)
-        if host is None:
+        if not _off_cpu(args, kwargs):
             raise
-        return ref_fn(*host[0], **host[1])
+        return run_reference(ref_fn, args, kwargs, dtype=None)
 
 
 def _check(case: SweepCase, built: Built, ours) -> str | None:
