@@ -145,6 +145,20 @@ GROUPS = {  # name: (ops, dtypes, configs); each config overrides only what it n
                  [F32, BF16],
                  [DEFAULTS] + [(pad.CONFIG, {"loop_lanes": n}) for n in (256, 4096)]
                  + [(pad.CONFIG, {"loop_lanes": 0, "loop_unroll_3d": u}) for u in (0, 4)]),
+    # sparsemax forward's rows held whole: thresholds an iteration (2 shipped; 4 before) and elements a warp (256
+    # shipped); with TUNE_CASES="sweep:rows of 3)|rows of 40)|rows of 100)|32768x1024|ViT|21 classes|dim 0|middle
+    # dim|10007|transposed"
+    "smrows": (["sparsemax_forward"], [F32, BF16],
+               [DEFAULTS] + [(sparsemax.CONFIG, v) for v in ({"fwd_thresholds": 4}, {"fwd_warp_elems": 128},
+                                                          {"fwd_warp_elems": 64},
+                                                          {"fwd_thresholds": 4, "fwd_warp_elems": 128})]
+               + [DEFAULTS]),
+    # ... and split rows (one launch an iteration): thresholds an iteration (4 shipped), rows held whole up to
+    # 16384 (32768 shipped); with TUNE_CASES="sweep:32000|50257|rows of 1M|prime rows|16385|100000|pitch|long
+    # strided"
+    "smsplit": (["sparsemax_forward"], [F32, BF16],
+                [DEFAULTS] + [(sparsemax.CONFIG, {"split_thresholds": g}) for g in (2, 8)]
+                + [(sparsemax.CONFIG, {"fwd_row_max": 16384}), DEFAULTS]),
     # max pooling's gather tiles: the slot budget as shipped, the old tiles (4 elements a thread whatever the
     # slots), then fixed tiles of 128 on 4 warps, 256 on 8 and 256 on 4; with TUNE_CASES="sweep:" (every case)
     "maxpool": (["max_pool3d_with_indices_backward", "adaptive_max_pool3d_backward"], [F32, BF16],

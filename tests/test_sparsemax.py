@@ -174,7 +174,7 @@ def test_split_rows_match_whole_rows():
     g = torch.randn(x.shape, dtype=torch.float64, device=DEVICE)
     whole_dx = ops.sparsemax_backward(g, whole, -1)
     assert sm._check_forward(x, -1)[0].K == 1
-    with config.override(sm.CONFIG, block_max=32):  # 16 in float64: three chunks a row
+    with config.override(sm.CONFIG, block_max=32, fwd_row_max=32):  # 16 in float64: three chunks a row
         assert sm._check_forward(x, -1)[0].K == 3
         for dim, xv in ((-1, x), (0, x.t())):
             split = ops.sparsemax_forward(xv, dim)
@@ -185,6 +185,35 @@ def test_split_rows_match_whole_rows():
             assert_close(dx if dim == -1 else dx.t(), whole_dx, torch.float64, f"split backward dim={dim}")
         check_case("sparsemax_forward", (x.to(torch.bfloat16), -1), what="split bf16")
     assert sm._check_forward(x, -1)[0].K == 1, "the shipped config is back"
+
+
+def test_forward_holds_rows_up_to_fwd_row_max_whole():
+    """The forward holds rows up to `fwd_row_max` whole (one launch) and splits longer ones in `block_max` chunks;
+    the backward splits past `block_max`. Plans only (no launch)."""
+    def plan(op, n, dtype=torch.float32):
+        return sm._plan(op, (2, n), ((n, 1), (n, 1), (n, 1)) if op.endswith("backward") else ((n, 1), (n, 1)),
+                        dtype, 1)
+    with config.override(sm.CONFIG, block_max=64, fwd_row_max=256):
+        assert (plan("sparsemax_forward", 65).K, plan("sparsemax_forward", 65).B) == (1, 128)
+        assert (plan("sparsemax_forward", 256).K, plan("sparsemax_forward", 257).K) == (1, 5)
+        assert plan("sparsemax_forward", 257).B == 64
+        assert plan("sparsemax_forward", 129, torch.float64).K == 5  # (half the elements in fp64)
+        assert plan("sparsemax_backward", 65).K == 2
+
+
+@pytest.mark.parametrize("g", [2, 3, 8])
+def test_thresholds_an_iteration_change_only_the_iterations(g):
+    """Any count of thresholds an iteration (rows held whole and split rows) finds the same threshold: checked
+    against the reference on rows where the Newton step alone is slow (a wide support) and where one entry
+    dominates; the iteration cap narrows the bracket as far at every G."""
+    assert sm._maxit(torch.float32, 4) == 24 and sm._maxit(torch.float64, 4) == 40
+    assert 2.0 ** (-(sm._maxit(torch.float32, g) - 1) * math.log2(g)) <= 4.0 ** -23
+    with config.override(sm.CONFIG, fwd_thresholds=g, split_thresholds=g):
+        for scale in (0.05, 2.0):
+            x = _x((3, 70), torch.float32, scale, seed=g)
+            check_case("sparsemax_forward", (x, -1), what=f"G={g} scale {scale}")
+            with config.override(sm.CONFIG, block_max=32, fwd_row_max=32):
+                check_case("sparsemax_forward", (x, -1), what=f"G={g} split, scale {scale}")
 
 
 def test_int64_offsets_path():

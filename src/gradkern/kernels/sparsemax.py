@@ -4,20 +4,21 @@ p = sparsemax(z) is the Euclidean projection of z onto the probability simplex a
 with tau the root of sum(max(z - tau, 0)) = 1 (shared/docs/semantics.md gives the sort-based definition).
 
 Forward, without sorting. Per row, in the math dtype (fp32; fp64 for fp64): shift by the row max, d = z - max,
-so tau lies in [-1, 0). Each iteration evaluates `_G` thresholds at once, each giving |{d > t}| and the sum of
-those d: a Newton step from the bracket's lower end (Michelot's step, tau' = (sum_S d - 1)/|S| with S = {d > lo},
-which never overshoots the root) and `_G - 1` points splitting the rest of the bracket. The row is finished
-when the Newton candidate keeps the support of `lo` (|{d > t}| = |S|): then tau = t is the self-consistent
-threshold, S = {d > tau} and tau = (sum_S d - 1)/|S| exactly as evaluated, which is the sort-based definition's
-k = |S|. (If rounding makes the Newton point not exceed `lo`, the row also stops there: an element lies within
-rounding of the threshold.) A fixed iteration cap bounds pathological rows; typical rows take 2-5 iterations.
+so tau lies in [-1, 0). Each iteration evaluates G thresholds at once (`SparsemaxConfig`), each giving
+|{d > t}| and the sum of those d: a Newton step from the bracket's lower end (Michelot's step,
+tau' = (sum_S d - 1)/|S| with S = {d > lo}, which never overshoots the root) and G - 1 points splitting the rest
+of the bracket. The row is finished when the Newton candidate keeps the support of `lo` (|{d > t}| = |S|): then
+tau = t is the self-consistent threshold, S = {d > tau} and tau = (sum_S d - 1)/|S| exactly as evaluated, which
+is the sort-based definition's k = |S|. (If rounding makes the Newton point not exceed `lo`, the row also stops
+there: an element lies within rounding of the threshold.) A fixed iteration cap bounds pathological rows; typical
+rows take 2-5 iterations.
 
-Rows of up to `block_max` elements (SparsemaxConfig) are held in registers by one program, several rows per
-program when short, and iterate in place (one read of x, one write of p). Longer rows are split into chunks
-across programs, with one launch per iteration (a fixed count: the iteration cap + 2, so no host
+Rows of up to `fwd_row_max` elements (SparsemaxConfig) are held in registers by one program, several rows per
+program when short, and iterate in place (one read of x, one write of p). Longer rows are split into chunks of
+`block_max` across programs, with one launch per iteration (a fixed count: the iteration cap + 2, so no host
 synchronisation): each chunk program combines the previous launch's per-chunk counts and sums in a fixed order
-(no atomics, so results are bit-stable) and evaluates the next thresholds on its chunk; rows already finished
-read only their small state.
+(no atomics, so results are bit-stable) and evaluates the next thresholds on its chunk; programs whose rows are
+all finished only carry their state over.
 
 Backward, one pass: dx = 1_S * (g - sum_S g / |S|) with S = {y > 0}, counted from y itself. Where the rows are
 contiguous (and held whole by a program), g is read only in the 16-byte vectors holding some y > 0: sparsemax's
@@ -59,20 +60,30 @@ from ..registry import Case, register_op
 
 __all__ = ["sparsemax", "sparsemax_forward", "sparsemax_backward"]
 
-_G = 4  # thresholds evaluated per iteration
-# Iteration caps (fp64; fp32 math for the rest). A row the cap stops takes the Newton point from lo, within the
-# bracket of the exact threshold: at most 4**-(cap - 1) wide (about 1e-14 in fp32, 3e-24 in fp64).
+# Iteration caps (fp64; fp32 math for the rest) at 4 thresholds an iteration. A row the cap stops takes the Newton
+# point from lo, within the bracket of the exact threshold: at most 4**-(cap - 1) wide (about 1e-14 in fp32, 3e-24
+# in fp64); with G thresholds an iteration the cap is the fewest iterations that narrow the bracket as far
+# (`_maxit`).
 _MAXIT = {torch.float64: 40}
 _MAXIT_DEFAULT = 24
+
+
+def _maxit(dtype: torch.dtype, g: int) -> int:
+    """The iteration cap at `g` thresholds an iteration: G**-(cap - 1) <= 4**-(cap_4 - 1)."""
+    return 1 + math.ceil((_MAXIT.get(dtype, _MAXIT_DEFAULT) - 1) * 2 / math.log2(g))
 
 
 @dataclass(frozen=True)
 class SparsemaxConfig:
     """How sparsemax's rows map onto programs, warps and registers (docs/tuning/sparsemax.md; H200, 32768 x 1024)."""
 
-    # the longest row one program keeps in registers (half of it in fp64); longer rows are split over programs,
-    # one launch an iteration (no recorded sweep)
+    # the longest row one program of the backward keeps in registers (half of it in fp64), and the chunk of a
+    # split row; longer rows are split over programs (the forward: one launch an iteration)
     block_max: int = 16384
+    # the longest row the forward holds whole (half of it in fp64): one launch where a split row takes an
+    # iteration's launches; f32 1024 x 16385 1307 -> 239 us, 64 x 32000 258 -> 41; longer rows lose (50257 split
+    # in two: 705 -> 1263)
+    fwd_row_max: int = 32768
     # short contiguous rows a program takes together, up to this many elements: the forward 1.3x faster (f32) with
     # 2048 than with 4096
     fwd_row_tile: int = 2048
@@ -86,6 +97,12 @@ class SparsemaxConfig:
     col_rows: int = 16
     # chunk partials of a split row combined per step, in a fixed order (no recorded sweep)
     combine_block: int = 64
+    # thresholds an iteration evaluates in rows held whole: the Newton step and G - 1 bisection points. Most rows
+    # finish in 2-4 iterations whatever G, and each threshold is a pass over the row with two sums: f32 32768 x
+    # 1024 256 -> 169 us with 2 (4 before), 1.35-2.6x over the sweep's rows; 8 and 16 were slower
+    fwd_thresholds: int = 2
+    # ... in split rows: fewer iterations, fewer launches (the cap's); 2: 1307 -> 1839 us, 8: 1378 (1024 x 16385)
+    split_thresholds: int = 4
     # the backward's vector kernel waits for y before it reads g, so it needs every warp the SM holds: a cap of 32
     # registers (0: none) where a thread holds at most vec_cap_elems elements (of 4 bytes or less) of each tile;
     # uncapped, bf16 gets 35 registers: 3,740 against 4,218-4,299 GB/s
@@ -284,6 +301,28 @@ def _fwd_rows_kernel(x, y, N, INNER, N_IB, OSHAPE, XO, YO, XS, YS,
     tl.store(yp + _tile_offsets(rows, cols, YS), cast_out(p, y.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _split_state(st_f, st_i, buf, M, rid, rmask):
+    """A split row's bracket state (lo, hi, s_lo, tau, cnt_lo, done) from double-buffer half `buf`."""
+    sf = st_f + (buf * M + rid) * 4
+    si = st_i + (buf * M + rid) * 2
+    return (tl.load(sf, mask=rmask, other=0.0), tl.load(sf + 1, mask=rmask, other=0.0),
+            tl.load(sf + 2, mask=rmask, other=0.0), tl.load(sf + 3, mask=rmask, other=0.0),
+            tl.load(si, mask=rmask, other=0), tl.load(si + 1, mask=rmask, other=1) != 0)
+
+
+@triton.jit
+def _store_split_state(st_f, st_i, buf, M, rid, rmask, lo, hi, s_lo, tau, cnt_lo, done):
+    sf = st_f + (buf * M + rid) * 4
+    si = st_i + (buf * M + rid) * 2
+    tl.store(sf, lo, mask=rmask)
+    tl.store(sf + 1, hi, mask=rmask)
+    tl.store(sf + 2, s_lo, mask=rmask)
+    tl.store(sf + 3, tau, mask=rmask)
+    tl.store(si, cnt_lo, mask=rmask)
+    tl.store(si + 1, done.to(tl.int32), mask=rmask)
+
+
 @triton.jit(do_not_specialize=["STAGE"])
 def _fwd_split_kernel(x, y, pmax, pnan, part_c, part_s, st_f, st_i, STAGE, LAST, M, N, INNER, N_IB, K,
                       OSHAPE, XO, YO, XS, YS,
@@ -291,7 +330,9 @@ def _fwd_split_kernel(x, y, pmax, pnan, part_c, part_s, st_f, st_i, STAGE, LAST,
                       MATH: tl.constexpr, I64: tl.constexpr):
     """One launch of a split row's iteration. STAGE 0: per-chunk max and NaN count. STAGE s in 1..LAST-1:
     combine the row max, take iteration s-2's combined counts and sums into the bracket (s >= 2; chunk 0
-    stores the state), evaluate iteration s-1's thresholds on this chunk. STAGE LAST: as s, then write p."""
+    stores the state), evaluate iteration s-1's thresholds on this chunk. STAGE LAST: as s, then write p.
+    Most rows finish in a few iterations of the fixed LAST - 1: a program whose rows are all finished before
+    LAST only has chunk 0 carry their state over to the next buffer."""
     k, o, rows, rmask, rid, cols, mask = _tile(K, N_IB, INNER, N, ORANK, R, B, I64)
     xp = x + _outer_offset(o, OSHAPE, XO, ORANK) + _tile_offsets(rows, cols, XS)
 
@@ -301,70 +342,61 @@ def _fwd_split_kernel(x, y, pmax, pnan, part_c, part_s, st_f, st_i, STAGE, LAST,
         tl.store(pnan + rid * K + k, tl.sum(isnan.to(tl.int32), 1), mask=rmask)
         tl.store(pmax + rid * K + k, tl.max(tl.where(isnan, float("-inf"), z), 1), mask=rmask)
     else:
-        # the row max and NaN count, from every chunk's partials
-        m2 = tl.full((R, KB), float("-inf"), MATH)
-        nan2 = tl.zeros((R, KB), tl.int32)
-        for k0 in range(0, K, KB):  # reduced after the loop, as in _combine
-            kk = k0 + tl.arange(0, KB)
-            pm = rmask[:, None] & (kk < K)[None, :]
-            at = rid[:, None] * K + kk[None, :]
-            m2 = tl.maximum(m2, tl.load(pmax + at, mask=pm, other=float("-inf")))
-            nan2 += tl.load(pnan + at, mask=pm, other=0)
-        m = tl.max(m2, 1)
-        nans = tl.sum(nan2, 1)
-
         cur = STAGE % 2
         prev = 1 - cur
         if STAGE == 1:
             lo, hi, cnt_lo, s_lo, tau, done = _start(rmask, R, MATH)
         else:
-            sf = st_f + (prev * M + rid) * 4
-            si = st_i + (prev * M + rid) * 2
-            lo = tl.load(sf, mask=rmask, other=0.0)
-            hi = tl.load(sf + 1, mask=rmask, other=0.0)
-            s_lo = tl.load(sf + 2, mask=rmask, other=0.0)
-            tau = tl.load(sf + 3, mask=rmask, other=0.0)
-            cnt_lo = tl.load(si, mask=rmask, other=0)
-            done = tl.load(si + 1, mask=rmask, other=1) != 0
-            first = STAGE == 2
-            t0 = lo
-            n_lo, n_cnt, n_s, n_hi, fin = lo, cnt_lo, s_lo, hi, done
-            for j in tl.static_range(G):
-                t = _candidate(lo, hi, cnt_lo, s_lo, first, j, G)
-                c, s = _combine(part_c, part_s, (prev * M + rid) * K * G + j, G, K, rmask, R, KB, MATH)
-                if j == 0:
-                    t0 = t
-                n_lo, n_cnt, n_s, n_hi, fin = _absorb(j, t, c, s, n_lo, n_cnt, n_s, n_hi, fin, lo, cnt_lo, first)
-            lo, hi, cnt_lo, s_lo, tau, done = _advance(lo, hi, cnt_lo, s_lo, tau, done, t0,
-                                                       n_lo, n_cnt, n_s, n_hi, fin)
+            lo, hi, s_lo, tau, cnt_lo, done = _split_state(st_f, st_i, prev, M, rid, rmask)
+        if (STAGE == LAST) | (tl.sum((~done).to(tl.int32), 0) > 0):
+            # the row max and NaN count, from every chunk's partials
+            m2 = tl.full((R, KB), float("-inf"), MATH)
+            nan2 = tl.zeros((R, KB), tl.int32)
+            for k0 in range(0, K, KB):  # reduced after the loop, as in _combine
+                kk = k0 + tl.arange(0, KB)
+                pm = rmask[:, None] & (kk < K)[None, :]
+                at = rid[:, None] * K + kk[None, :]
+                m2 = tl.maximum(m2, tl.load(pmax + at, mask=pm, other=float("-inf")))
+                nan2 += tl.load(pnan + at, mask=pm, other=0)
+            m = tl.max(m2, 1)
+            nans = tl.sum(nan2, 1)
 
-        if STAGE < LAST:
-            if k == 0:
-                sf = st_f + (cur * M + rid) * 4
-                si = st_i + (cur * M + rid) * 2
-                tl.store(sf, lo, mask=rmask)
-                tl.store(sf + 1, hi, mask=rmask)
-                tl.store(sf + 2, s_lo, mask=rmask)
-                tl.store(sf + 3, tau, mask=rmask)
-                tl.store(si, cnt_lo, mask=rmask)
-                tl.store(si + 1, done.to(tl.int32), mask=rmask)
-            live = mask & (~done)[:, None]
-            if tl.sum(live.to(tl.int32)) > 0:  # rows already finished read nothing more
-                z = tl.load(xp, mask=live, other=float("-inf")).to(MATH)
-                d = _shifted(tl.where(z != z, float("-inf"), z), m, live)
-                first = STAGE == 1
+            if STAGE > 1:
+                first = STAGE == 2
+                t0 = lo
+                n_lo, n_cnt, n_s, n_hi, fin = lo, cnt_lo, s_lo, hi, done
                 for j in tl.static_range(G):
                     t = _candidate(lo, hi, cnt_lo, s_lo, first, j, G)
-                    c, s = _count_sum(d, t)
-                    at = ((cur * M + rid) * K + k) * G + j
-                    tl.store(part_c + at, c, mask=rmask)
-                    tl.store(part_s + at, s, mask=rmask)
-        else:
-            z = tl.load(xp, mask=mask, other=float("-inf")).to(MATH)
-            d = _shifted(tl.where(z != z, float("-inf"), z), m, mask)
-            p = _finish(d, tau, done, lo, cnt_lo, s_lo, nans > 0)
-            yp = y + _outer_offset(o, OSHAPE, YO, ORANK)
-            tl.store(yp + _tile_offsets(rows, cols, YS), cast_out(p, y.dtype.element_ty), mask=mask)
+                    c, s = _combine(part_c, part_s, (prev * M + rid) * K * G + j, G, K, rmask, R, KB, MATH)
+                    if j == 0:
+                        t0 = t
+                    n_lo, n_cnt, n_s, n_hi, fin = _absorb(j, t, c, s, n_lo, n_cnt, n_s, n_hi, fin, lo, cnt_lo,
+                                                          first)
+                lo, hi, cnt_lo, s_lo, tau, done = _advance(lo, hi, cnt_lo, s_lo, tau, done, t0,
+                                                           n_lo, n_cnt, n_s, n_hi, fin)
+
+            if STAGE < LAST:
+                if k == 0:
+                    _store_split_state(st_f, st_i, cur, M, rid, rmask, lo, hi, s_lo, tau, cnt_lo, done)
+                live = mask & (~done)[:, None]
+                if tl.sum(live.to(tl.int32)) > 0:  # rows already finished read nothing more
+                    z = tl.load(xp, mask=live, other=float("-inf")).to(MATH)
+                    d = _shifted(tl.where(z != z, float("-inf"), z), m, live)
+                    first = STAGE == 1
+                    for j in tl.static_range(G):
+                        t = _candidate(lo, hi, cnt_lo, s_lo, first, j, G)
+                        c, s = _count_sum(d, t)
+                        at = ((cur * M + rid) * K + k) * G + j
+                        tl.store(part_c + at, c, mask=rmask)
+                        tl.store(part_s + at, s, mask=rmask)
+            else:
+                z = tl.load(xp, mask=mask, other=float("-inf")).to(MATH)
+                d = _shifted(tl.where(z != z, float("-inf"), z), m, mask)
+                p = _finish(d, tau, done, lo, cnt_lo, s_lo, nans > 0)
+                yp = y + _outer_offset(o, OSHAPE, YO, ORANK)
+                tl.store(yp + _tile_offsets(rows, cols, YS), cast_out(p, y.dtype.element_ty), mask=mask)
+        elif k == 0:  # every row finished: its state carried over unchanged
+            _store_split_state(st_f, st_i, cur, M, rid, rmask, lo, hi, s_lo, tau, cnt_lo, done)
 
 
 # --------------------------------------------------------------------------------------------- backward kernels
@@ -461,6 +493,8 @@ class _Plan:
     math: torch.dtype
     ints: tuple[tuple[int, ...], ...]
     vec: int  # the backward's vector length V when every operand's rows are contiguous and K == 1, else 0
+    g: int  # the forward's thresholds an iteration and its iteration cap (0 in the backward's)
+    maxit: int
     kernel: triton.JITFunction  # the kernel that runs the problem
     consts: dict  # its constexprs and compile options (launch_consts)
     uid: int  # identifies the plan (and so its kernel's specialisation) in the relaunch cache
@@ -518,11 +552,13 @@ def _plan(op: str, shape: tuple[int, ...], strides: tuple[tuple[int, ...], ...],
     pad = _MAX_OUTER - len(outer)
     s_dim = [st[dim] for st in strides]
 
-    block_max = max(cfg.block_max // 2, 1) if dtype == torch.float64 else cfg.block_max
+    half = 2 if dtype == torch.float64 else 1
+    block_max = max(cfg.block_max // half, 1)
+    whole = max((cfg.fwd_row_max if forward else cfg.block_max) // half, 1)
     bn = next_pow2(n)
     if s_dim[0] == 1 or n == 1:  # rows are contiguous: short ones grouped, long ones split
         R = max(1, min((cfg.fwd_row_tile if forward else cfg.bwd_row_tile) // bn, next_pow2(inner)))
-        B = min(bn, block_max)
+        B = bn if bn <= whole else block_max
     else:  # rows are strided: take adjacent rows together so that loads coalesce
         R = max(1, min(cfg.col_rows, next_pow2(inner)))
         B = min(bn, max(block_max // R, 1))
@@ -535,9 +571,11 @@ def _plan(op: str, shape: tuple[int, ...], strides: tuple[tuple[int, ...], ...],
             *zip(s_inner, s_dim, strict=True))
     vec = min(16 // dtype.itemsize, B) if not forward and K == 1 and set(s_dim) == {1} else 0
     maxnreg = cfg.vec_maxnreg if vec and dtype.itemsize <= 4 and R * B <= 32 * warps * cfg.vec_cap_elems else 0
+    g = (cfg.fwd_thresholds if K == 1 else cfg.split_thresholds) if forward else 0
+    maxit = _maxit(dtype, g) if forward else 0
     if forward:
-        kernel, extra = ((_fwd_rows_kernel, {"G": _G, "MAXIT": _MAXIT.get(dtype, _MAXIT_DEFAULT)}) if K == 1
-                         else (_fwd_split_kernel, {"G": _G, "KB": cfg.combine_block}))
+        kernel, extra = ((_fwd_rows_kernel, {"G": g, "MAXIT": maxit}) if K == 1
+                         else (_fwd_split_kernel, {"G": g, "KB": cfg.combine_block}))
     elif K == 1:
         kernel, extra = (_bwd_vec_kernel, {"V": vec}) if vec else (_bwd_rows_kernel, {})
     else:
@@ -545,8 +583,8 @@ def _plan(op: str, shape: tuple[int, ...], strides: tuple[tuple[int, ...], ...],
     math_dtype = _runtime.math_dtype(dtype)
     consts = launch_consts({"ORANK": len(outer), "R": R, "B": B, **extra, "MATH": TL_MATH[math_dtype], "I64": i64},
                            warps, **({"maxnreg": maxnreg} if maxnreg else {}))
-    return _Plan(strides[-1], n, inner, math.prod(oshape), R, B, K, i64, math_dtype, ints, vec, kernel, consts,
-                 next(_plan_ids))
+    return _Plan(strides[-1], n, inner, math.prod(oshape), R, B, K, i64, math_dtype, ints, vec, g, maxit, kernel,
+                 consts, next(_plan_ids))
 
 
 def _launch(plan: _Plan, grid: int, ptrs: tuple, ints: tuple, device: int) -> None:
@@ -574,13 +612,13 @@ def _forward(x: torch.Tensor, dim: int) -> torch.Tensor:
     if plan.K == 1:
         _launch(plan, plan.tiles, (x, y), (plan.n, plan.inner, plan.n_ib, *plan.ints), dev)
         return y
-    rows = plan.n_outer * plan.inner
+    rows, g = plan.n_outer * plan.inner, plan.g
     f = dict(dtype=plan.math, device=x.device)
     i = dict(dtype=torch.int32, device=x.device)
     scratch = (torch.empty(rows * plan.K, **f), torch.empty(rows * plan.K, **i),  # chunk max, NaN count
-               torch.empty(2 * rows * plan.K * _G, **i), torch.empty(2 * rows * plan.K * _G, **f),  # counts, sums
+               torch.empty(2 * rows * plan.K * g, **i), torch.empty(2 * rows * plan.K * g, **f),  # counts, sums
                torch.empty(2 * rows * 4, **f), torch.empty(2 * rows * 2, **i))  # bracket state, double-buffered
-    last = _MAXIT.get(x.dtype, _MAXIT_DEFAULT) + 1
+    last = plan.maxit + 1
     for stage in range(last + 1):
         _launch(plan, plan.tiles * plan.K, (x, y, *scratch),
                 (stage, last, rows, plan.n, plan.inner, plan.n_ib, plan.K, *plan.ints), dev)
