@@ -27,7 +27,7 @@ import triton.language as tl
 
 from gradkern import _runtime, config
 from gradkern.engines import elementwise, multi_pointwise, reduction
-from gradkern.kernels import adaptive_pool, avg_pool, max_pool, pad, prelu, segment_max, sparsemax
+from gradkern.kernels import adaptive_pool, avg_pool, max_pool, pad, prelu, segment_max, sparsemax, upsample
 from gradkern.launch import launcher
 from gradkern.registry import REGISTRY
 from gradkern.routing.dispatch import use
@@ -145,13 +145,14 @@ GROUPS = {  # name: (ops, dtypes, configs); each config overrides only what it n
                  [F32, BF16],
                  [DEFAULTS] + [(pad.CONFIG, {"loop_lanes": n}) for n in (256, 4096)]
                  + [(pad.CONFIG, {"loop_lanes": 0, "loop_unroll_3d": u}) for u in (0, 4)]),
-    # sparsemax forward's rows held whole: thresholds an iteration (2 shipped; 4 before) and elements a warp (256
-    # shipped); with TUNE_CASES="sweep:rows of 3)|rows of 40)|rows of 100)|32768x1024|ViT|21 classes|dim 0|middle
-    # dim|10007|transposed"
+    # sparsemax forward's rows held whole: thresholds an iteration (2 shipped; 4 before), elements a warp (256
+    # shipped), the short-row rule off; with TUNE_CASES="sweep:rows of 3)|rows of 40)|rows of 100)|32768x1024|ViT|
+    # 21 classes|dim 0|middle dim|10007|transposed"
     "smrows": (["sparsemax_forward"], [F32, BF16],
                [DEFAULTS] + [(sparsemax.CONFIG, v) for v in ({"fwd_thresholds": 4}, {"fwd_warp_elems": 128},
                                                           {"fwd_warp_elems": 64},
-                                                          {"fwd_thresholds": 4, "fwd_warp_elems": 128})]
+                                                          {"fwd_thresholds": 4, "fwd_warp_elems": 128},
+                                                          {"fwd_short_row": 0})]
                + [DEFAULTS]),
     # ... and split rows (one launch an iteration): thresholds an iteration (4 shipped), rows held whole up to
     # 16384 (32768 shipped); with TUNE_CASES="sweep:32000|50257|rows of 1M|prime rows|16385|100000|pitch|long
@@ -159,6 +160,11 @@ GROUPS = {  # name: (ops, dtypes, configs); each config overrides only what it n
     "smsplit": (["sparsemax_forward"], [F32, BF16],
                 [DEFAULTS] + [(sparsemax.CONFIG, {"split_thresholds": g}) for g in (2, 8)]
                 + [(sparsemax.CONFIG, {"fwd_row_max": 16384}), DEFAULTS]),
+    # the upsampling plane kernel's register cap: the shipped rule (128 on planes of 1024 elements or more), none
+    # (as before the cap), 128 and 96 on every plane; with TUNE_CASES="sweep:"
+    "upsample_regs": (["upsample_bilinear2d_backward", "upsample_trilinear3d_backward", "upsample_linear1d_backward"],
+                      [F32, BF16], [DEFAULTS, (upsample.CONFIG, {"plane_maxnreg": 0})]
+                      + [(upsample.CONFIG, {"plane_maxnreg": r, "plane_maxnreg_min": 0}) for r in (128, 96)]),
     # max pooling's gather tiles: the slot budget as shipped, the old tiles (4 elements a thread whatever the
     # slots), then fixed tiles of 128 on 4 warps, 256 on 8 and 256 on 4; with TUNE_CASES="sweep:" (every case)
     "maxpool": (["max_pool3d_with_indices_backward", "adaptive_max_pool3d_backward"], [F32, BF16],

@@ -201,6 +201,18 @@ def test_forward_holds_rows_up_to_fwd_row_max_whole():
         assert plan("sparsemax_backward", 65).K == 2
 
 
+def test_short_rows_take_more_warps():
+    """The forward's contiguous rows of up to `fwd_short_row` entries take a warp per `fwd_short_warp_elems`
+    elements of a tile, longer or strided ones per `fwd_warp_elems`. Plans only."""
+    def warps(n, strides=None, **over):
+        strides = strides or (n, 1)
+        with config.override(sm.CONFIG, fwd_row_tile=2048, fwd_warp_elems=256, fwd_short_warp_elems=128, **over):
+            return sm._plan("sparsemax_forward", (4096, n), (strides, strides), torch.float32, 1).consts["num_warps"]
+    assert warps(3) == 16 and warps(21) == 16 and warps(33) == 8
+    assert warps(3, fwd_short_row=0) == 8
+    assert warps(3, (1, 4096)) != 16  # (rows strided: the column tiling)
+
+
 @pytest.mark.parametrize("g", [2, 3, 8])
 def test_thresholds_an_iteration_change_only_the_iterations(g):
     """Any count of thresholds an iteration (rows held whole and split rows) finds the same threshold: checked
