@@ -7,7 +7,8 @@ TUNE_CASES=sweep the `bench --sweep` cases, TUNE_CASES="sweep:D=1 |D=3 " those w
 config overrides fields of an op family's frozen config object (`gradkern.config.override`); the plans are rebuilt
 for it. Every result is also checked against stock PyTorch (a config that is fast but wrong shows as such). The
 values chosen from these figures are the families' shipped configs; results depend only on the shape, dtype and the
-config, never on timing."""
+config, never on timing. Sweep cases are checked as `bench --sweep` checks them (`bench_sweep.check_result`),
+registry cases as the tests do (`testing.check_case`)."""
 
 from __future__ import annotations
 
@@ -387,8 +388,11 @@ def time_group(group: str, out_dir: str) -> None:
             for op, dtype, case in cases:
                 fn, a, kw = REGISTRY[op].fn, case.args, dict(case.kwargs)
                 try:
-                    check_case(op, a, kw, what=f"{op} {case.label}")
-                    ok = "ok"
+                    if isinstance(case, _SweepCase):  # (checked as the sweep checks it)
+                        ok = bench_sweep.check_result(op, dtype, a, kw, fn(*a, **kw)) or "ok"
+                    else:
+                        check_case(op, a, kw, what=f"{op} {case.label}")
+                        ok = "ok"
                 except Exception as e:  # noqa: BLE001
                     ok = f"{type(e).__name__}: {str(e)[:200]}"
                 t = _ms(lambda: fn(*a, **kw))

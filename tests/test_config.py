@@ -135,3 +135,20 @@ def test_tune_times_a_group_over_sweep_cases(tmp_path, monkeypatch):
     assert all(r["check"] == "ok" and r["case"].startswith("N=") and r["stock_ms"] > 0 for r in records)
     assert {r["family"] for r in records} == {"defaults", "segment_max"}
     assert all(t.current is t.default for t in config.tunables().values())
+
+
+def test_tune_checks_sweep_cases_as_the_sweep_does(tmp_path, monkeypatch):
+    """Over sweep cases, `tune.py time` checks each result with the sweep's own check (bench_sweep.check_result),
+    not the tests' float64 one, which failed large f32 upsampling cases that the sweep passes."""
+    from gradkern.tools import bench_sweep
+
+    tune = _tune()
+    seen = []
+    real = bench_sweep.check_result
+    monkeypatch.setattr(bench_sweep, "check_result", lambda op, *a: seen.append(op) or real(op, *a))
+    monkeypatch.setattr(tune, "check_case", lambda *a, **k: pytest.fail("the tests' check ran on a sweep case"))
+    monkeypatch.setenv("TUNE_CASES", "sweep:D=3 lengths unit")
+    tune.time_group("segcols", str(tmp_path))
+    assert seen and set(seen) == {"segment_max_forward"}
+    records = json.loads((tmp_path / "tune-segcols.json").read_text())
+    assert all(r["check"] == "ok" for r in records)
