@@ -605,8 +605,9 @@ def test_fp32_positions_bound_what_they_move():
 
 
 def test_plane_kernel_register_cap_on_large_planes_only():
-    """The plane kernel is capped at `plane_maxnreg` registers in 2-D and 3-D problems whose grad_input planes hold
-    at least `plane_maxnreg_min` elements (small planes lost with the cap), never in 1-D or the rows tiling."""
+    """The plane kernel is capped at `plane_maxnreg` registers in bilinear and trilinear problems whose grad_input
+    planes hold at least `plane_maxnreg_min` elements (small planes lost with the cap), never in linear 1-D,
+    bicubic or the rows tiling (untimed there)."""
     def cap(op, in_sizes, out_sizes, fmt=None):
         g = torch.empty((*in_sizes[:2], *out_sizes), device="meta", memory_format=fmt or torch.contiguous_format)
         spec = up._SPECS[op]
@@ -619,6 +620,7 @@ def test_plane_kernel_register_cap_on_large_planes_only():
         assert cap(TRILINEAR, (1, 2, 4, 8, 128), (8, 16, 256)) == 128
         assert cap(TRILINEAR, (1, 2, 8, 8, 8), (16, 16, 16)) is None
         assert cap(LINEAR1D, (2, 4, 4096), (8192,)) is None
+        assert cap(BICUBIC, (2, 4, 32, 32), (64, 64)) is None
         assert cap(BILINEAR, (2, 16, 32, 32), (64, 64), torch.channels_last) is None  # (the rows tiling)
     with config.override(up.CONFIG, plane_maxnreg=0):
         assert cap(BILINEAR, (2, 4, 32, 32), (64, 64)) is None

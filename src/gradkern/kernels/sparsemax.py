@@ -103,7 +103,7 @@ class SparsemaxConfig:
     combine_block: int = 64
     # thresholds an iteration evaluates in rows held whole: the Newton step and G - 1 bisection points. Most rows
     # finish in 2-4 iterations whatever G, and each threshold is a pass over the row with two sums: f32 32768 x
-    # 1024 256 -> 169 us with 2 (4 before), 1.35-2.6x over the sweep's rows; 8 and 16 were slower
+    # 1024 256 -> 169 us with 2 (4 before), 1.3-2.6x over the sweep's rows; 8 and 16 were slower
     fwd_thresholds: int = 2
     # ... in split rows: fewer iterations, fewer launches (the cap's); 2: 1307 -> 1839 us, 8: 1378 (1024 x 16385)
     split_thresholds: int = 4

@@ -94,10 +94,11 @@ class UpsampleConfig(GridLimits):
     #: outputs along W past which the candidate count is a bound (`_candidates`), not counted on the host
     #: (counting costs host time proportional to the outputs, once a plan)
     count_max: int = 2**22
-    #: registers a thread of the plane kernel (ptxas --maxrregcount; 0: none) in 2-D and 3-D problems whose
-    #: grad_input planes hold at least `plane_maxnreg_min` elements: uncapped it holds 139-153 on the 2x cases
-    #: (12-15 warps an SM). H200, sweep cases: bilinear f32 2x 97.5 -> 85.1 us, trilinear U-Net x2 148 -> 128;
-    #: small planes lose (7x7 -> 14x14 136 -> 157, 4^3 volumes 172 -> 236). 1-D problems: not timed, uncapped
+    #: registers a thread of the plane kernel (ptxas --maxrregcount; 0: none) in bilinear and trilinear problems
+    #: whose grad_input planes hold at least `plane_maxnreg_min` elements: uncapped it holds 139-153 on the 2x
+    #: cases (12-15 warps an SM). H200, sweep cases: bilinear f32 2x 97.5 -> 85.1 us, trilinear U-Net x2 148 ->
+    #: 128; small planes lose (7x7 -> 14x14 136 -> 157, 4^3 volumes 172 -> 236). Linear 1-D, bicubic and
+    #: antialias: not timed, uncapped
     plane_maxnreg: int = 128
     plane_maxnreg_min: int = 1024
     #: "planes" or "rows" forces that tiling (tests); None: grad_input's layout chooses (`_tiling`)
@@ -741,7 +742,8 @@ def _plan(spec: _Spec, g_stride: tuple, in_sizes: tuple, out_sizes: tuple, align
                     table)
         consts = {"KW": kw, "BH": bh, "BW": bw, "LEAD": lead, "ACC": acc, "I64": reach > cfg.i32_max}
         kernel = _upsample_backward_kernel
-    capped = not rows and cfg.plane_maxnreg and spec.dims > 1 and h_in * w_in >= cfg.plane_maxnreg_min
+    capped = (not rows and cfg.plane_maxnreg and spec.mode == _LINEAR and spec.dims > 1
+              and h_in * w_in >= cfg.plane_maxnreg_min)
     cap = {"maxnreg": cfg.plane_maxnreg} if capped else {}
     consts = launch_consts(consts, warps, **cap)
     args = (n_tiles, c, d_in, h_in, w_in, *gstr, *istr, *(dim[3] for dim in dims))
