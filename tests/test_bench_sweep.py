@@ -174,11 +174,9 @@ def test_f16_nll_mean_past_65504_elements_is_checked_in_float32():
     x = torch.randn(2, 5, 200, 200, generator=g).half().to(DEVICE)  # 80000 elements
     t = torch.randint(0, 5, (2, 200, 200), generator=g).to(DEVICE)
     args = (x, t, None, 1, -100)
-    case = collections.namedtuple("Case", "op dtype")("nll_loss2d_forward", torch.float16)
-    built = collections.namedtuple("Built", "args kwargs")(args, {})
     ours = gradkern.ops.nll_loss2d_forward(*args)
     assert float(ours[0]) != 0.0 and torch.isinf(ours[1])
-    assert bench_sweep._check(case, built, ours) is None
+    assert bench_sweep.check_result("nll_loss2d_forward", torch.float16, args, {}, ours) is None
 
 
 def test_f16_prelu_weight_gradient_is_checked_in_float32():
@@ -190,11 +188,9 @@ def test_f16_prelu_weight_gradient_is_checked_in_float32():
     g = torch.tensor([1 + 2 ** -10, -(1 + 2 ** -9)] * (n // 2)).half().to(DEVICE)
     x = torch.tensor([-(1 + 2 ** -10), -1.0] * (n // 2)).half().to(DEVICE)
     w = torch.tensor([0.25]).half().to(DEVICE)
-    case = collections.namedtuple("Case", "op dtype")("prelu_backward", torch.float16)
-    built = collections.namedtuple("Built", "args kwargs")((g, x, w), {})
     ours = gradkern.ops.prelu_backward(g, x, w)
     assert float(ours[1]) == -(2 ** -10)
-    assert bench_sweep._check(case, built, ours) is None
+    assert bench_sweep.check_result("prelu_backward", torch.float16, (g, x, w), {}, ours) is None
 
 
 def test_a_reference_that_raises_on_the_device_is_run_on_cpu_copies(monkeypatch):

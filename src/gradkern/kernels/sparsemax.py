@@ -80,9 +80,8 @@ class SparsemaxConfig:
     # the longest row one program of the backward keeps in registers (half of it in fp64), and the chunk of a
     # split row; longer rows are split over programs (the forward: one launch an iteration)
     block_max: int = 16384
-    # the longest row the forward holds whole (half of it in fp64): one launch where a split row takes an
-    # iteration's launches; f32 1024 x 16385 1307 -> 239 us, 64 x 32000 258 -> 41; longer rows lose (50257 split
-    # in two: 705 -> 1263)
+    # the longest row the forward holds whole (half of it in fp64): one launch where a split row takes one an
+    # iteration; f32 1024 x 16385 1307 -> 239 us (docs/tuning/sparsemax.md)
     fwd_row_max: int = 32768
     # short contiguous rows a program takes together, up to this many elements: the forward 1.3x faster (f32) with
     # 2048 than with 4096
@@ -94,7 +93,7 @@ class SparsemaxConfig:
     fwd_warp_elems: int = 256
     bwd_warp_elems: int = 256
     # ... but the forward's contiguous rows of up to fwd_short_row entries take a warp per fwd_short_warp_elems:
-    # f32 4194304 x 3 251 -> 172 us, 21 classes channels_last 542 -> 425 (rows of 40 level, longer rows slower)
+    # f32 4194304 x 3 248 -> 172 us, 21 classes channels_last 540 -> 424
     fwd_short_row: int = 32
     fwd_short_warp_elems: int = 128
     # rows a program takes when the reduced dim is strided, so that loads of adjacent rows coalesce (no sweep)
@@ -103,9 +102,10 @@ class SparsemaxConfig:
     combine_block: int = 64
     # thresholds an iteration evaluates in rows held whole: the Newton step and G - 1 bisection points. Most rows
     # finish in 2-4 iterations whatever G, and each threshold is a pass over the row with two sums: f32 32768 x
-    # 1024 256 -> 169 us with 2 (4 before), 1.3-2.6x over the sweep's rows; 8 and 16 were slower
+    # 1024 256 -> 169 us with 2 (4 before)
     fwd_thresholds: int = 2
-    # ... in split rows: fewer iterations, fewer launches (the cap's); 2: 1307 -> 1839 us, 8: 1378 (1024 x 16385)
+    # ... in split rows, where more thresholds mean fewer iterations and so fewer launches (the cap's), but more
+    # work in each live one (docs/tuning/sparsemax.md)
     split_thresholds: int = 4
     # the backward's vector kernel waits for y before it reads g, so it needs every warp the SM holds: a cap of 32
     # registers (0: none) where a thread holds at most vec_cap_elems elements (of 4 bytes or less) of each tile;
@@ -560,7 +560,8 @@ def _plan(op: str, shape: tuple[int, ...], strides: tuple[tuple[int, ...], ...],
     block_max = max(cfg.block_max // half, 1)
     whole = max((cfg.fwd_row_max if forward else cfg.block_max) // half, 1)
     bn = next_pow2(n)
-    if s_dim[0] == 1 or n == 1:  # rows are contiguous: short ones grouped, long ones split
+    contiguous = s_dim[0] == 1 or n == 1
+    if contiguous:  # short rows grouped, long ones split
         R = max(1, min((cfg.fwd_row_tile if forward else cfg.bwd_row_tile) // bn, next_pow2(inner)))
         B = bn if bn <= whole else block_max
     else:  # rows are strided: take adjacent rows together so that loads coalesce
@@ -570,7 +571,7 @@ def _plan(op: str, shape: tuple[int, ...], strides: tuple[tuple[int, ...], ...],
     if not forward:
         warp_elems = cfg.bwd_warp_elems
     else:
-        short = bn <= cfg.fwd_short_row and (s_dim[0] == 1 or n == 1)
+        short = contiguous and bn <= cfg.fwd_short_row
         warp_elems = cfg.fwd_short_warp_elems if short else cfg.fwd_warp_elems
     warps = max(1, min(16, R * B // warp_elems))
     extent = max(sum((s - 1) * abs(st) for s, st in zip(shape, t, strict=False)) for t in strides)

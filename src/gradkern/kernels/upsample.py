@@ -96,9 +96,8 @@ class UpsampleConfig(GridLimits):
     count_max: int = 2**22
     #: registers a thread of the plane kernel (ptxas --maxrregcount; 0: none) in bilinear and trilinear problems
     #: whose grad_input planes hold at least `plane_maxnreg_min` elements: uncapped it holds 139-153 on the 2x
-    #: cases (12-15 warps an SM). H200, sweep cases: bilinear f32 2x 97.5 -> 85.1 us, trilinear U-Net x2 148 ->
-    #: 128; small planes lose (7x7 -> 14x14 136 -> 157, 4^3 volumes 172 -> 236). Linear 1-D, bicubic and
-    #: antialias: not timed, uncapped
+    #: cases (12-15 warps an SM). H200: bilinear f32 2x 97.5 -> 85.1 us; small planes lose with the cap, hence
+    #: the bound (docs/tuning/upsample.md). Linear 1-D, bicubic and antialias: not timed, uncapped
     plane_maxnreg: int = 128
     plane_maxnreg_min: int = 1024
     #: "planes" or "rows" forces that tiling (tests); None: grad_input's layout chooses (`_tiling`)

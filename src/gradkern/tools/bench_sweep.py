@@ -1428,15 +1428,9 @@ def _reference(ref_fn: Callable, args: tuple, kwargs: dict):
         return run_reference(ref_fn, args, kwargs, dtype=None)
 
 
-def _check(case: SweepCase, built: Built, ours) -> str | None:
-    return check_result(case.op, case.dtype, built.args, built.kwargs, ours)
-
-
 def check_result(op: str, dtype: torch.dtype, args: tuple, kwargs: dict, ours) -> str | None:
     """The sweep's check of `ours`, op's result on a case's `args` and `kwargs`: None where it matches stock's
-    (`compare`), else what differs. Also `scripts/tune.py`'s over sweep cases: the tests' float64 check
-    (`testing.check_case`), which it used before, failed 11 large f32 upsampling cases there that this check
-    passes, the shipped configs included (H200, twenty-fourth session)."""
+    (`compare`), else what differs. `scripts/tune.py` checks sweep cases with it too."""
     info = REGISTRY[op]
     if op in _CHECK_IN_F32 and dtype in (torch.float16, torch.bfloat16):
         up = lambda t: t.float() if isinstance(t, torch.Tensor) and t.is_floating_point() else t
@@ -1545,7 +1539,7 @@ def measure_case(case: SweepCase, device, gpu: bool, ceiling: float, compile_ok:
                 rec["status"] = f"error: gradkern raised {_err(e)}"
             else:
                 try:
-                    fail = _check(case, built, ours)
+                    fail = check_result(case.op, case.dtype, built.args, built.kwargs, ours)
                     if fail:
                         rec["status"] = f"FAIL: {fail}"
                 except Exception as e:  # noqa: BLE001
