@@ -166,6 +166,11 @@ GROUPS = {  # name: (ops, dtypes, configs); each config overrides only what it n
     "upsample_regs": (["upsample_bilinear2d_backward", "upsample_trilinear3d_backward", "upsample_linear1d_backward"],
                       [F32, BF16], [DEFAULTS, (upsample.CONFIG, {"plane_maxnreg": 0})]
                       + [(upsample.CONFIG, {"plane_maxnreg": r, "plane_maxnreg_min": 0}) for r in (128, 96)]),
+    # upsampling's loop without mixed flags for tiles that have none (shipped), and every tile on the flagged loop;
+    # with TUNE_CASES="sweep:" (or labels)
+    "upsample_terms": (["upsample_bilinear2d_backward", "upsample_trilinear3d_backward", "upsample_bicubic2d_backward",
+                        "_upsample_bilinear2d_aa_backward", "upsample_linear1d_backward"], [F32, BF16],
+                       [DEFAULTS, (upsample.CONFIG, {"unmixed_loop": False})]),
     # max pooling's gather tiles: the slot budget as shipped, the old tiles (4 elements a thread whatever the
     # slots), then fixed tiles of 128 on 4 warps, 256 on 8 and 256 on 4; with TUNE_CASES="sweep:" (every case)
     "maxpool": (["max_pool3d_with_indices_backward", "adaptive_max_pool3d_backward"], [F32, BF16],

@@ -309,6 +309,50 @@ def test_infinities_give_stocks_nans(op):
         check_case(op, args, what=f"{op} align={align}")
 
 
+
+def _mixed_inputs(op, n_in, n_out, align=False) -> list[list[int]]:
+    """Per resized dim (D, H, W as the op has them), the inputs whose table marks some term mixed."""
+    d = _dims(op)
+    in_sizes, out_sizes = (1, 1, *(n_in,) * d), (n_out,) * d
+    g = torch.empty((1, 1, *out_sizes), device="meta")
+    plan = up._plan(up._SPECS[op], g.stride(), in_sizes, out_sizes, align, (None,) * d, None, torch.float32)
+    device = torch.device(DEVICE)
+    idx = up._tables(plan, torch.empty(1, device=device), -1 if device.type == "cpu" else device.index or 0)[0]
+    found, at = [], 0
+    for n, *_ in plan.dims:
+        counts = idx[at + n:at + 2 * n].cpu()
+        found.append([i for i in range(n) if int(counts[i]) >= int(up._MIXED)])
+        at += 3 * n
+    return found[-d:]
+
+
+def test_terms_are_mixed_only_where_their_weight_is_not_zero():
+    """A term gets its g * 0 added apart (and its tile the loop with the mixed flags) only where the taps landing on
+    an input include a zero weight or both signs and their sum is not 0: a sum of 0 gives stock's NaN by itself
+    (0 * inf). Linear: input 1's reader of weight 0 (output 0 clamped onto input 0) sums to 0, so no input of a
+    dim resized without align_corners is mixed; cubic: the clamped border taps of both signs are."""
+    assert _mixed_inputs(TRILINEAR, 40, 52) == [[], [], []]
+    assert _mixed_inputs(BILINEAR, 7, 9) == [[], []]
+    # (align_corners' corner: the last output's taps are both the last input, weights 1 and 0)
+    assert _mixed_inputs(BILINEAR, 7, 9, align=True) == [[6], [6]]
+    assert all(dim for dim in _mixed_inputs(BICUBIC, 8, 16))
+
+
+@pytest.mark.parametrize("op", [BILINEAR, TRILINEAR, BICUBIC])
+def test_infinities_in_tiles_with_and_without_mixed_terms(op):
+    """Tiles of one problem take the loop with the mixed flags or the one without (`_some`): infinities and NaNs
+    spread over both kinds give stock's values (small tiles, so that a plane has several)."""
+    d = _dims(op)
+    args = _args(op, (1, 2, *(5, 11, 13)[-d:]), (7, 16, 20)[-d:])
+    g = args[0].view(-1)
+    g[torch.arange(0, g.numel(), 37, device=g.device)] = math.inf
+    g[torch.arange(5, g.numel(), 53, device=g.device)] = -math.inf
+    g[torch.arange(11, g.numel(), 97, device=g.device)] = math.nan
+    for unmixed_loop in (True, False):
+        with config.override(up.CONFIG, block=32, max_bw=8, unmixed_loop=unmixed_loop):
+            check_case(op, args, what=f"{op} unmixed_loop={unmixed_loop}")
+
+
 # ----------------------------------------------------------------------------------------------- tilings
 @pytest.mark.parametrize("op", [BILINEAR, TRILINEAR, BICUBIC, AA])
 def test_tilings_chunks_and_index_widths(op, monkeypatch):

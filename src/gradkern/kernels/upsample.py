@@ -35,7 +35,9 @@ kernel does the same per dim, its antialias kernel does not); so does this kerne
 
 Stock adds w * g tap by tap, so an infinite g gives NaN on an input where a tap of weight zero, or taps of both signs
 (cubic's clamped border taps), land; a term here is formed once per output and dimension, and marked to add 0 * g
-(NaN for an infinite g, nothing otherwise) where that happens: the same NaNs.
+(NaN for an infinite g, nothing otherwise) where that happens and the taps' sum is not 0 (a sum of 0 gives the NaN
+by itself): the same NaNs. Few tiles hold a marked term (bicubic's borders, align_corners' last input); the others
+take a loop that neither loads the marks nor adds the g * 0.
 
 A program owns a [BW, BH] tile of one (n, c, d) plane of grad_input (past 2^30 tiles, several in turn; for 1d, whose
 H is 1, the channels are the plane's rows); the output ranges along H and W are per-row and per-column vectors, the D
@@ -100,6 +102,10 @@ class UpsampleConfig(GridLimits):
     #: the bound (docs/tuning/upsample.md). Linear 1-D, bicubic and antialias: not timed, uncapped
     plane_maxnreg: int = 128
     plane_maxnreg_min: int = 1024
+    #: tiles with no mixed term take a loop that neither loads the mixed flags nor adds g * 0 (False: every tile
+    #: takes the flagged loop). H200 f32 geomean over 12 sweep cases: bilinear 1.82x -> 2.13x stock, trilinear
+    #: 1.92x -> 2.28x (docs/tuning/upsample.md, "Tiles without mixed terms")
+    unmixed_loop: bool = True
     #: "planes" or "rows" forces that tiling (tests); None: grad_input's layout chooses (`_tiling`)
     tiling: str | None = None
 
@@ -245,8 +251,8 @@ def _tap(w, lo, hi, idx, i, c):
 @triton.jit
 def _weight(o, i, n_in, scale, MODE: tl.constexpr, ALIGN: tl.constexpr):
     """(w, hit, mixed): output o's weight on input i along a dim (its taps on i summed), whether a tap lands on i,
-    and whether the taps landing there include a zero weight or weights of both signs (stock adds w * g tap by
-    tap: an infinite g gives NaN there, where w * g of the sum does not)."""
+    and whether the taps landing there include a zero weight or weights of both signs while w is not 0 (stock adds
+    w * g tap by tap: an infinite g gives NaN there, where w * g of the sum does not)."""
     o = _as_index(o)
     i = _as_index(i)
     if MODE == _COPY:
@@ -284,7 +290,8 @@ def _weight(o, i, n_in, scale, MODE: tl.constexpr, ALIGN: tl.constexpr):
             # ((1 - t) + 1 as ATen's get_cubic_upsample_coefficients rounds it, not 2 - t: the same fp32 weight)
             w, lo, hi = _tap(w, lo, hi, tl.minimum(tl.maximum(f + 2, 0), top), i, _cubic_far((1.0 - t) + 1.0))
         hit = lo <= hi
-        mixed = (lo <= 0.0) & (hi >= 0.0)
+        # (a sum of 0 is not mixed: 0 * g gives stock's NaN for an infinite g already)
+        mixed = (lo <= 0.0) & (hi >= 0.0) & (w != 0.0)
     return w, hit, mixed
 
 
@@ -370,6 +377,38 @@ def _table_parts(idx, wt, mx, D, H, TD, TH):
     return ih, ih + 3 * H, wh, wh + H * TH, xh, xh + H * TH
 
 
+@triton.jit
+def _some(od_x, oh_x, ow_x):
+    """Whether some term of the tile is mixed (its D plane's, a row's or a column's flag)."""
+    return od_x | (tl.max(oh_x.to(tl.int32)) + tl.max(ow_x.to(tl.int32)) > 0)
+
+
+@triton.jit
+def _terms(acc, src, ww, xw, mw, cols, wt, mx, d, TD, od_lo, od_n, od_x, wH, xH, TH, h, oh_lo, oh_n, oh_x, kh, rm,
+           gsD, gsH, ACC: tl.constexpr, MIXED: tl.constexpr):
+    """acc plus the terms of a tile's chunk of W candidates (weights ww, mixed flags xw, mask mw, offsets cols,
+    [., ., KW]) over its outputs along D (a scalar range) and H (ranges a row of the tile, [1, BH] or [1, 1]):
+    w_d * w_h * sum_k(w_w * g), outputs ascending. MIXED: some term of the tile is mixed (border tiles of some
+    problems), and its g * 0 is added besides; without, those flags are not loaded and the select not made (a
+    third of the loop's instructions on 2x bilinear)."""
+    for i in range(0, od_n):
+        wd = tl.load(wt + d * TD + i)
+        plane = src + (od_lo + i) * gsD
+        if MIXED:
+            xd = tl.load(mx + d * TD + i, mask=od_x, other=0) != 0
+        for j in range(0, kh):
+            mh = rm & (j < oh_n)
+            wh = tl.load(wH + h * TH + j, mask=mh, other=0.0)
+            g = tl.load((plane + (oh_lo + j) * gsH)[:, :, None] + cols, mask=mh[:, :, None] & mw,
+                        other=0.0).to(ACC)
+            term = ww * g
+            if MIXED:
+                xh = tl.load(xH + h * TH + j, mask=mh & oh_x, other=0) != 0
+                term = tl.where(_or(xd, xh)[:, :, None] | xw, term + g * 0.0, term)
+            acc += (wd * wh) * tl.sum(term, axis=2)
+    return acc
+
+
 # Layouts (Triton 3.6 measured): the gather's addresses show no contiguity, and where no axis of a block has more
 # than another, Triton orders the block's axes first-fastest across threads. So the axis along which memory is
 # contiguous comes first (W of a plane tile, C of a row tile) and the candidate axis last: each thread then holds
@@ -381,7 +420,7 @@ def _table_parts(idx, wt, mx, D, H, TD, TH):
 def _upsample_backward_kernel(gi, go, idx, wt, mx, n_tiles, C, D, H, W, gsN, gsC, gsD, gsH, gsW,
                               isN, isC, isD, isH, isW, TD, TH, TW,
                               KW: tl.constexpr, BH: tl.constexpr, BW: tl.constexpr, LEAD: tl.constexpr,
-                              ACC: tl.constexpr, I64: tl.constexpr):
+                              ACC: tl.constexpr, I64: tl.constexpr, UNMIXED: tl.constexpr):
     iH, iW, wH, wW, xH, xW = _table_parts(idx, wt, mx, D, H, TD, TH)
     n_wb = tl.cdiv(W, BW)
     n_hb = tl.cdiv(H, BH)
@@ -408,27 +447,20 @@ def _upsample_backward_kernel(gi, go, idx, wt, mx, n_tiles, C, D, H, W, gsN, gsC
         kw = tl.max(ow_n)
         src = go + n * gsN + c * gsC
         acc = tl.zeros([BW, BH], dtype=ACC)
+        mixed = _some(od_x, oh_x, ow_x) | (UNMIXED == 0)
         for k0 in range(0, kw, KW):  # KW candidate columns at once, their weights loaded once a tile
             k = k0 + tl.arange(0, KW)[None, None, :]  # [1, 1, KW]
             mw = (k < ow_n[:, :, None]) & cm[:, :, None]
             at = w[:, :, None] * TW + k
             ww = tl.load(wW + at, mask=mw, other=0.0)
-            xw = tl.load(xW + at, mask=mw & ow_x[:, :, None], other=0) != 0
             cols = (ow_lo[:, :, None] + k) * gsW
-            for i in range(0, od_n):
-                wd = tl.load(wt + d * TD + i)
-                xd = tl.load(mx + d * TD + i, mask=od_x, other=0) != 0
-                plane = src + (od_lo + i) * gsD
-                for j in range(0, kh):
-                    mh = rm & (j < oh_n)
-                    wh = tl.load(wH + h * TH + j, mask=mh, other=0.0)
-                    xh = tl.load(xH + h * TH + j, mask=mh & oh_x, other=0) != 0
-                    wdh = (wd * wh)[:, :, None]
-                    xdh = _or(xd, xh)[:, :, None]
-                    row = (plane + (oh_lo + j) * gsH)[:, :, None]
-                    g = tl.load(row + cols, mask=mh[:, :, None] & mw, other=0.0).to(ACC)
-                    term = wdh * ww * g
-                    acc += tl.sum(tl.where(xdh | xw, term + g * 0.0, term), axis=2)
+            if mixed:
+                xw = tl.load(xW + at, mask=mw & ow_x[:, :, None], other=0) != 0
+                acc = _terms(acc, src, ww, xw, mw, cols, wt, mx, d, TD, od_lo, od_n, od_x, wH, xH, TH, h, oh_lo,
+                             oh_n, oh_x, kh, rm, gsD, gsH, ACC, True)
+            else:
+                acc = _terms(acc, src, ww, mw, mw, cols, wt, mx, d, TD, od_lo, od_n, od_x, wH, xH, TH, h, oh_lo,
+                             oh_n, oh_x, kh, rm, gsD, gsH, ACC, False)
         if LEAD:  # each column's leading readers of weight 0, left out of its range: g * 0 each, for every (od, oh)
             ow_e = _lead(iW, W, w)
             cols = (ow_lo - ow_e) * gsW
@@ -448,7 +480,7 @@ def _upsample_backward_kernel(gi, go, idx, wt, mx, n_tiles, C, D, H, W, gsN, gsC
 def _upsample_backward_rows_kernel(gi, go, idx, wt, mx, n_tiles, C, D, H, W, gsN, gsC, gsD, gsH, gsW,
                                    isN, isC, isD, isH, isW, TD, TH, TW,
                                    KW: tl.constexpr, BW: tl.constexpr, BC: tl.constexpr, LEAD: tl.constexpr,
-                                   ACC: tl.constexpr, I64: tl.constexpr):
+                                   ACC: tl.constexpr, I64: tl.constexpr, UNMIXED: tl.constexpr):
     iH, iW, wH, wW, xH, xW = _table_parts(idx, wt, mx, D, H, TD, TH)
     n_cb = tl.cdiv(C, BC)
     n_wb = tl.cdiv(W, BW)
@@ -473,23 +505,23 @@ def _upsample_backward_rows_kernel(gi, go, idx, wt, mx, n_tiles, C, D, H, W, gsN
         kw = tl.max(ow_n)
         src = go + n * gsN
         acc = tl.zeros([BC, BW], dtype=ACC)
+        # (H's range as [1, 1] blocks: the plane kernel's per-row vectors, broadcast over the tile)
+        one = tl.zeros([1, 1], dtype=tl.int32)
+        h1, oh_lo1, oh_n1, oh_x1 = h + one, oh_lo + one, oh_n + one, _or(oh_x, one != 0)
+        mixed = _some(od_x, oh_x1, ow_x) | (UNMIXED == 0)
         for k0 in range(0, kw, KW):  # (the plane kernel's loops and terms)
             k = k0 + tl.arange(0, KW)[None, None, :]
             mw = (k < ow_n[:, :, None]) & m[:, :, None]
             at = w[:, :, None] * TW + k
             ww = tl.load(wW + at, mask=mw, other=0.0)
-            xw = tl.load(xW + at, mask=mw & ow_x[:, :, None], other=0) != 0
             cols = (ow_lo[:, :, None] + k) * gsW + c[:, :, None] * gsC
-            for i in range(0, od_n):
-                wd = tl.load(wt + d * TD + i)
-                xd = tl.load(mx + d * TD + i, mask=od_x, other=0) != 0
-                for j in range(0, oh_n):
-                    wh = tl.load(wH + h * TH + j)
-                    xh = tl.load(xH + h * TH + j, mask=oh_x, other=0) != 0
-                    wdh = wd * wh
-                    g = tl.load(src + (od_lo + i) * gsD + (oh_lo + j) * gsH + cols, mask=mw, other=0.0).to(ACC)
-                    term = wdh * ww * g
-                    acc += tl.sum(tl.where(_or(xd | xh, xw), term + g * 0.0, term), axis=2)
+            if mixed:
+                xw = tl.load(xW + at, mask=mw & ow_x[:, :, None], other=0) != 0
+                acc = _terms(acc, src, ww, xw, mw, cols, wt, mx, d, TD, od_lo, od_n, od_x, wH, xH, TH, h1, oh_lo1,
+                             oh_n1, oh_x1, oh_n, one == 0, gsD, gsH, ACC, True)
+            else:
+                acc = _terms(acc, src, ww, mw, mw, cols, wt, mx, d, TD, od_lo, od_n, od_x, wH, xH, TH, h1, oh_lo1,
+                             oh_n1, oh_x1, oh_n, one == 0, gsD, gsH, ACC, False)
         if LEAD:  # (the plane kernel's terms of weight 0)
             ow_e = _lead(iW, W, w)
             cols = (ow_lo - ow_e) * gsW + c * gsC
@@ -731,7 +763,8 @@ def _plan(spec: _Spec, g_stride: tuple, in_sizes: tuple, out_sizes: tuple, align
         # int64 always)
         reach = max(w_out * gstr[4] + (c + bc) * gstr[1], w_in * istr[4] + (c + bc) * istr[1], w_out + w_in,
                     table)
-        consts = {"KW": kw, "BW": bw, "BC": bc, "LEAD": lead, "ACC": acc, "I64": reach > cfg.i32_max}
+        consts = {"KW": kw, "BW": bw, "BC": bc, "LEAD": lead, "ACC": acc, "I64": reach > cfg.i32_max,
+                  "UNMIXED": cfg.unmixed_loop}
         kernel = _upsample_backward_rows_kernel
     else:
         bw, bh, warps = _plane_tile(kw, w_in, h_in, tile, cfg)
@@ -739,7 +772,8 @@ def _plan(spec: _Spec, g_stride: tuple, in_sizes: tuple, out_sizes: tuple, align
         # 32-bit in-plane index math unless an in-plane offset can pass 2^31 (plane offsets are int64 always)
         reach = max(h_out * gstr[3] + w_out * gstr[4], h_in * istr[3] + w_in * istr[4], h_out + h_in, w_out + w_in,
                     table)
-        consts = {"KW": kw, "BH": bh, "BW": bw, "LEAD": lead, "ACC": acc, "I64": reach > cfg.i32_max}
+        consts = {"KW": kw, "BH": bh, "BW": bw, "LEAD": lead, "ACC": acc, "I64": reach > cfg.i32_max,
+                  "UNMIXED": cfg.unmixed_loop}
         kernel = _upsample_backward_kernel
     capped = (not rows and cfg.plane_maxnreg and spec.mode == _LINEAR and spec.dims > 1
               and h_in * w_in >= cfg.plane_maxnreg_min)
