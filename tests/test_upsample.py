@@ -55,6 +55,15 @@ def _args(op, in_sizes, out_sizes, align=False, scales=None, dtype=torch.float32
     return (g, list(out_sizes), list(in_sizes), align, *(scales or (None,) * _dims(op)))
 
 
+def _plan(op, in_sizes, out_sizes, fmt=None, align=False):
+    """The op's f32 plan for a grad_output of `out_sizes` in layout `fmt` (grad_input in ATen's layout)."""
+    g = torch.empty((*in_sizes[:2], *out_sizes), device="meta", memory_format=fmt or torch.contiguous_format)
+    spec = up._SPECS[op]
+    keep = channels_last_format(g) if spec.keeps_layout else None
+    return up._plan(spec, g.stride(), tuple(in_sizes), tuple(out_sizes), align, (None,) * len(out_sizes), keep,
+                    torch.float32)
+
+
 # ----------------------------------------------------------------------------------------------- ranges
 @triton.jit
 def _ranges_kernel(n_in_ptr, n_out_ptr, scale_ptr, i_ptr, lo_ptr, hi_ptr, hit_ptr, n, MAXO: tl.constexpr,
@@ -309,15 +318,12 @@ def test_infinities_give_stocks_nans(op):
         check_case(op, args, what=f"{op} align={align}")
 
 
-
 def _mixed_inputs(op, n_in, n_out, align=False) -> list[list[int]]:
     """Per resized dim (D, H, W as the op has them), the inputs whose table marks some term mixed."""
     d = _dims(op)
-    in_sizes, out_sizes = (1, 1, *(n_in,) * d), (n_out,) * d
-    g = torch.empty((1, 1, *out_sizes), device="meta")
-    plan = up._plan(up._SPECS[op], g.stride(), in_sizes, out_sizes, align, (None,) * d, None, torch.float32)
-    device = torch.device(DEVICE)
-    idx = up._tables(plan, torch.empty(1, device=device), -1 if device.type == "cpu" else device.index or 0)[0]
+    plan = _plan(op, (1, 1, *(n_in,) * d), (n_out,) * d, align=align)
+    like = torch.empty(1, device=DEVICE)
+    idx = up._tables(plan, like, like.get_device())[0]
     found, at = [], 0
     for n, *_ in plan.dims:
         counts = idx[at + n:at + 2 * n].cpu()
@@ -448,11 +454,7 @@ def test_kernels_compile_with_sizes_of_one(tmp_path):
             (BILINEAR, (2, 8, 1, 1), (16, 16), cl), (BICUBIC, (1, 1, 1, 1), (5, 1), None),
             (AA, (1, 3, 1, 1), (4, 4), cl), (AA, (1, 1, 9, 1), (1, 5), None),
             (TRILINEAR, (1, 1, 1, 1, 1), (1, 1, 5), None), (TRILINEAR, (1, 4, 1, 2, 1), (3, 1, 2), cl3)):
-        g = torch.empty((*in_sizes[:2], *out_sizes), device="meta", memory_format=fmt or torch.contiguous_format)
-        spec = up._SPECS[op]
-        keep = channels_last_format(g) if spec.keeps_layout else None
-        plan = up._plan(spec, g.stride(), in_sizes, out_sizes, False, (None,) * len(out_sizes), keep,
-                        torch.float32)
+        plan = _plan(op, in_sizes, out_sizes, fmt)
         consts = {k: (f"~{v.name}" if isinstance(v, tl.dtype) else v) for k, v in plan.consts.items()
                   if k not in ("__values__", "num_warps")}
         label = f"{op} {in_sizes} <- {out_sizes} {fmt}"
@@ -653,11 +655,7 @@ def test_plane_kernel_register_cap_on_large_planes_only():
     planes hold at least `plane_maxnreg_min` elements (small planes lost with the cap), never in linear 1-D,
     bicubic or the rows tiling (untimed there)."""
     def cap(op, in_sizes, out_sizes, fmt=None):
-        g = torch.empty((*in_sizes[:2], *out_sizes), device="meta", memory_format=fmt or torch.contiguous_format)
-        spec = up._SPECS[op]
-        keep = channels_last_format(g) if spec.keeps_layout else None
-        plan = up._plan(spec, g.stride(), in_sizes, out_sizes, False, (None,) * len(out_sizes), keep, torch.float32)
-        return plan.consts.get("maxnreg")
+        return _plan(op, in_sizes, out_sizes, fmt).consts.get("maxnreg")
     with config.override(up.CONFIG, plane_maxnreg=128, plane_maxnreg_min=1024):
         assert cap(BILINEAR, (2, 4, 32, 32), (64, 64)) == 128
         assert cap(BILINEAR, (2, 4, 31, 32), (62, 64)) is None
