@@ -133,6 +133,11 @@ GROUPS = {  # name: (ops, dtypes, configs); each config overrides only what it n
                  [DEFAULTS, (segment_max.CONFIG, {"split_min_elems": 1 << 62})]
                  + [(segment_max.CONFIG, {"split_chunk": n}) for n in (8192, 32768)]
                  + [(segment_max.CONFIG, {"split_combine": 4096})]),
+    # the split passes' chunks a program (twenty-sixth session): as shipped (up to 16, 2048 programs kept), a program
+    # a chunk (before), up to 16 with 512 programs kept; with TUNE_CASES="sweep:" (every case)
+    "segblock": (["segment_max_forward", "_segment_reduce_backward"], [F32, BF16],
+                 [DEFAULTS, (segment_max.CONFIG, {"split_block": 1}),
+                  (segment_max.CONFIG, {"split_min_programs": 512})]),
     # short tiles and more rows in flight (twenty-first session): as shipped, the tile kernels' tiles of `tile`
     # elements at every mean with the segment_reduce backward's columns not widened, the forward's lanes_few at 4 rows
     # a step, tiles of 256; with TUNE_CASES="sweep:" (every case)

@@ -108,8 +108,9 @@ _NEG_NAN = {torch.float16: 0xFE01 - (1 << 16), torch.bfloat16: 0xFFC1 - (1 << 16
 _INTS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
-# the forward's split for long segments at test sizes: chunks of 4 columns x 16 rows, 4 rows a step
-_SPLIT = {"split_min_elems": 0, "split_chunk": 64, "rows_bd_max": 4, "rows_tile": 16}
+# the split for long segments at test sizes: chunks of 4 columns x 16 rows, 4 rows a step, 4 chunks a program
+_SPLIT = {"split_min_elems": 0, "split_chunk": 64, "rows_bd_max": 4, "rows_tile": 16, "split_block": 4,
+          "split_min_programs": 0}
 
 
 @pytest.mark.parametrize("split", [False, True], ids=["walked", "split"])
@@ -718,6 +719,7 @@ def test_forward_kernels_give_the_same_bits(dtype):
     offs = _offsets(lengths)
     data = _data((2, n, 3), dtype, ties=True)
     data[0, 4, 1] = float("nan")
+    data.view(_INTS[data.element_size()])[0, 12, 2] = _NEG_NAN[dtype]  # a payload the kernels keep bit for bit
     data[1, 0, :] = -0.0
     data[1, 1, :] = 0.0
     strided = _data((2, n, 6), dtype, seed=3, ties=True)[..., ::2]
@@ -742,6 +744,9 @@ def test_forward_kernels_give_the_same_bits(dtype):
                     assert launch.kernel == "_segment_max_fwd_lanes_kernel", (x.shape, knobs)
                 outs.append(ops.segment_max_forward(x, offs, 1))
         ev, ei = _expected(x, offs, 1)
+        if x is data:
+            assert ei[0, 5, 2] == 12  # the NaN with a payload is its segment's max
+            ev.view(_INTS[x.element_size()])[0, 5, 2] = _NEG_NAN[dtype]
         for vals, idxs in outs:
             assert_bitwise_equal(vals, ev.to(DEVICE), "values")
             assert_bitwise_equal(idxs, ei.to(DEVICE), "indices")

@@ -224,37 +224,57 @@ def _chunk_entry(row0, c, start, CH: tl.constexpr):
 
 
 @triton.jit
-def _chunk_slots(w, at, outer, n_chunk, c, offs, soff_o, S, N, CH: tl.constexpr, ENDS: tl.constexpr):
-    """The segments chunk c's map entries name (the split's map at `at` entries into w), checked against the
-    offsets: (slot ids 0 and 1, the segments, their row ranges [a, b), whether each slot holds a segment longer
-    than CH rows as the slot says: slot 0 holding the chunk's first row, slot 1 starting inside it)."""
+def _chunk_block(n_chunk, BLOCK_C: tl.constexpr, PDL: tl.constexpr):
+    """A split pass program's BLOCK_C chunks (a vector of chunk indices), which of them exist, its outer index."""
+    _d, cb, outer = _ids(1, tl.cdiv(n_chunk, BLOCK_C), PDL)
+    c = cb * BLOCK_C + tl.arange(0, BLOCK_C)
+    return c, c < n_chunk, outer
+
+
+@triton.jit
+def _chunk_slot(w, at, outer, n_chunk, c, cmask, k: tl.constexpr, offs, soff_o, S, N, CH: tl.constexpr,
+                ENDS: tl.constexpr):
+    """Slot k of chunks c's map entries (the split's map at `at` entries into w), checked against the offsets:
+    (the segments, their row ranges [a, b), whether each slot holds a segment longer than CH rows as the slot says:
+    slot 0 holding the chunk's first row, slot 1 starting inside it)."""
     r0 = c * CH
-    two = tl.arange(0, 2)
-    seg = tl.minimum(tl.maximum(tl.load(_chunk_map(w, at, outer, n_chunk) + 2 * c + two), 0), S - 1)
+    entry = _chunk_map(w, at, outer, n_chunk) + 2 * c + k
+    seg = tl.minimum(tl.maximum(tl.load(entry, mask=cmask, other=0), 0), S - 1)
     a, b = _segment(offs, soff_o, outer, seg, N, ENDS)
-    take = (b - a > CH) & tl.where(two == 0, (a <= r0) & (b > r0), (a > r0) & (a < tl.minimum(r0 + CH, N)))
-    return two, seg, a, b, take
+    if k == 0:
+        there = (a <= r0) & (b > r0)
+    else:
+        there = (a > r0) & (a < tl.minimum(r0 + CH, N))
+    return seg, a, b, cmask & (b - a > CH) & there
 
 
 @triton.jit
-def _slot(two, k, take, seg, a, b, c, N, CH: tl.constexpr):
-    """Slot k of chunk c's _chunk_slots results, as scalars: (whether it is taken, the segment, its rows within the
-    chunk [lo, hi), its start)."""
-    here = take & (two == k)
-    r0 = c * CH
-    r1 = tl.minimum(r0 + CH, N)
-    return (tl.max(here.to(tl.int32), axis=0) > 0, tl.max(tl.where(here, seg, 0), axis=0),
-            tl.max(tl.where(here, tl.maximum(a, r0), 0), axis=0),
-            tl.max(tl.where(here, tl.minimum(b, r1), 0), axis=0), tl.max(tl.where(here, a, 0), axis=0))
+def _ending_segments(w, at, outer, n_chunk, c, cmask, offs, soff_o, S, N, CH: tl.constexpr, ENDS: tl.constexpr):
+    """The segments chunks c's map slot 0 names, checked against the offsets: (segments, starts, ends, whether
+    each is longer than CH rows and ends in its chunk: at most one can a chunk, and it holds the chunk's first
+    row)."""
+    seg, start, end, take = _chunk_slot(w, at, outer, n_chunk, c, cmask, 0, offs, soff_o, S, N, CH, ENDS)
+    return seg, start, end, take & ((end - 1) // CH == c)
 
 
 @triton.jit
-def _ending_segment(w, at, outer, n_chunk, c, offs, soff_o, S, N, CH: tl.constexpr, ENDS: tl.constexpr):
-    """The segment chunk c's map slot 0 names, checked against the offsets: (segment, start, end, whether it is
-    longer than CH rows and ends in chunk c: at most one can, and it holds the chunk's first row)."""
-    seg = tl.minimum(tl.maximum(tl.load(_chunk_map(w, at, outer, n_chunk) + 2 * c), 0), S - 1)
-    start, end = _segment(offs, soff_o, outer, seg, N, ENDS)
-    return seg, start, end, (end - start > CH) & (start <= c * CH) & ((end - 1) // CH == c)
+def _ranks(take):
+    """Each taken entry's rank among the taken ones (in order), and how many are taken: a split pass's loop over
+    its chunks' taken slots."""
+    t = take.to(tl.int32)
+    return tl.cumsum(t, axis=0) - 1, tl.sum(t, axis=0)
+
+
+@triton.jit
+def _nth(pick, c, seg, a, b, N, CH: tl.constexpr):
+    """The entry `pick` marks (one) of a slot's vectors, as scalars: (its chunk, segment, the segment's rows [a, b),
+    and its rows within the chunk [lo, hi))."""
+    cj = tl.max(tl.where(pick, c, -1), axis=0)
+    aj = tl.max(tl.where(pick, a, -1), axis=0)
+    bj = tl.max(tl.where(pick, b, -1), axis=0)
+    r0 = cj * CH
+    return (cj, tl.max(tl.where(pick, seg, -1), axis=0), aj, bj, tl.maximum(aj, r0),
+            tl.minimum(bj, tl.minimum(r0 + CH, N)))
 
 
 @triton.jit
@@ -386,24 +406,27 @@ def _segment_mark_kernel(offs, w, S, N, n_sblk, soff_o, n_chunk, at, CH: tl.cons
 def _segment_max_fwd_chunks_kernel(x, offs, vals, idxs, w, S, N, INNER, n_chunk, n_dblk, SX, O_LO, I_LO, soff_o, n_w,
                                    CH: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr,
                                    BITS: tl.constexpr, W: tl.constexpr, INF: tl.constexpr, SPLIT_O: tl.constexpr,
-                                   SPLIT_I: tl.constexpr, PDL: tl.constexpr):
-    """The split forward's chunk pass, after the main kernel, a program a chunk of CH rows: the segments the chunk
-    map names for it (_mark_chunks), where they are longer than CH rows and hold its rows as the map says, the one
-    holding its first row (slot 0) and one starting inside it (slot 1), each get the max of their rows in the chunk
-    and the first row holding it (_max_over_rows, every block of columns in turn) in the chunk's slot of the
-    workspace w: rows (int64) in its first n_w entries, the elements' bits in the next n_w, then the map."""
-    _d, c, outer = _ids(1, n_chunk, PDL)
-    two, seg, a, b, take = _chunk_slots(w, 2 * n_w, outer, n_chunk, c, offs, soff_o, S, N, CH, False)
+                                   SPLIT_I: tl.constexpr, BLOCK_C: tl.constexpr,
+                                   PDL: tl.constexpr):
+    """The split forward's chunk pass, after the main kernel, on chunks of CH rows, BLOCK_C a program
+    (_chunk_block): the segments the chunk map names for a chunk (_mark_chunks), where they are longer than CH rows
+    and hold its rows as the map says, the one holding its first row (slot 0) and one starting inside it (slot 1),
+    each get the max of their rows in the chunk and the first row holding it (_max_over_rows, every block of columns
+    in turn) in the chunk's slot of the workspace w: rows (int64) in its first n_w entries, the elements' bits in
+    the next n_w, then the map."""
+    c, cmask, outer = _chunk_block(n_chunk, BLOCK_C, PDL)
     wb = (w + n_w).to(tl.pointer_type(BITS))
     for k in tl.static_range(2):
-        there, _seg, lo, hi, _start = _slot(two, k, take, seg, a, b, c, N, CH)
-        if there:
+        seg, a, b, take = _chunk_slot(w, 2 * n_w, outer, n_chunk, c, cmask, k, offs, soff_o, S, N, CH, False)
+        rank, n_take = _ranks(take)
+        for j in range(0, n_take):
+            cj, _s, _a, _b, lo, hi = _nth(take & (rank == j), c, seg, a, b, N, CH)
             for dblk in range(0, n_dblk):
                 d = dblk * BLOCK_D + tl.arange(0, BLOCK_D)
                 dmask = d < INNER
                 xo, xi = _offsets(outer, d, SX, O_LO, I_LO, SPLIT_O, SPLIT_I)
                 idx, bits = _max_over_rows(x + xo + xi, lo, hi, N, SX[1], dmask, BLOCK_L, BLOCK_D, BITS, W, INF)
-                e = ((outer * n_chunk + c) * 2 + k) * INNER + d
+                e = ((outer * n_chunk + cj) * 2 + k) * INNER + d
                 tl.store(w + e, idx, mask=dmask)
                 tl.store(wb + e, bits, mask=dmask)
 
@@ -412,14 +435,17 @@ def _segment_max_fwd_chunks_kernel(x, offs, vals, idxs, w, S, N, INNER, n_chunk,
 def _segment_max_fwd_long_kernel(x, offs, vals, idxs, w, S, N, INNER, n_chunk, n_dblk, SX, O_LO, I_LO, soff_o, n_w,
                                  CH: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BITS: tl.constexpr,
                                  W: tl.constexpr, INF: tl.constexpr, SPLIT_O: tl.constexpr, SPLIT_I: tl.constexpr,
+                                 BLOCK_C: tl.constexpr,
                                  PDL: tl.constexpr):
-    """The split forward's last pass: program c (a chunk) stores the result of the segment longer than CH rows that
-    ends in chunk c, if one does (at most one can, and it holds the chunk's first row: the map's slot 0), from its
-    chunks' partials (_chunks_max), every block of columns in turn. Its element is loaded from its rows: a row the
-    workspace names outside them (offsets that decrease) is clamped into them."""
-    _d, c, outer = _ids(1, n_chunk, PDL)
-    seg, start, end, ends_here = _ending_segment(w, 2 * n_w, outer, n_chunk, c, offs, soff_o, S, N, CH, False)
-    if ends_here:
+    """The split forward's last pass, BLOCK_C chunks a program: for each chunk c, the result of the segment longer
+    than CH rows that ends in chunk c, if one does (at most one can, and it holds the chunk's first row: the map's
+    slot 0), from its chunks' partials (_chunks_max), every block of columns in turn. Its element is loaded from its
+    rows: a row the workspace names outside them (offsets that decrease) is clamped into them."""
+    c, cmask, outer = _chunk_block(n_chunk, BLOCK_C, PDL)
+    segs, starts, ends, take = _ending_segments(w, 2 * n_w, outer, n_chunk, c, cmask, offs, soff_o, S, N, CH, False)
+    rank, n_take = _ranks(take)
+    for j in range(0, n_take):
+        _c, seg, start, end, _lo, _hi = _nth(take & (rank == j), c, segs, starts, ends, N, CH)
         for dblk in range(0, n_dblk):
             d = dblk * BLOCK_D + tl.arange(0, BLOCK_D)
             dmask = d < INNER
@@ -684,16 +710,18 @@ def _segment_reduce_max_bwd_lanes_kernel(g, o, x, offs, gx, S, N, INNER, n_sblk,
 @triton.jit
 def _segred_chunks_kernel(g, o, x, offs, gx, w, S, N, INNER, n_chunk, n_dblk, SG, SO, SX, O_LO, I_LO, soff_o, n_w,
                           CH: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, MATH: tl.constexpr,
-                          ENDS: tl.constexpr, SPLIT_O: tl.constexpr, SPLIT_I: tl.constexpr, PDL: tl.constexpr):
-    """The split segment_reduce backward's count pass, after the main kernel, a program a chunk of CH rows: each
-    segment longer than CH rows that the chunk map names for the chunk (_chunk_slots) gets its ties over its rows in
-    the chunk counted (every block of columns in turn) into the chunk's slot of the workspace w (n_w entries, then
-    the map)."""
-    _d, c, outer = _ids(1, n_chunk, PDL)
-    two, seg, a, b, take = _chunk_slots(w, n_w, outer, n_chunk, c, offs, soff_o, S, N, CH, ENDS)
+                          ENDS: tl.constexpr, SPLIT_O: tl.constexpr, SPLIT_I: tl.constexpr, BLOCK_C: tl.constexpr,
+                          PDL: tl.constexpr):
+    """The split segment_reduce backward's count pass, after the main kernel, BLOCK_C chunks of CH rows a program:
+    each segment longer than CH rows that the chunk map names for a chunk (_chunk_slot) gets its ties over its rows
+    in the chunk counted (every block of columns in turn) into the chunk's slot of the workspace w (n_w entries,
+    then the map)."""
+    c, cmask, outer = _chunk_block(n_chunk, BLOCK_C, PDL)
     for k in tl.static_range(2):
-        there, sk, lo, hi, _start = _slot(two, k, take, seg, a, b, c, N, CH)
-        if there:
+        seg, a, b, take = _chunk_slot(w, n_w, outer, n_chunk, c, cmask, k, offs, soff_o, S, N, CH, ENDS)
+        rank, n_take = _ranks(take)
+        for j in range(0, n_take):
+            cj, sk, _a, _b, lo, hi = _nth(take & (rank == j), c, seg, a, b, N, CH)
             for dblk in range(0, n_dblk):
                 d = dblk * BLOCK_D + tl.arange(0, BLOCK_D)
                 dmask = d < INNER
@@ -704,28 +732,31 @@ def _segred_chunks_kernel(g, o, x, offs, gx, w, S, N, INNER, n_chunk, n_dblk, SG
                 for r0 in range(lo, hi, BLOCK_L):
                     _rows, _m, sel = _selected(x + xo + xi, ov, r0, hi, dmask, SX[1], BLOCK_L, MATH)
                     cnt += tl.sum(sel.to(tl.int32), axis=0)
-                tl.store(w + ((outer * n_chunk + c) * 2 + k) * INNER + d, cnt, mask=dmask)
+                tl.store(w + ((outer * n_chunk + cj) * 2 + k) * INNER + d, cnt, mask=dmask)
 
 
 @triton.jit
 def _segred_sum_kernel(g, o, x, offs, gx, w, S, N, INNER, n_chunk, n_dblk, SG, SO, SX, O_LO, I_LO, soff_o, n_w,
                        CH: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, ENDS: tl.constexpr,
+                       BLOCK_C: tl.constexpr,
                        PDL: tl.constexpr):
-    """The split segment_reduce backward's second pass: program c (a chunk) sums the tie counts of the segment
-    longer than CH rows that ends in chunk c, if one does (the map's slot 0), over its chunks, BLOCK_T chunks a
-    step, into its first chunk's entry (read by no other program)."""
-    _d, c, outer = _ids(1, n_chunk, PDL)
-    _seg, start, _end, ends_here = _ending_segment(w, n_w, outer, n_chunk, c, offs, soff_o, S, N, CH, ENDS)
-    if ends_here:
-        row0 = outer * n_chunk * 2
-        lt = tl.arange(0, BLOCK_T)
+    """The split segment_reduce backward's second pass, BLOCK_C chunks a program: for each chunk c, the tie counts
+    of the segment longer than CH rows that ends in chunk c, if one does (the map's slot 0), over its chunks,
+    BLOCK_T chunks a step, into its first chunk's entry (read by no other program)."""
+    c, cmask, outer = _chunk_block(n_chunk, BLOCK_C, PDL)
+    segs, starts, ends, take = _ending_segments(w, n_w, outer, n_chunk, c, cmask, offs, soff_o, S, N, CH, ENDS)
+    rank, n_take = _ranks(take)
+    row0 = outer * n_chunk * 2
+    lt = tl.arange(0, BLOCK_T)
+    for j in range(0, n_take):
+        cj, _s, start, _e, _lo, _hi = _nth(take & (rank == j), c, segs, starts, ends, N, CH)
         for dblk in range(0, n_dblk):
             d = dblk * BLOCK_D + tl.arange(0, BLOCK_D)
             dmask = d < INNER
             total = tl.zeros([BLOCK_D], tl.int64)
-            for c0 in range(start // CH, c + 1, BLOCK_T):
+            for c0 in range(start // CH, cj + 1, BLOCK_T):
                 cs = c0 + lt
-                m = (cs <= c)[:, None] & dmask[None, :]
+                m = (cs <= cj)[:, None] & dmask[None, :]
                 e = _chunk_entry(row0, cs, start, CH)[:, None] * INNER + d[None, :]
                 total += tl.sum(tl.load(w + e, mask=m, other=0), axis=0)
             tl.store(w + _chunk_entry(row0, start // CH, start, CH) * INNER + d, total, mask=dmask)
@@ -734,16 +765,18 @@ def _segred_sum_kernel(g, o, x, offs, gx, w, S, N, INNER, n_chunk, n_dblk, SG, S
 @triton.jit
 def _segred_write_kernel(g, o, x, offs, gx, w, S, N, INNER, n_chunk, n_dblk, SG, SO, SX, O_LO, I_LO, soff_o, n_w,
                          CH: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, MATH: tl.constexpr,
-                         ENDS: tl.constexpr, SPLIT_O: tl.constexpr, SPLIT_I: tl.constexpr, PDL: tl.constexpr):
-    """The split segment_reduce backward's last pass, a program a chunk: the rows of each long segment the chunk
-    map names for it (as the count pass) get g, or g / k with the segment's tie count k (_tie_grad), where
+                         ENDS: tl.constexpr, SPLIT_O: tl.constexpr, SPLIT_I: tl.constexpr, BLOCK_C: tl.constexpr,
+                         PDL: tl.constexpr):
+    """The split segment_reduce backward's last pass, BLOCK_C chunks a program: the rows of each long segment the
+    chunk map names for it (as the count pass) get g, or g / k with the segment's tie count k (_tie_grad), where
     selected, and zero elsewhere."""
-    _d, c, outer = _ids(1, n_chunk, PDL)
-    two, seg, a, b, take = _chunk_slots(w, n_w, outer, n_chunk, c, offs, soff_o, S, N, CH, ENDS)
+    c, cmask, outer = _chunk_block(n_chunk, BLOCK_C, PDL)
     ob = gx + outer * N * INNER
     for k in tl.static_range(2):
-        there, sk, lo, hi, start = _slot(two, k, take, seg, a, b, c, N, CH)
-        if there:
+        seg, a, b, take = _chunk_slot(w, n_w, outer, n_chunk, c, cmask, k, offs, soff_o, S, N, CH, ENDS)
+        rank, n_take = _ranks(take)
+        for j in range(0, n_take):
+            _c, sk, start, _b, lo, hi = _nth(take & (rank == j), c, seg, a, b, N, CH)
             e = _chunk_entry(outer * n_chunk * 2, start // CH, start, CH)
             zero = tl.zeros([BLOCK_L, BLOCK_D], gx.dtype.element_ty)
             for dblk in range(0, n_dblk):
@@ -940,6 +973,12 @@ class SegmentConfig:
     split_chunk: int = 16384
     split_min_elems: int = 1 << 20
     split_combine: int = 1024
+    # the split passes' programs check split_block chunks' map entries at once and walk only the long segments'
+    # chunks among them (most problems have none; a program a chunk spent a few dependent loads each: H200, 4M x 64
+    # degree 449 -> 426 us), as long as split_min_programs programs stay for problems whose chunks are mostly long
+    # ones (docs/tuning/segment_max.md, "The split passes' chunks a program")
+    split_block: int = 16
+    split_min_programs: int = 2048
     # the tile kernels (forward, segment_reduce backward) take tiles of short_tile elements where segments are
     # shorter than long_mean rows on average, else `tile` (a long segment walks fewer, taller tiles); the
     # segment_reduce backward widens its columns to fill segred_min_tile elements at short means. H200, x stock:
@@ -1162,24 +1201,34 @@ def _split_ints(ch: int, outer: int, n: int, inner: int) -> tuple[int, int]:
     return n_chunk, outer * n_chunk * 2 * inner
 
 
+def _chunks_a_program(cfg, chunks: int) -> int:
+    """The split passes' chunks a program (a power of two): up to split_block, while the passes keep at least
+    split_min_programs programs for the work of many long segments."""
+    bc = 1
+    while 2 * bc <= cfg.split_block and chunks >= 2 * bc * cfg.split_min_programs:
+        bc *= 2
+    return bc
+
+
 def _split_plan(cfg, main: _Plan, ch: int, strides: tuple, copies: tuple, outer: int, n: int, s: int, inner: int,
                 soff: int, pdl: bool, passes: list, at: int, offs: int, ends: bool) -> _Plan:
     """The split for long segments: the main kernel (`main`, which leaves segments longer than ch rows alone; a
     lane kernel writes their chunk map, a tile kernel's is _segment_mark_kernel's, `lanes` segments a program,
-    before it), then `passes`, a program a chunk each, rows_bd_max columns a block: (kernel, its step's constexpr,
-    its constexprs after BLOCK_D) each, the step BLOCK_L (rows_tile elements, a chunk's rows) or BLOCK_T
-    (split_combine elements, a segment's chunks). The workspace: the chunks' partials (`at` times n_w entries),
-    then the chunk map, two entries a chunk. The map launch takes the operand `offs` (offsets, or with `ends` the
-    segments' ends) and the workspace (after the operands)."""
+    before it), then `passes`, a program BLOCK_C chunks each (_chunks_a_program), rows_bd_max columns a block:
+    (kernel, its step's constexpr, its constexprs after BLOCK_D) each, the step BLOCK_L (rows_tile elements, a
+    chunk's rows) or BLOCK_T (split_combine elements, a segment's chunks). The workspace: the chunks' partials
+    (`at` times n_w entries), then the chunk map, two entries a chunk. The map launch takes the operand `offs`
+    (offsets, or with `ends` the segments' ends) and the workspace (after the operands)."""
     bd = _rows_block(cfg, inner)
     n_chunk, n_w = _split_ints(ch, outer, n, inner)
     ints = (s, n, inner, n_chunk, cdiv(inner, bd), *strides, soff, n_w)
     steps = {"BLOCK_L": max(1, cfg.rows_tile // bd), "BLOCK_T": max(1, cfg.split_combine // bd)}
+    bc = _chunks_a_program(cfg, outer * n_chunk)
     then = None
     for kernel, step, consts in reversed(passes):
-        then = dataclasses.replace(_new_plan(outer * n_chunk, ints, copies,
-                                             {"CH": ch, step: steps[step], "BLOCK_D": bd, **consts}, cfg.rows_warps,
-                                             pdl, kernel=kernel), then=then)
+        then = dataclasses.replace(_new_plan(outer * cdiv(n_chunk, bc), ints, copies,
+                                             {"CH": ch, step: steps[step], "BLOCK_D": bd, **consts, "BLOCK_C": bc},
+                                             cfg.rows_warps, pdl, kernel=kernel), then=then)
     work = ((at * n_w + outer * n_chunk * 2, torch.int64),)
     if main.kernel is _segment_max_fwd_lanes_kernel:
         return dataclasses.replace(main, then=then, work=work)
