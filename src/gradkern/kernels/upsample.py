@@ -409,6 +409,21 @@ def _terms(acc, src, ww, xw, mw, cols, wt, mx, d, TD, od_lo, od_n, od_x, wH, xH,
     return acc
 
 
+@triton.jit
+def _chunk_terms(acc, mixed, src, ww, xW, at, ow_x, mw, cols, wt, mx, d, TD, od_lo, od_n, od_x, wH, xH, TH, h, oh_lo,
+                 oh_n, oh_x, kh, rm, gsD, gsH, ACC: tl.constexpr):
+    """_terms of a chunk of W candidates (table entries `at`), with the mixed flags (W's loaded here) where the tile
+    has a mixed term (`mixed`, _some), without them elsewhere."""
+    if mixed:
+        xw = tl.load(xW + at, mask=mw & ow_x[:, :, None], other=0) != 0
+        acc = _terms(acc, src, ww, xw, mw, cols, wt, mx, d, TD, od_lo, od_n, od_x, wH, xH, TH, h, oh_lo, oh_n, oh_x,
+                     kh, rm, gsD, gsH, ACC, True)
+    else:
+        acc = _terms(acc, src, ww, mw, mw, cols, wt, mx, d, TD, od_lo, od_n, od_x, wH, xH, TH, h, oh_lo, oh_n, oh_x,
+                     kh, rm, gsD, gsH, ACC, False)
+    return acc
+
+
 # Layouts (Triton 3.6 measured): the gather's addresses show no contiguity, and where no axis of a block has more
 # than another, Triton orders the block's axes first-fastest across threads. So the axis along which memory is
 # contiguous comes first (W of a plane tile, C of a row tile) and the candidate axis last: each thread then holds
@@ -454,13 +469,8 @@ def _upsample_backward_kernel(gi, go, idx, wt, mx, n_tiles, C, D, H, W, gsN, gsC
             at = w[:, :, None] * TW + k
             ww = tl.load(wW + at, mask=mw, other=0.0)
             cols = (ow_lo[:, :, None] + k) * gsW
-            if mixed:
-                xw = tl.load(xW + at, mask=mw & ow_x[:, :, None], other=0) != 0
-                acc = _terms(acc, src, ww, xw, mw, cols, wt, mx, d, TD, od_lo, od_n, od_x, wH, xH, TH, h, oh_lo,
-                             oh_n, oh_x, kh, rm, gsD, gsH, ACC, True)
-            else:
-                acc = _terms(acc, src, ww, mw, mw, cols, wt, mx, d, TD, od_lo, od_n, od_x, wH, xH, TH, h, oh_lo,
-                             oh_n, oh_x, kh, rm, gsD, gsH, ACC, False)
+            acc = _chunk_terms(acc, mixed, src, ww, xW, at, ow_x, mw, cols, wt, mx, d, TD, od_lo, od_n, od_x, wH, xH,
+                               TH, h, oh_lo, oh_n, oh_x, kh, rm, gsD, gsH, ACC)
         if LEAD:  # each column's leading readers of weight 0, left out of its range: g * 0 each, for every (od, oh)
             ow_e = _lead(iW, W, w)
             cols = (ow_lo - ow_e) * gsW
@@ -515,13 +525,8 @@ def _upsample_backward_rows_kernel(gi, go, idx, wt, mx, n_tiles, C, D, H, W, gsN
             at = w[:, :, None] * TW + k
             ww = tl.load(wW + at, mask=mw, other=0.0)
             cols = (ow_lo[:, :, None] + k) * gsW + c[:, :, None] * gsC
-            if mixed:
-                xw = tl.load(xW + at, mask=mw & ow_x[:, :, None], other=0) != 0
-                acc = _terms(acc, src, ww, xw, mw, cols, wt, mx, d, TD, od_lo, od_n, od_x, wH, xH, TH, h1, oh_lo1,
-                             oh_n1, oh_x1, oh_n, one == 0, gsD, gsH, ACC, True)
-            else:
-                acc = _terms(acc, src, ww, mw, mw, cols, wt, mx, d, TD, od_lo, od_n, od_x, wH, xH, TH, h1, oh_lo1,
-                             oh_n1, oh_x1, oh_n, one == 0, gsD, gsH, ACC, False)
+            acc = _chunk_terms(acc, mixed, src, ww, xW, at, ow_x, mw, cols, wt, mx, d, TD, od_lo, od_n, od_x, wH, xH,
+                               TH, h1, oh_lo1, oh_n1, oh_x1, oh_n, one == 0, gsD, gsH, ACC)
         if LEAD:  # (the plane kernel's terms of weight 0)
             ow_e = _lead(iW, W, w)
             cols = (ow_lo - ow_e) * gsW + c * gsC
