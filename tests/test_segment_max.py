@@ -795,6 +795,19 @@ def test_long_segments_take_the_chunk_pass(dtype):
         assert_bitwise_equal(idxs, ei.to(DEVICE), f"indices, stale entries {stale}")
 
 
+def test_split_passes_take_blocks_of_chunks_while_programs_stay():
+    """The split passes' chunks a program (a plan's choice, from the shapes): doubled up to split_block while the
+    passes keep split_min_programs programs; the forward's plan launches them so."""
+    with config.override(sm.CONFIG, split_block=16, split_min_programs=2048):
+        cfg = sm.CONFIG.current
+        assert [sm._chunks_a_program(cfg, c) for c in (1000, 4095, 4096, 8192, 16384, 1 << 20)] == [1, 1, 2, 4, 8, 16]
+    data = torch.randn(300, 4, device=DEVICE)
+    with config.override(sm.CONFIG, rows_max_programs=0, **{**_SPLIT, "split_min_programs": 2}):
+        kernels = gradkern.plan("segment_max_forward", data, _offsets([300]), 0).kernels
+    passes = [k for k in kernels if k.kernel.startswith("_segment_max_fwd_") and "BLOCK_C" in k.config]
+    assert [(k.config["BLOCK_C"], k.grid) for k in passes] == [(4, (5,))] * 2, kernels  # 19 chunks of 16 rows
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
 def test_segment_reduce_long_segments_take_the_chunk_passes(dtype):
     """The segment_reduce backward's split, as the forward's, for its tile kernel: segments longer than a chunk (16
