@@ -974,9 +974,9 @@ class SegmentConfig:
     split_min_elems: int = 1 << 20
     split_combine: int = 1024
     # the split passes' programs check split_block chunks' map entries at once and walk only the long segments'
-    # chunks among them (most problems have none; a program a chunk spent a few dependent loads each: H200, 4M x 64
-    # degree 449 -> 426 us), as long as split_min_programs programs stay for problems whose chunks are mostly long
-    # ones (docs/tuning/segment_max.md, "The split passes' chunks a program")
+    # chunks among them (most problems have none, and a program a chunk spent a few dependent loads on each), as
+    # long as split_min_programs programs stay for problems whose chunks are mostly long ones (figures:
+    # docs/tuning/segment_max.md, "The split passes' chunks a program")
     split_block: int = 16
     split_min_programs: int = 2048
     # the tile kernels (forward, segment_reduce backward) take tiles of short_tile elements where segments are
