@@ -138,6 +138,14 @@ GROUPS = {  # name: (ops, dtypes, configs); each config overrides only what it n
     "segblock": (["segment_max_forward", "_segment_reduce_backward"], [F32, BF16],
                  [DEFAULTS, (segment_max.CONFIG, {"split_block": 1}),
                   (segment_max.CONFIG, {"split_min_programs": 512})]),
+    # the forward's wider lane blocks (fwd_lanes_wider, fwd_lanes_wider_cols) and rows up to 1024 columns in lanes
+    # (fwd_lanes_max_inner, fwd_lanes_one_min_programs): the rule, main's values (neither), each alone; with
+    # TUNE_CASES="sweep:" (every case)
+    "segwider": (["segment_max_forward"], [F32, BF16],
+                 [DEFAULTS, (segment_max.CONFIG, {"fwd_lanes_wider_cols": (0, 0), "fwd_lanes_max_inner": 256,
+                                                  "fwd_lanes_one_min_programs": 0}),
+                  (segment_max.CONFIG, {"fwd_lanes_max_inner": 256, "fwd_lanes_one_min_programs": 0}),
+                  (segment_max.CONFIG, {"fwd_lanes_wider_cols": (0, 0)})]),
     # short tiles and more rows in flight (twenty-first session): as shipped, the tile kernels' tiles of `tile`
     # elements at every mean with the segment_reduce backward's columns not widened, the forward's lanes_few at 4 rows
     # a step, tiles of 256; with TUNE_CASES="sweep:" (every case)

@@ -725,12 +725,14 @@ def test_forward_kernels_give_the_same_bits(dtype):
     strided = _data((2, n, 6), dtype, seed=3, ties=True)[..., ::2]
     wide = _data((2, n, 12), dtype, seed=5, ties=True)  # (past lanes_max_inner: lanes at means past lanes_max_mean)
     wide[1, 2, 10] = float("nan")
-    for x in (data, strided, wide):
+    wider = _data((1, n, 300), dtype, seed=7, ties=True)  # (a segment a program, 512-column blocks)
+    wider[0, 21, 299] = float("nan")
+    for x in (data, strided, wide, wider):
         outs = []
         lanes = {"lanes_max_mean": 1 << 30, "lanes_min_programs": 0, "rows_max_programs": 0}
-        if x is wide:
+        if x is wide or x is wider:
             lanes = {"lanes_max_mean": 0, "lanes_few_max_mean": 1 << 30, "lanes_few_min_programs": 0,
-                     "rows_max_programs": 0}
+                     "fwd_lanes_one_min_programs": 0, "rows_max_programs": 0}
         rows = {"rows_max_programs": 1 << 62, "rows_min_mean": 0, "rows_bd_max": 2}
         tile = {"lanes_max_inner": 0, "fwd_lanes_max_inner": 0, "rows_max_programs": 0}
         for knobs in (tile, {"lanes": 8, "lanes_few": 16, "lanes_cap": 3, **lanes},
@@ -865,12 +867,12 @@ def test_forward_kernel_follows_the_mean_segment_length():
     assert kernel(64, 7, 1) == kernel(128, 64, 9) == "_segment_max_fwd_kernel"  # (mean 9; mean 2 at 9 columns)
     # wide rows (past lanes_max_inner, up to fwd_lanes_max_inner) only at means past lanes_max_mean (here 20) or up
     # to fwd_lanes_unit_mean (unit lengths, 1)
-    few = {"lanes_few_min_programs": 0}
-    assert kernel(640, 32, 9, **few) == kernel(640, 32, 256, **few) == "_segment_max_fwd_lanes_kernel"
-    assert kernel(640, 32, 257, **few) == kernel(64, 32, 40, **few) == "_segment_max_fwd_kernel"  # (mean 2)
+    few = {"lanes_few_min_programs": 0, "fwd_lanes_one_min_programs": 0}
+    assert kernel(640, 32, 9, **few) == kernel(640, 32, 1024, **few) == "_segment_max_fwd_lanes_kernel"
+    assert kernel(640, 32, 1025, **few) == kernel(64, 32, 40, **few) == "_segment_max_fwd_kernel"  # (mean 2)
     assert kernel(64, 64, 40, **few) == kernel(32, 64, 256, **few) == "_segment_max_fwd_lanes_kernel"  # (mean 1, 1/2)
     assert kernel(64, 64, 40, fwd_lanes_unit_mean=0, **few) == "_segment_max_fwd_kernel"
-    assert kernel(64, 64, 257, **few) == "_segment_max_fwd_kernel"
+    assert kernel(64, 64, 1025, **few) == "_segment_max_fwd_kernel"
 
 
 def test_forward_tile_columns_follow_the_element_size_and_the_mean_length():
@@ -902,7 +904,8 @@ def test_lanes_a_program_follow_the_grid_and_the_mean_length():
         data = torch.randn(n, inner, device=DEVICE, requires_grad=True)
         offs = torch.linspace(0, n, s + 1, device=DEVICE).to(torch.int64)
         with config.override(sm.CONFIG, rows_max_programs=0, lanes=16, lanes_few=4, lanes_unroll=1,
-                             lanes_few_unroll=2, fwd_lanes_few_unroll=2, **knobs):
+                             lanes_few_unroll=2, fwd_lanes_few_unroll=2, fwd_lanes_wider_cols=(0, 0),
+                             fwd_lanes_one_min_programs=0, **knobs):
             (fwd,) = gradkern.plan("segment_max_forward", data, offs, 0).kernels
             out = torch.segment_reduce(data, "max", offsets=offs, axis=0)
             (bwd,) = gradkern.plan("_segment_reduce_backward", torch.ones_like(out), out, data, "max",
@@ -924,11 +927,30 @@ def test_lanes_a_program_follow_the_grid_and_the_mean_length():
         data = torch.randn(640, inner, device=DEVICE)
         offs = torch.linspace(0, 640, 33, device=DEVICE).to(torch.int64)
         with config.override(sm.CONFIG, rows_max_programs=0, lanes=16, lanes_few=4, lanes_few_min_programs=0,
-                             lanes_few_unroll=2, fwd_lanes_few_unroll=3):
+                             lanes_few_unroll=2, fwd_lanes_few_unroll=3, fwd_lanes_wider_cols=(0, 0),
+                             fwd_lanes_one_min_programs=0):
             (fwd,) = gradkern.plan("segment_max_forward", data, offs, 0).kernels
         return fwd.config["UNROLL"]
     assert forward_unroll(2) == 3  # two segments a program (4 lanes, 2 columns): the forward's own step
     assert forward_unroll(3) == 2  # one (4 columns)
+
+
+def test_forward_wider_lane_blocks():
+    """The forward's lane block at mean lengths past lanes_max_mean: fwd_lanes_wider lanes where the column block is
+    within fwd_lanes_wider_cols and that grid keeps lanes_few_min_programs programs, else lanes_few; where a program
+    holds one segment (rows at least lanes_few wide), fwd_lanes_one_min_programs programs suffice."""
+    def block(inner, **knobs):
+        data = torch.randn(640, inner, device=DEVICE)
+        offs = torch.linspace(0, 640, 33, device=DEVICE).to(torch.int64)  # mean 20 rows
+        with config.override(sm.CONFIG, rows_max_programs=0, lanes_few=4, fwd_lanes_wider=8,
+                             fwd_lanes_wider_cols=(2, 4), **knobs):
+            (fwd,) = gradkern.plan("segment_max_forward", data, offs, 0).kernels
+        return (fwd.config["BLOCK_S"], fwd.config["BLOCK_D"]) if fwd.kernel == "_segment_max_fwd_lanes_kernel" else 0
+    assert block(2, lanes_few_min_programs=4) == (4, 2)  # 8 lanes: 4 segments of 2 columns, 8 programs
+    assert block(2, lanes_few_min_programs=9) == (2, 2)  # (8 lanes would leave 8 programs: lanes_few)
+    assert block(1, lanes_few_min_programs=4) == (4, 1)  # one column: outside fwd_lanes_wider_cols
+    assert block(8, lanes_few_min_programs=64, fwd_lanes_one_min_programs=32) == (1, 8)  # a segment a program
+    assert block(8, lanes_few_min_programs=64, fwd_lanes_one_min_programs=0) == 0
 
 
 def test_few_segments_take_the_row_kernel():

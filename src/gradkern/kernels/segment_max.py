@@ -938,6 +938,14 @@ class SegmentConfig:
     lanes_unroll: int = 1
     lanes_few_unroll: int = 4
     fwd_lanes_few_unroll: int = 8
+    # the forward at mean lengths past lanes_max_mean: fwd_lanes_wider lanes a program where the column block is
+    # within fwd_lanes_wider_cols (two lanes a thread: more loads in flight; at one column a block would loop to
+    # the longest of 256 segments) and its grid keeps lanes_few_min_programs; where a program holds one segment
+    # (rows of 128 columns and more), fwd_lanes_one_min_programs programs suffice. H200, the forward's >= 50 us sweep
+    # cases: 0.94x (f32) / 0.91x (bf16) the time (docs/tuning/segment_max.md, "Wider lane blocks")
+    fwd_lanes_wider: int = 256
+    fwd_lanes_wider_cols: tuple[int, int] = (4, 64)
+    fwd_lanes_one_min_programs: int = 1024
     # the forward lane kernel's tile (elements) for a segment longer than lanes_cap, which takes the program: few
     # programs loop over one, but its registers bound every program's occupancy (H200, 22M x 3 in segments of 1-63,
     # none longer than the cap: 56 registers, 0.63x stock; docs/tuning/segment_max.md, "Float compares")
@@ -945,8 +953,9 @@ class SegmentConfig:
     # the forward's lane kernel also for inner widths past lanes_max_inner up to this many, but only at mean lengths
     # past lanes_max_mean (at lower means a few long segments hold a program in the long loop, whose tile is a few
     # wide rows). H200, the forward's D >= 40 sweep cases, bf16: 0.33x / 0.86x stock (min / geomean); the variants:
-    # docs/tuning/segment_max.md, "Wide rows in the lane kernel"
-    fwd_lanes_max_inner: int = 256
+    # docs/tuning/segment_max.md, "Wide rows in the lane kernel"; 1024 (from 256): a program a segment of 1000
+    # columns, bf16 0.51x -> 0.95x stock ("Wider lane blocks")
+    fwd_lanes_max_inner: int = 1024
     # ... and at means up to fwd_lanes_unit_mean (unit lengths, or emptier): there the tile kernel's program holds a
     # row, and its programs wait on their loads one row each (H200, 1.7M unit rows of 40: 1.04 -> 0.58 ms, 0.53x ->
     # 0.95x stock; docs/tuning/segment_max.md, "Unit lengths at wide rows")
@@ -1146,8 +1155,10 @@ def _fwd(data: torch.Tensor, offsets: torch.Tensor, axis: int, op: str):
         if n >= cfg.rows_min_mean * s and outer * s * n_dblk < cfg.rows_max_programs:
             return _rows_plan(cfg, bits, strides, copies, split, outer, n, s, inner, soff, pdl)
         ch = _chunk_rows(cfg, outer, n, inner)
-        lanes, unroll = _lane_block(cfg, outer, n, s, inner, cfg.fwd_lanes_max_inner,
-                                    cfg.fwd_lanes_few_unroll)
+        lo, hi = cfg.fwd_lanes_wider_cols
+        lanes, unroll = _lane_block(cfg, outer, n, s, inner, cfg.fwd_lanes_max_inner, cfg.fwd_lanes_few_unroll,
+                                    (cfg.fwd_lanes_wider,) if lo <= next_pow2(inner) <= hi else (),
+                                    cfg.fwd_lanes_one_min_programs)
         if lanes:
             # a lane a (segment, column); long segments a program each, in turn
             bd = next_pow2(inner)
@@ -1388,12 +1399,14 @@ def _check_segment_reduce(grad, output, data, reduce, lengths, offsets, axis) ->
     return s
 
 
-def _lane_block(cfg, outer: int, n: int, s: int, inner: int, max_inner: int, few_unroll: int) -> tuple[int, int]:
+def _lane_block(cfg, outer: int, n: int, s: int, inner: int, max_inner: int, few_unroll: int, wider: tuple = (),
+                one_min_programs: int = 0) -> tuple[int, int]:
     """(lanes a program, rows a lane takes a loop step) of the lane kernels (forward, segment_reduce backward) for
     `outer` x `s` segments of `n` rows and `inner` columns, up to `max_inner` (past lanes_max_inner, only at means
     past lanes_max_mean or up to fwd_lanes_unit_mean), `few_unroll` rows a step with lanes_few where a program holds
-    two segments or more (else lanes_few_unroll); (0, 0) where the tile kernel serves. From the shapes alone (a
-    plan's descriptor)."""
+    two segments or more (else lanes_few_unroll); at means past lanes_max_mean, blocks of `wider` lanes first, each
+    where its grid keeps lanes_few_min_programs programs (one_min_programs where a program holds one segment, if
+    given); (0, 0) where the tile kernel serves. From the shapes alone (a plan's descriptor)."""
     wide_short = cfg.fwd_lanes_unit_mean * s < n <= cfg.lanes_max_mean * s
     if inner > max_inner or inner > cfg.lanes_max_inner and wide_short:
         return 0, 0
@@ -1401,11 +1414,16 @@ def _lane_block(cfg, outer: int, n: int, s: int, inner: int, max_inner: int, few
 
     def programs(lanes: int) -> int:
         return outer * cdiv(s, max(1, lanes // bd))
-    few = cfg.lanes_few, few_unroll if cfg.lanes_few >= 2 * bd else cfg.lanes_few_unroll
+
+    def few(lanes: int) -> tuple[int, int]:
+        return lanes, few_unroll if lanes >= 2 * bd else cfg.lanes_few_unroll
     if n <= cfg.lanes_max_mean * s:
-        return (cfg.lanes, cfg.lanes_unroll) if programs(cfg.lanes) >= cfg.lanes_min_programs else few
-    if n <= cfg.lanes_few_max_mean * s and programs(cfg.lanes_few) >= cfg.lanes_few_min_programs:
-        return few
+        return (cfg.lanes, cfg.lanes_unroll) if programs(cfg.lanes) >= cfg.lanes_min_programs else few(cfg.lanes_few)
+    if n <= cfg.lanes_few_max_mean * s:
+        for lanes in (*wider, cfg.lanes_few):
+            least = one_min_programs if one_min_programs and lanes <= bd else cfg.lanes_few_min_programs
+            if programs(lanes) >= least:
+                return few(lanes)
     return 0, 0
 
 
