@@ -353,9 +353,10 @@ def _segment_max_fwd_lanes_kernel(x, offs, vals, idxs, w, S, N, INNER, n_sblk, S
     xo, xi = _offsets(outer, d, SX, O_LO, I_LO, SPLIT_O, SPLIT_I)
     xb = x + xo + xi
     # rows counted from the segment's start, in 32 bits (a short segment has at most CAP); each lane's first row
-    # loaded before the loop, later ones compared as floats: a row wins where it is larger, or NaN where the best so
-    # far is not (the keys' order: zeros equal, NaN on top, the first of equals kept), with no key and no bits kept
-    # apart from the best element itself; rows past a lane's end load -inf, which never wins
+    # loaded before the loop, later ones compared as floats: a row wins where it is not at most the best so far
+    # (larger, or NaN) and the best is not NaN (the keys' order: zeros equal, NaN on top, the first of equals kept;
+    # one unordered compare and one NaN test, two instructions), with no key and no bits kept apart from the best
+    # element itself; rows past a lane's end load -inf, which never wins
     n_r = tl.where(short, lens, 0).to(tl.int32)
     p = xb[None, :] + start[:, None] * SX[1]
     best = tl.load(p, mask=(n_r > 0)[:, None] & dmask[None, :], other=0.0)
@@ -365,7 +366,7 @@ def _segment_max_fwd_lanes_kernel(x, offs, vals, idxs, w, S, N, INNER, n_sblk, S
             r = r0 + u
             v = tl.load(p + r * SX[1], mask=(r < n_r)[:, None] & dmask[None, :], other=float("-inf"))
             vm, bm = cast_in(v, MATH), cast_in(best, MATH)  # (the interpreter and Triton 3.9 misorder 16-bit compares)
-            take = (vm > bm) | ((vm != vm) & (bm == bm))
+            take = ~(vm <= bm) & (bm == bm)
             best = tl.where(take, v, best)
             best_r = tl.where(take, r, best_r)
     o = (outer * S + segs)[:, None] * INNER + d[None, :]
