@@ -146,6 +146,11 @@ GROUPS = {  # name: (ops, dtypes, configs); each config overrides only what it n
                                                   "fwd_lanes_one_min_programs": 0}),
                   (segment_max.CONFIG, {"fwd_lanes_max_inner": 256, "fwd_lanes_one_min_programs": 0}),
                   (segment_max.CONFIG, {"fwd_lanes_wider_cols": (0, 0)})]),
+    # the forward's flat lanes (fwd_lanes_flat_idle): as shipped, never, at every mean where a block of several
+    # segments would idle 1/8 of its lanes; with TUNE_CASES="sweep:D=3 |D=40 |D=100 " (the widths whose blocks idle)
+    "segflat": (["segment_max_forward"], [F32, BF16],
+                [DEFAULTS, (segment_max.CONFIG, {"fwd_lanes_flat_idle": (0, 0)}),
+                 (segment_max.CONFIG, {"fwd_lanes_flat_idle": (8, 8)})]),
     # short tiles and more rows in flight (twenty-first session): as shipped, the tile kernels' tiles of `tile`
     # elements at every mean with the segment_reduce backward's columns not widened, the forward's lanes_few at 4 rows
     # a step, tiles of 256; with TUNE_CASES="sweep:" (every case)

@@ -729,13 +729,16 @@ def test_forward_kernels_give_the_same_bits(dtype):
     wider[0, 21, 299] = float("nan")
     for x in (data, strided, wide, wider):
         outs = []
-        lanes = {"lanes_max_mean": 1 << 30, "lanes_min_programs": 0, "rows_max_programs": 0}
+        lanes = {"lanes_max_mean": 1 << 30, "lanes_min_programs": 0, "rows_max_programs": 0,
+                 "fwd_lanes_flat_idle": (8, 8)}
         if x is wide or x is wider:
             lanes = {"lanes_max_mean": 0, "lanes_few_max_mean": 1 << 30, "lanes_few_min_programs": 0,
                      "fwd_lanes_one_min_programs": 0, "rows_max_programs": 0}
         rows = {"rows_max_programs": 1 << 62, "rows_min_mean": 0, "rows_bd_max": 2}
         tile = {"lanes_max_inner": 0, "fwd_lanes_max_inner": 0, "rows_max_programs": 0}
+        flats = set()
         for knobs in (tile, {"lanes": 8, "lanes_few": 16, "lanes_cap": 3, **lanes},
+                      {"lanes": 8, "lanes_few": 16, "lanes_cap": 3, **lanes, "fwd_lanes_flat_idle": (0, 0)},
                       {"lanes": 4, "lanes_few": 16, "lanes_cap": 64, **lanes},
                       {"lanes": 4, "lanes_cap": 64, "lanes_unroll": 3, "fwd_lanes_few_unroll": 3, **lanes},
                       {"rows_tile": 4, **rows}, {"rows_tile": 16, **rows},
@@ -744,7 +747,9 @@ def test_forward_kernels_give_the_same_bits(dtype):
                 if knobs is not tile and "rows_tile" not in knobs:
                     (launch,) = gradkern.plan("segment_max_forward", x, offs, 1).kernels
                     assert launch.kernel == "_segment_max_fwd_lanes_kernel", (x.shape, knobs)
+                    flats.add(launch.config["FLAT"])
                 outs.append(ops.segment_max_forward(x, offs, 1))
+        assert flats == ({False} if x is wider else {True, False}), (x.shape, flats)  # (wider: a segment a block)
         ev, ei = _expected(x, offs, 1)
         if x is data:
             assert ei[0, 5, 2] == 12  # the NaN with a payload is its segment's max
@@ -773,7 +778,9 @@ def test_long_segments_take_the_chunk_pass(dtype):
         x.movedim(axis, 0)[torch.randint(0, n, (4,), generator=g).to(DEVICE), ..., 0] = float("nan")
         ev, ei = _expected(x, offs, axis)
         for knobs in ({"lanes_max_inner": 0, "fwd_lanes_max_inner": 0},  # the tile kernel
-                      {"lanes_max_mean": 1 << 30, "lanes_min_programs": 0, "lanes_cap": 4}):  # lanes
+                      {"lanes_max_mean": 1 << 30, "lanes_min_programs": 0, "lanes_cap": 4},  # lanes
+                      {"lanes_max_mean": 1 << 30, "lanes_min_programs": 0, "lanes_cap": 4,
+                       "fwd_lanes_flat_idle": (8, 8)}):  # flat lanes (at 3 columns)
             with config.override(sm.CONFIG, rows_max_programs=0, **_SPLIT, **knobs):
                 kernels = [k.kernel for k in gradkern.plan("segment_max_forward", x, offs, axis).kernels]
                 main = ["_segment_mark_kernel", "_segment_max_fwd_kernel"] if "lanes_max_inner" in knobs \
@@ -951,6 +958,33 @@ def test_forward_wider_lane_blocks():
     assert block(1, lanes_few_min_programs=4) == (4, 1)  # one column: outside fwd_lanes_wider_cols
     assert block(8, lanes_few_min_programs=64, fwd_lanes_one_min_programs=32) == (1, 8)  # a segment a program
     assert block(8, lanes_few_min_programs=64, fwd_lanes_one_min_programs=0) == 0
+
+
+def test_forward_flat_lanes_where_columns_would_idle():
+    """The forward's lane block takes the next (segment, column) pairs in order (FLAT) where a [segments,
+    next_pow2(inner)] block holds several segments and would idle at least 1 / k of its lanes (fwd_lanes_flat_idle:
+    k at mean lengths up to lanes_max_mean, then past it), on a grid of the pairs' blocks; columns of a power of two
+    keep the block of segments."""
+    def plan(inner, rows=640, **knobs):
+        data = torch.randn(rows, inner, device=DEVICE)
+        offs = torch.linspace(0, rows, 33, device=DEVICE).to(torch.int64)  # 32 segments
+        with config.override(sm.CONFIG, rows_max_programs=0, lanes=16, lanes_few=16, lanes_min_programs=0,
+                             lanes_few_min_programs=0, fwd_lanes_wider_cols=(0, 0), fwd_lanes_one_min_programs=0,
+                             **{"fwd_lanes_flat_idle": (3, 8), **knobs}):
+            (fwd,) = gradkern.plan("segment_max_forward", data, offs, 0).kernels
+        assert fwd.kernel == "_segment_max_fwd_lanes_kernel", fwd
+        return fwd.config["FLAT"], fwd.grid
+    # mean 20 rows (past lanes_max_mean): 1 / 8
+    assert plan(3) == (True, (6,))  # 16 lanes (4 segments of 4 columns), 96 pairs
+    assert plan(4) == (False, (8,))
+    assert plan(5) == (True, (10,))  # 3 of every 8 lanes would idle; 160 pairs
+    assert plan(7) == (True, (14,))  # 1 of 8 idle, the bound
+    assert plan(7, fwd_lanes_flat_idle=(3, 7)) == (False, (16,))
+    assert plan(9) == (False, (32,))  # 7 of 16 idle, but a segment a block
+    assert plan(5, fwd_lanes_flat_idle=(3, 0)) == (False, (16,))
+    # mean 1 row: 1 / 3
+    assert plan(3, rows=32) == (False, (8,))  # 1 of 4 idle
+    assert plan(5, rows=32) == (True, (10,))  # 3 of 8
 
 
 def test_few_segments_take_the_row_kernel():

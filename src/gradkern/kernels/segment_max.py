@@ -78,6 +78,14 @@ def _segment(offs, soff_o, outer, seg, N, ENDS: tl.constexpr, LENS: tl.constexpr
 
 
 @triton.jit
+def _clamped_rows(base, mask, N):
+    """(start, end) of the segments whose offsets are at `base` (offsets, a pointer tensor), clamped as _segment
+    clamps them; (0, 0) where not `mask`."""
+    start = tl.minimum(tl.maximum(tl.load(base, mask=mask, other=0).to(tl.int64), 0), N)
+    return start, tl.minimum(tl.maximum(tl.load(base + 1, mask=mask, other=0).to(tl.int64), start), N)
+
+
+@triton.jit
 def _ids(n_dblk, S, PDL: tl.constexpr):
     """The program's (inner block, segment (or the row kernels' row block or job: S of them), outer index), or with
     S = 1 the lane kernels' (segment block, 0, outer index);
@@ -329,50 +337,81 @@ def _segment_max_fwd_kernel(x, offs, vals, idxs, S, N, INNER, n_dblk, SX, O_LO, 
 
 
 @triton.jit
-def _segment_max_fwd_lanes_kernel(x, offs, vals, idxs, w, S, N, INNER, n_sblk, SX, O_LO, I_LO, soff_o, n_chunk,
-                                  n_w, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, CAP: tl.constexpr,
-                                  BLOCK_L: tl.constexpr, UNROLL: tl.constexpr, BITS: tl.constexpr, W: tl.constexpr,
-                                  INF: tl.constexpr, MATH: tl.constexpr, SPLIT_O: tl.constexpr,
-                                  SPLIT_I: tl.constexpr, CH: tl.constexpr, PDL: tl.constexpr):
-    """A program a block of BLOCK_S segments (all BLOCK_D >= INNER columns): segments of at most CAP rows take a
-    lane a (segment, column), looping over their rows together, UNROLL rows a step (their loads independent); each
-    longer one then takes the whole program, its rows a tile of BLOCK_L at a time (_max_over_rows), but with CH
-    only up to CH rows: longer ones are marked in the split's chunk map (_mark_chunks), and the split's passes store
-    their results. The same results as the tile kernel: a row wins only where it is strictly larger in the keys'
-    order (_order_key), so of equal ones (NaN too) the first row."""
-    sblk, _, outer = _ids(n_sblk, 1, PDL)
-    segs = sblk * BLOCK_S + tl.arange(0, BLOCK_S)
-    smask = segs < S
-    base = offs + outer * soff_o + segs
-    start = tl.minimum(tl.maximum(tl.load(base, mask=smask, other=0).to(tl.int64), 0), N)
-    end = tl.minimum(tl.maximum(tl.load(base + 1, mask=smask, other=0).to(tl.int64), start), N)
-    lens = end - start
-    short = smask & (lens <= CAP)
-    d = tl.arange(0, BLOCK_D)
-    dmask = d < INNER
-    xo, xi = _offsets(outer, d, SX, O_LO, I_LO, SPLIT_O, SPLIT_I)
-    xb = x + xo + xi
-    # rows counted from the segment's start, in 32 bits (a short segment has at most CAP); each lane's first row
-    # loaded before the loop, later ones compared as floats: a row wins where it is not at most the best so far
-    # (larger, or NaN) and the best is not NaN (the keys' order: zeros equal, NaN on top, the first of equals kept;
-    # one unordered compare and one NaN test, two instructions), with no key and no bits kept apart from the best
-    # element itself; rows past a lane's end load -inf, which never wins
-    n_r = tl.where(short, lens, 0).to(tl.int32)
-    p = xb[None, :] + start[:, None] * SX[1]
-    best = tl.load(p, mask=(n_r > 0)[:, None] & dmask[None, :], other=0.0)
-    best_r = tl.zeros([BLOCK_S, BLOCK_D], tl.int32)
-    for r0 in range(1, tl.max(n_r, axis=0), UNROLL):
+def _lanes_max(p, n_r, valid, rows, sx, UNROLL: tl.constexpr, MATH: tl.constexpr):
+    """(the max, its row) of each lane's rows 0 .. n_r - 1 at pointers p, rows sx elements apart (n_r and `valid`
+    broadcast against p; a lane without rows or not valid gets +0.0 and row 0; `rows`: the most n_r), UNROLL rows
+    a step, their loads independent. Rows counted in 32 bits (a lane's segment is short); each lane's first row
+    loaded before the loop, later ones compared as floats: a row wins where it is not at most the best so far
+    (larger, or NaN) and the best is not NaN (the keys' order: zeros equal, NaN on top, the first of equals kept;
+    one unordered compare and one NaN test, two instructions), with no key and no bits kept apart from the best
+    element itself; rows past a lane's end load -inf, which never wins."""
+    best = tl.load(p, mask=(n_r > 0) & valid, other=0.0)
+    best_r = tl.zeros(best.shape, tl.int32)
+    for r0 in range(1, rows, UNROLL):
         for u in tl.static_range(UNROLL):
             r = r0 + u
-            v = tl.load(p + r * SX[1], mask=(r < n_r)[:, None] & dmask[None, :], other=float("-inf"))
+            v = tl.load(p + r * sx, mask=(r < n_r) & valid, other=float("-inf"))
             vm, bm = cast_in(v, MATH), cast_in(best, MATH)  # (the interpreter and Triton 3.9 misorder 16-bit compares)
             take = ~(vm <= bm) & (bm == bm)
             best = tl.where(take, v, best)
             best_r = tl.where(take, r, best_r)
-    o = (outer * S + segs)[:, None] * INNER + d[None, :]
-    keep = short[:, None] & dmask[None, :]
-    tl.store(vals + o, best, mask=keep)  # (an empty segment's: the +0.0 loaded)
-    tl.store(idxs + o, tl.where((n_r > 0)[:, None], start[:, None] + best_r, N), mask=keep)
+    return best, best_r
+
+
+@triton.jit
+def _segment_max_fwd_lanes_kernel(x, offs, vals, idxs, w, S, N, INNER, n_sblk, SX, O_LO, I_LO, soff_o, n_chunk,
+                                  n_w, dm, dsh, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, CAP: tl.constexpr,
+                                  BLOCK_L: tl.constexpr, UNROLL: tl.constexpr, BITS: tl.constexpr, W: tl.constexpr,
+                                  INF: tl.constexpr, MATH: tl.constexpr, SPLIT_O: tl.constexpr,
+                                  SPLIT_I: tl.constexpr, CH: tl.constexpr, FLAT: tl.constexpr, MAGIC: tl.constexpr,
+                                  PDL: tl.constexpr):
+    """A program a block of BLOCK_S segments (all BLOCK_D >= INNER columns): segments of at most CAP rows take a
+    lane a (segment, column), looping over their rows together (_lanes_max); each longer one then takes the whole
+    program, its rows a tile of BLOCK_L at a time (_max_over_rows), but with CH only up to CH rows: longer ones are
+    marked in the split's chunk map (_mark_chunks), and the split's passes store their results. With FLAT, the
+    BLOCK_S * BLOCK_D lanes are the next (segment, column) pairs of the slice in order instead, so that no lane
+    idles where INNER is not a power of two (a segment may straddle two programs), and a long segment belongs to
+    the program holding its first column (2 BLOCK_S segments at most, as INNER > BLOCK_D / 2; the lanes' segments
+    and columns divide by INNER with dm, dsh where MAGIC: tl_helpers.div). The same results as the tile kernel: a
+    row wins only where it is strictly larger in the keys' order (_order_key), so of equal ones (NaN too) the first
+    row."""
+    sblk, _, outer = _ids(n_sblk, 1, PDL)
+    d = tl.arange(0, BLOCK_D)
+    dmask = d < INNER
+    xo, xi = _offsets(outer, d, SX, O_LO, I_LO, SPLIT_O, SPLIT_I)
+    xb = x + xo + xi
+    if FLAT:
+        first = sblk * (BLOCK_S * BLOCK_D)  # the block's first (segment, column) pair
+        seg0 = first // INNER
+        lanes = tl.arange(0, BLOCK_S * BLOCK_D)
+        q, col = divmod_((first - seg0 * INNER).to(tl.int32) + lanes, INNER, dm, dsh, MAGIC)
+        lseg = seg0 + q
+        lmask = lseg < S
+        lstart, lend = _clamped_rows(offs + outer * soff_o + lseg, lmask, N)
+        short = lmask & (lend - lstart <= CAP)
+        n_r = tl.where(short, lend - lstart, 0).to(tl.int32)
+        lo, li = _offsets(outer, col, SX, O_LO, I_LO, SPLIT_O, SPLIT_I)
+        best, best_r = _lanes_max(x + lo + li + lstart * SX[1], n_r, lmask, tl.max(n_r, axis=0), SX[1], UNROLL,
+                                  MATH)
+        o = outer * S * INNER + first + lanes
+        tl.store(vals + o, best, mask=short)  # (an empty segment's: the +0.0 loaded)
+        tl.store(idxs + o, tl.where(n_r > 0, lstart + best_r, N), mask=short)
+        segs = (first + INNER - 1) // INNER + tl.arange(0, 2 * BLOCK_S)  # the segments whose first column is here
+        smask = (segs < S) & (segs * INNER < first + BLOCK_S * BLOCK_D)
+    else:
+        segs = sblk * BLOCK_S + tl.arange(0, BLOCK_S)
+        smask = segs < S
+    start, end = _clamped_rows(offs + outer * soff_o + segs, smask, N)
+    lens = end - start
+    if not FLAT:
+        short = smask & (lens <= CAP)
+        n_r = tl.where(short, lens, 0).to(tl.int32)
+        best, best_r = _lanes_max(xb[None, :] + start[:, None] * SX[1], n_r[:, None], dmask[None, :],
+                                  tl.max(n_r, axis=0), SX[1], UNROLL, MATH)
+        o = (outer * S + segs)[:, None] * INNER + d[None, :]
+        keep = short[:, None] & dmask[None, :]
+        tl.store(vals + o, best, mask=keep)  # (an empty segment's: the +0.0 loaded)
+        tl.store(idxs + o, tl.where((n_r > 0)[:, None], start[:, None] + best_r, N), mask=keep)
     long = smask & (lens > CAP)
     if CH > 0:
         long = long & (lens <= CH)
@@ -944,6 +983,13 @@ class SegmentConfig:
     # the longest of 256 segments) and its grid keeps lanes_few_min_programs; where a program holds one segment
     # (rows of 128 columns and more), fwd_lanes_one_min_programs programs suffice. H200, the forward's >= 50 us sweep
     # cases: 0.94x (f32) / 0.91x (bf16) the time (docs/tuning/segment_max.md, "Wider lane blocks")
+    # the forward's lane kernel takes a block's lanes as the next (segment, column) pairs in order, none idle,
+    # where a [segments, next_pow2(inner)] block holds several segments and at least 1 / k of its lanes would idle,
+    # k the first entry at mean lengths up to lanes_max_mean (a row or so a lane: the flat lanes' own setup, a
+    # division and the offsets a lane, must pay for itself), the second past it (0: never). H200: 1M x 40 lengths
+    # 1-63 0.70x -> 0.82x stock (f32), 1.7M x 40 unit 0.94x -> 1.21x; a segment a program (D = 100) loses, each
+    # program's loop running to the longer of two segments (docs/tuning/segment_max.md, "Flat lanes")
+    fwd_lanes_flat_idle: tuple[int, int] = (3, 8)
     fwd_lanes_wider: int = 256
     fwd_lanes_wider_cols: tuple[int, int] = (4, 64)
     fwd_lanes_one_min_programs: int = 1024
@@ -1164,13 +1210,17 @@ def _fwd(data: torch.Tensor, offsets: torch.Tensor, axis: int, op: str):
             # a lane a (segment, column); long segments a program each, in turn
             bd = next_pow2(inner)
             bs = max(1, lanes // bd)
-            n_sblk = cdiv(s, bs)
+            idle = cfg.fwd_lanes_flat_idle[n > cfg.lanes_max_mean * s]
+            flat = bs > 1 and idle > 0 and (bd - inner) * idle >= bd
+            n_sblk = cdiv(s * inner, bs * bd) if flat else cdiv(s, bs)
+            (magic,), dmsh = magics((inner,), (inner + bs * bd,), flat)
             bl = max(1, min(cfg.lanes_long_tile // bd, cfg.bl_max))
-            main = _new_plan(outer * n_sblk, (s, n, inner, n_sblk, *strides, soff, *_split_ints(ch, outer, n, inner)),
-                             copies,
+            main = _new_plan(outer * n_sblk, (s, n, inner, n_sblk, *strides, soff, *_split_ints(ch, outer, n, inner),
+                                              *dmsh), copies,
                              {"BLOCK_S": bs, "BLOCK_D": bd, "CAP": cfg.lanes_cap, "BLOCK_L": bl,
                               "UNROLL": unroll, "MATH": TL_MATH[_runtime.math_dtype(data.dtype)], **bits, **split,
-                              "CH": ch}, cfg.lanes_warps, pdl, kernel=_segment_max_fwd_lanes_kernel)
+                              "CH": ch, "FLAT": flat, "MAGIC": magic}, cfg.lanes_warps, pdl,
+                             kernel=_segment_max_fwd_lanes_kernel)
         else:
             main = dataclasses.replace(_new_plan(outer * s * n_dblk, (s, n, inner, n_dblk, *strides, soff), copies,
                                                  {"BLOCK_L": bl, "BLOCK_D": bd, **bits, **split, "CH": ch}, warps,
