@@ -983,16 +983,15 @@ class SegmentConfig:
     # the longest of 256 segments) and its grid keeps lanes_few_min_programs; where a program holds one segment
     # (rows of 128 columns and more), fwd_lanes_one_min_programs programs suffice. H200, the forward's >= 50 us sweep
     # cases: 0.94x (f32) / 0.91x (bf16) the time (docs/tuning/segment_max.md, "Wider lane blocks")
-    # the forward's lane kernel takes a block's lanes as the next (segment, column) pairs in order, none idle,
-    # where a [segments, next_pow2(inner)] block holds several segments and at least 1 / k of its lanes would idle,
-    # k the first entry at mean lengths up to lanes_max_mean (a row or so a lane: the flat lanes' own setup, a
-    # division and the offsets a lane, must pay for itself), the second past it (0: never). H200: 1M x 40 lengths
-    # 1-63 0.70x -> 0.82x stock (f32), 1.7M x 40 unit 0.94x -> 1.21x; a segment a program (D = 100) loses, each
-    # program's loop running to the longer of two segments (docs/tuning/segment_max.md, "Flat lanes")
-    fwd_lanes_flat_idle: tuple[int, int] = (3, 8)
     fwd_lanes_wider: int = 256
     fwd_lanes_wider_cols: tuple[int, int] = (4, 64)
     fwd_lanes_one_min_programs: int = 1024
+    # the forward's lane kernel takes a block's lanes as the next (segment, column) pairs in order, none idle,
+    # where a [segments, next_pow2(inner)] block holds several segments (with one, a program's loop would run to
+    # the longer of two) and would idle at least 1 / k of its lanes: k the first entry at mean lengths up to
+    # lanes_max_mean (a row or so a lane, which must pay for the lane's own division and offsets), the second past
+    # it; 0: never (docs/tuning/segment_max.md, "Flat lanes")
+    fwd_lanes_flat_idle: tuple[int, int] = (3, 8)
     # the forward lane kernel's tile (elements) for a segment longer than lanes_cap, which takes the program: few
     # programs loop over one, but its registers bound every program's occupancy (H200, 22M x 3 in segments of 1-63,
     # none longer than the cap: 56 registers, 0.63x stock; docs/tuning/segment_max.md, "Float compares")
