@@ -151,6 +151,15 @@ GROUPS = {  # name: (ops, dtypes, configs); each config overrides only what it n
     "segflat": (["segment_max_forward"], [F32, BF16],
                 [DEFAULTS, (segment_max.CONFIG, {"fwd_lanes_flat_idle": (0, 0)}),
                  (segment_max.CONFIG, {"fwd_lanes_flat_idle": (8, 8)})]),
+    # the forward's lane blocks on fewer warps (fwd_lanes_a_warp), so that a block's loop ends with its own
+    # segments: as shipped (4 warps); a warp a segment at 64 columns (64-lane blocks, one warp, a program a segment
+    # allowed); 2 lanes a thread at every block (128 lanes on 2 warps); 128-lane blocks on 2 warps; with
+    # TUNE_CASES="sweep:" (every case)
+    "segwarp": (["segment_max_forward"], [F32, BF16],
+                [DEFAULTS, (segment_max.CONFIG, {"fwd_lanes_wider": 64, "fwd_lanes_a_warp": 64,
+                                                 "fwd_lanes_one_min_programs": 0}),
+                 (segment_max.CONFIG, {"fwd_lanes_a_warp": 64}),
+                 (segment_max.CONFIG, {"fwd_lanes_wider": 128, "fwd_lanes_a_warp": 64})]),
     # short tiles and more rows in flight (twenty-first session): as shipped, the tile kernels' tiles of `tile`
     # elements at every mean with the segment_reduce backward's columns not widened, the forward's lanes_few at 4 rows
     # a step, tiles of 256; with TUNE_CASES="sweep:" (every case)

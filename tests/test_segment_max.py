@@ -987,6 +987,22 @@ def test_forward_flat_lanes_where_columns_would_idle():
     assert plan(5, rows=32) == (True, (10,))  # 3 of 8
 
 
+def test_forward_lane_blocks_take_warps_by_lanes():
+    """fwd_lanes_a_warp: a forward lane block of L lanes on min(lanes_warps, L // fwd_lanes_a_warp) warps, one at
+    least; 0 keeps lanes_warps for every block."""
+    def warps(lanes, a_warp):
+        data = torch.randn(640, 64, device=DEVICE)
+        offs = torch.linspace(0, 640, 33, device=DEVICE).to(torch.int64)  # mean 20 rows
+        with config.override(sm.CONFIG, rows_max_programs=0, lanes_few=lanes, lanes_few_min_programs=0,
+                             fwd_lanes_wider_cols=(0, 0), fwd_lanes_one_min_programs=0, lanes_warps=4,
+                             fwd_lanes_a_warp=a_warp):
+            (fwd,) = gradkern.plan("segment_max_forward", data, offs, 0).kernels
+        assert fwd.kernel == "_segment_max_fwd_lanes_kernel", fwd
+        return fwd.config["num_warps"]
+    assert [warps(64, 64), warps(128, 64), warps(256, 64), warps(512, 64)] == [1, 2, 4, 4]
+    assert [warps(64, 0), warps(64, 128), warps(256, 32)] == [4, 1, 4]
+
+
 def test_few_segments_take_the_row_kernel():
     """Where the tile kernel would run fewer than rows_max_programs programs (few segments) of at least
     rows_min_mean rows on average, the row kernel and its fix-up pass serve the problem: a plan's choice, from the

@@ -992,6 +992,10 @@ class SegmentConfig:
     # lanes_max_mean (a row or so a lane, which must pay for the lane's own division and offsets), the second past
     # it; 0: never (docs/tuning/segment_max.md, "Flat lanes")
     fwd_lanes_flat_idle: tuple[int, int] = (3, 8)
+    # lanes a warp of the forward's lane kernel: a block of L lanes on min(lanes_warps, L // this) warps, at least
+    # one (fewer lanes a program, so that its loop ends with its own segments'); 0: lanes_warps whatever the block.
+    # Not timed yet: tune group segwarp (docs/tuning/segment_max.md, "Flat lanes")
+    fwd_lanes_a_warp: int = 0
     # the forward lane kernel's tile (elements) for a segment longer than lanes_cap, which takes the program: few
     # programs loop over one, but its registers bound every program's occupancy (H200, 22M x 3 in segments of 1-63,
     # none longer than the cap: 56 registers, 0.63x stock; docs/tuning/segment_max.md, "Float compares")
@@ -1218,8 +1222,9 @@ def _fwd(data: torch.Tensor, offsets: torch.Tensor, axis: int, op: str):
                                               *dmsh), copies,
                              {"BLOCK_S": bs, "BLOCK_D": bd, "CAP": cfg.lanes_cap, "BLOCK_L": bl,
                               "UNROLL": unroll, "MATH": TL_MATH[_runtime.math_dtype(data.dtype)], **bits, **split,
-                              "CH": ch, "FLAT": flat, "MAGIC": magic}, cfg.lanes_warps, pdl,
-                             kernel=_segment_max_fwd_lanes_kernel)
+                              "CH": ch, "FLAT": flat, "MAGIC": magic},
+                             min(cfg.lanes_warps, max(1, bs * bd // cfg.fwd_lanes_a_warp)) if cfg.fwd_lanes_a_warp
+                             else cfg.lanes_warps, pdl, kernel=_segment_max_fwd_lanes_kernel)
         else:
             main = dataclasses.replace(_new_plan(outer * s * n_dblk, (s, n, inner, n_dblk, *strides, soff), copies,
                                                  {"BLOCK_L": bl, "BLOCK_D": bd, **bits, **split, "CH": ch}, warps,
