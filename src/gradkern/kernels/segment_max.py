@@ -78,14 +78,6 @@ def _segment(offs, soff_o, outer, seg, N, ENDS: tl.constexpr, LENS: tl.constexpr
 
 
 @triton.jit
-def _clamped_rows(base, mask, N):
-    """(start, end) of the segments whose offsets are at `base` (offsets, a pointer tensor), clamped as _segment
-    clamps them; (0, 0) where not `mask`."""
-    start = tl.minimum(tl.maximum(tl.load(base, mask=mask, other=0).to(tl.int64), 0), N)
-    return start, tl.minimum(tl.maximum(tl.load(base + 1, mask=mask, other=0).to(tl.int64), start), N)
-
-
-@triton.jit
 def _ids(n_dblk, S, PDL: tl.constexpr):
     """The program's (inner block, segment (or the row kernels' row block or job: S of them), outer index), or with
     S = 1 the lane kernels' (segment block, 0, outer index);
@@ -387,7 +379,7 @@ def _segment_max_fwd_lanes_kernel(x, offs, vals, idxs, w, S, N, INNER, n_sblk, S
         q, col = divmod_((first - seg0 * INNER).to(tl.int32) + lanes, INNER, dm, dsh, MAGIC)
         lseg = seg0 + q
         lmask = lseg < S
-        lstart, lend = _clamped_rows(offs + outer * soff_o + lseg, lmask, N)
+        lstart, lend = _segment(offs, soff_o, outer, tl.minimum(lseg, S - 1), N, False)  # (past S: S - 1's, unused)
         short = lmask & (lend - lstart <= CAP)
         n_r = tl.where(short, lend - lstart, 0).to(tl.int32)
         lo, li = _offsets(outer, col, SX, O_LO, I_LO, SPLIT_O, SPLIT_I)
@@ -401,7 +393,7 @@ def _segment_max_fwd_lanes_kernel(x, offs, vals, idxs, w, S, N, INNER, n_sblk, S
     else:
         segs = sblk * BLOCK_S + tl.arange(0, BLOCK_S)
         smask = segs < S
-    start, end = _clamped_rows(offs + outer * soff_o + segs, smask, N)
+    start, end = _segment(offs, soff_o, outer, tl.minimum(segs, S - 1), N, False)  # (past S: S - 1's, unused)
     lens = end - start
     if not FLAT:
         short = smask & (lens <= CAP)
@@ -684,15 +676,7 @@ def _segment_reduce_max_bwd_lanes_kernel(g, o, x, offs, gx, S, N, INNER, n_sblk,
     sblk, _, outer = _ids(n_sblk, 1, PDL)
     segs = sblk * BLOCK_S + tl.arange(0, BLOCK_S)
     smask = segs < S
-    base = offs + outer * soff_o + segs
-    if ENDS:  # the lengths' cumulative sums: a segment starts where the one before ends
-        start = tl.load(base - 1, mask=smask & (segs > 0), other=0).to(tl.int64)
-        end = tl.load(base, mask=smask, other=0).to(tl.int64)
-    else:
-        start = tl.load(base, mask=smask, other=0).to(tl.int64)
-        end = tl.load(base + 1, mask=smask, other=0).to(tl.int64)
-    start = tl.minimum(tl.maximum(start, 0), N)
-    end = tl.minimum(tl.maximum(end, start), N)
+    start, end = _segment(offs, soff_o, outer, tl.minimum(segs, S - 1), N, ENDS)  # (past S: S - 1's, unused)
     lens = end - start
     short = smask & (lens <= CAP)
     d = tl.arange(0, BLOCK_D)
