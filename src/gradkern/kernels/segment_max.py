@@ -965,8 +965,8 @@ class SegmentConfig:
     # the forward at mean lengths past lanes_max_mean: fwd_lanes_wider lanes a program where the column block is
     # within fwd_lanes_wider_cols (two lanes a thread: more loads in flight; at one column a block would loop to
     # the longest of 256 segments) and its grid keeps lanes_few_min_programs; where a program holds one segment
-    # (rows of 128 columns and more), fwd_lanes_one_min_programs programs suffice. H200, the forward's >= 50 us sweep
-    # cases: 0.94x (f32) / 0.91x (bf16) the time (docs/tuning/segment_max.md, "Wider lane blocks")
+    # (rows of 128 columns and more), fwd_lanes_one_min_programs programs suffice (docs/tuning/segment_max.md,
+    # "Wider lane blocks")
     fwd_lanes_wider: int = 256
     fwd_lanes_wider_cols: tuple[int, int] = (4, 64)
     fwd_lanes_one_min_programs: int = 1024
@@ -987,8 +987,8 @@ class SegmentConfig:
     # the forward's lane kernel also for inner widths past lanes_max_inner up to this many, but only at mean lengths
     # past lanes_max_mean (at lower means a few long segments hold a program in the long loop, whose tile is a few
     # wide rows). H200, the forward's D >= 40 sweep cases, bf16: 0.33x / 0.86x stock (min / geomean); the variants:
-    # docs/tuning/segment_max.md, "Wide rows in the lane kernel"; 1024 (from 256): a program a segment of 1000
-    # columns, bf16 0.51x -> 0.95x stock ("Wider lane blocks")
+    # docs/tuning/segment_max.md, "Wide rows in the lane kernel"; 1024 (from 256): a program a segment of up to
+    # 1024 columns where fwd_lanes_one_min_programs programs remain ("Wider lane blocks")
     fwd_lanes_max_inner: int = 1024
     # ... and at means up to fwd_lanes_unit_mean (unit lengths, or emptier): there the tile kernel's program holds a
     # row, and its programs wait on their loads one row each (H200, 1.7M unit rows of 40: 1.04 -> 0.58 ms, 0.53x ->
@@ -1201,14 +1201,15 @@ def _fwd(data: torch.Tensor, offsets: torch.Tensor, axis: int, op: str):
             flat = bs > 1 and idle > 0 and (bd - inner) * idle >= bd
             n_sblk = cdiv(s * inner, bs * bd) if flat else cdiv(s, bs)
             (magic,), dmsh = magics((inner,), (inner + bs * bd,), flat)
+            a_warp = cfg.fwd_lanes_a_warp
+            lane_warps = min(cfg.lanes_warps, max(1, bs * bd // a_warp)) if a_warp else cfg.lanes_warps
             bl = max(1, min(cfg.lanes_long_tile // bd, cfg.bl_max))
             main = _new_plan(outer * n_sblk, (s, n, inner, n_sblk, *strides, soff, *_split_ints(ch, outer, n, inner),
                                               *dmsh), copies,
                              {"BLOCK_S": bs, "BLOCK_D": bd, "CAP": cfg.lanes_cap, "BLOCK_L": bl,
                               "UNROLL": unroll, "MATH": TL_MATH[_runtime.math_dtype(data.dtype)], **bits, **split,
-                              "CH": ch, "FLAT": flat, "MAGIC": magic},
-                             min(cfg.lanes_warps, max(1, bs * bd // cfg.fwd_lanes_a_warp)) if cfg.fwd_lanes_a_warp
-                             else cfg.lanes_warps, pdl, kernel=_segment_max_fwd_lanes_kernel)
+                              "CH": ch, "FLAT": flat, "MAGIC": magic}, lane_warps, pdl,
+                             kernel=_segment_max_fwd_lanes_kernel)
         else:
             main = dataclasses.replace(_new_plan(outer * s * n_dblk, (s, n, inner, n_dblk, *strides, soff), copies,
                                                  {"BLOCK_L": bl, "BLOCK_D": bd, **bits, **split, "CH": ch}, warps,
