@@ -160,6 +160,12 @@ GROUPS = {  # name: (ops, dtypes, configs); each config overrides only what it n
                                                  "fwd_lanes_one_min_programs": 0}),
                  (segment_max.CONFIG, {"fwd_lanes_a_warp": 64}),
                  (segment_max.CONFIG, {"fwd_lanes_wider": 128, "fwd_lanes_a_warp": 64})]),
+    # the segment_reduce backward's lane kernel: as shipped (the split's passes for segments longer than a chunk,
+    # long segments in tiles of lanes_long_tile elements), no split (split_min_elems past any problem; the tile
+    # kernel's cases lose theirs too), tiles of `tile` (4096) elements; with TUNE_CASES="sweep:D=1 |D=3 "
+    "segredlanes": (["_segment_reduce_backward"], [F32, BF16],
+                    [DEFAULTS, (segment_max.CONFIG, {"split_min_elems": 1 << 62}),
+                     (segment_max.CONFIG, {"lanes_long_tile": 4096})]),
     # short tiles and more rows in flight (twenty-first session): as shipped, the tile kernels' tiles of `tile`
     # elements at every mean with the segment_reduce backward's columns not widened, the forward's lanes_few at 4 rows
     # a step, tiles of 256; with TUNE_CASES="sweep:" (every case)

@@ -822,8 +822,8 @@ def test_segment_reduce_long_segments_take_the_chunk_passes(dtype):
     """The segment_reduce backward's split, as the forward's, for its tile kernel: segments longer than a chunk (16
     rows here) are left to the chunk map, tie counts a chunk, their sums a segment and a pass writing each chunk's
     rows; ties spread over chunks (a constant segment of 100 rows divides g by 100), NaN, g of both signs; lengths,
-    their int32 form and offsets, an outer dim; a workspace holding stale entries. The lane kernel takes no split.
-    Stock's gradients bit for bit."""
+    their int32 form and offsets, an outer dim; a workspace holding stale entries. The lane kernel takes the same
+    passes (one program walks a segment longer than its cap but not than a chunk). Stock's gradients bit for bit."""
     lengths = [16, 17, 0, 3, 40, 1, 0, 0, 29, 2, 2, 100, 5, 16, 33, 0]
     n = sum(lengths)
     data = _data((n, 3), dtype, ties=True)
@@ -834,11 +834,11 @@ def test_segment_reduce_long_segments_take_the_chunk_passes(dtype):
     split = ["_segred_chunks_kernel", "_segred_sum_kernel", "_segred_write_kernel"]
     for knobs, main in (({"lanes_max_inner": 0}, ["_segment_mark_kernel", "_segment_reduce_max_bwd_kernel"]),
                         ({"lanes_max_mean": 1 << 30, "lanes_min_programs": 0, "lanes_cap": 4, "lens_max_s": 0},
-                         ["_segment_reduce_max_bwd_lanes_kernel"])):
+                         ["_segment_mark_kernel", "_segment_reduce_max_bwd_lanes_kernel"])):
         with config.override(sm.CONFIG, **_SPLIT, **knobs):
             out = torch.segment_reduce(data, "max", lengths=L)
             launches = gradkern.plan("_segment_reduce_backward", grads[0], out, data, "max", lengths=L).kernels
-            assert [k.kernel for k in launches] == (main if "lanes_cap" in knobs else main + split), launches
+            assert [k.kernel for k in launches] == main + split, launches
             for g in grads:
                 for kw in ({"lengths": L}, {"offsets": _offsets(lengths)}, {"lengths": L.int()}):
                     (_, gx), (_, gxs) = _both(data, g, **kw)

@@ -665,14 +665,16 @@ def _segment_reduce_max_bwd_lanes_kernel(g, o, x, offs, gx, S, N, INNER, n_sblk,
                                          BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, CAP: tl.constexpr,
                                          BLOCK_L: tl.constexpr, MATH: tl.constexpr, ENDS: tl.constexpr,
                                          TWO_PASS: tl.constexpr, UNROLL: tl.constexpr, WRITE_R: tl.constexpr,
-                                         SPLIT_O: tl.constexpr, SPLIT_I: tl.constexpr, PDL: tl.constexpr):
+                                         SPLIT_O: tl.constexpr, SPLIT_I: tl.constexpr, CH: tl.constexpr,
+                                         PDL: tl.constexpr):
     """A program a block of BLOCK_S segments (all BLOCK_D >= INNER columns): segments of at most CAP rows take a
     lane a (segment, column), which counts its ties over the segment's rows, then writes them (UNROLL rows a step,
     their loads independent; with WRITE_R > 1 the writing pass takes WRITE_R consecutive rows of a segment side by
     side across the lanes instead, so that a warp's stores fill sectors where a lane a segment wrote one element
     a sector); each longer one then takes the whole program, a tile of BLOCK_L rows at a time
-    (_segred_segment). The first and last blocks zero the rows before the first segment and after the last. The
-    same results as _segment_reduce_max_bwd_kernel."""
+    (_segred_segment), but with CH, one longer than CH rows is left to the split's passes. The first and last
+    blocks zero the rows before the first segment and after the last. The same results as
+    _segment_reduce_max_bwd_kernel."""
     sblk, _, outer = _ids(n_sblk, 1, PDL)
     segs = sblk * BLOCK_S + tl.arange(0, BLOCK_S)
     smask = segs < S
@@ -716,7 +718,7 @@ def _segment_reduce_max_bwd_lanes_kernel(g, o, x, offs, gx, S, N, INNER, n_sblk,
             v = tl.load(xb[None, None, :] + (rr * SX[1])[:, :, None], mask=m, other=0.0).to(MATH)
             sel = ((v != v) | (v == ov[:, None, :])) & m
             tl.store(ob + (rr * INNER)[:, :, None] + d[None, None, :], tl.where(sel, q[:, None, :], zero3), mask=m)
-    long = smask & (lens > CAP)
+    long = smask & (lens > CAP) & (_walked(start, end, CH) > start)
     rank = tl.cumsum(long.to(tl.int32), axis=0) - 1
     for j in range(0, tl.sum(long.to(tl.int32), axis=0)):
         pick = long & (rank == j)
@@ -978,11 +980,13 @@ class SegmentConfig:
     fwd_lanes_flat_idle: tuple[int, int] = (3, 8)
     # lanes a warp of the forward's lane kernel: a block of L lanes on min(lanes_warps, L // this) warps, at least
     # one (fewer lanes a program, so that its loop ends with its own segments'); 0: lanes_warps whatever the block.
-    # Not timed yet: tune group segwarp (docs/tuning/segment_max.md, "Flat lanes")
+    # None of tune group segwarp's settings wins over the sweep (docs/tuning/segment_max.md, "Lane blocks on fewer
+    # warps")
     fwd_lanes_a_warp: int = 0
-    # the forward lane kernel's tile (elements) for a segment longer than lanes_cap, which takes the program: few
-    # programs loop over one, but its registers bound every program's occupancy (H200, 22M x 3 in segments of 1-63,
-    # none longer than the cap: 56 registers, 0.63x stock; docs/tuning/segment_max.md, "Float compares")
+    # the lane kernels' tile (elements) for a segment longer than lanes_cap, which takes the program: few programs
+    # loop over one, but its registers bound every program's occupancy (H200, forward 22M x 3 in segments of 1-63,
+    # none longer than the cap: 56 registers, 0.63x stock; docs/tuning/segment_max.md, "Float compares"; the
+    # segment_reduce backward's: "The segment_reduce backward's lane kernel: its long tile and the split")
     lanes_long_tile: int = 256
     # the forward's lane kernel also for inner widths past lanes_max_inner up to this many, but only at mean lengths
     # past lanes_max_mean (at lower means a few long segments hold a program in the long loop, whose tile is a few
@@ -1479,9 +1483,7 @@ def _segment_reduce_plan(data, seg, s: int, ends: bool, grad, output, pdl: bool)
                             _tile(cfg, n, s))
     n_dblk = cdiv(inner, bd)
     lanes, unroll = _lane_block(cfg, outer, n, s, inner, cfg.lanes_max_inner, cfg.lanes_few_unroll)
-    # the split serves the tile kernel only: its map's code slowed the lane kernel, whose long segments already run
-    # far above stock (docs/tuning/segment_max.md, "The segment_reduce backward's split")
-    ch = 0 if lanes else _chunk_rows(cfg, outer, n, inner)
+    ch = _chunk_rows(cfg, outer, n, inner)
     lens = ends and not ch and _reads_lengths(cfg, data, axis, s)  # (the split's passes read the ends)
     if lens:
         lanes, unroll = 0, 0
@@ -1489,24 +1491,25 @@ def _segment_reduce_plan(data, seg, s: int, ends: bool, grad, output, pdl: bool)
     soff = _offsets_stride(seg)
     write_rows = dict(cfg.lanes_write_rows).get(esize, 1) if lanes == cfg.lanes_few else 1
     if lanes:
-        # a lane a (segment, column), as the forward's lane kernel; long segments a program each, in turn
+        # a lane a (segment, column), as the forward's lane kernel; long segments a program each, in turn (those
+        # longer than a chunk: the split's)
         bd = next_pow2(inner)
-        bl = max(1, min(cfg.tile // bd, cfg.bl_max))
+        bl = max(1, min(cfg.lanes_long_tile // bd, cfg.bl_max))
         n_sblk = cdiv(s, max(1, lanes // bd))
         consts = {"BLOCK_S": max(1, lanes // bd), "BLOCK_D": bd, "CAP": cfg.lanes_cap, "BLOCK_L": bl,
                   "UNROLL": unroll, "WRITE_R": write_rows, "MATH": math_dt, "ENDS": ends,
-                  "TWO_PASS": (bl * bd <= cfg.small_tile, esize) not in cfg.segred_one_pass, **split}
-        return dataclasses.replace(_new_plan(outer * n_sblk, (s, n, inner, n_sblk, *strides, soff), copies, consts,
-                                             cfg.lanes_warps, pdl, kernel=_segment_reduce_max_bwd_lanes_kernel),
-                                   picks=(0, 1, 2, 3, 4))
-    tiles = (bl * bd <= cfg.small_tile, esize)  # the tile class
-    consts = {"BLOCK_L": bl, "BLOCK_D": bd, "MATH": math_dt, "ENDS": ends,
-              "LENS": next_pow2(s) if lens else 0, "TWO_PASS": tiles not in cfg.segred_one_pass,
-              "SKIP_EMPTY": tiles not in cfg.segred_no_skip, **split, "CH": ch}
-    cap = dict(cfg.segred_maxnreg).get(tiles)
-    main = dataclasses.replace(
-        _new_plan(outer * s * n_dblk, (s, n, inner, n_dblk, *strides, soff), copies, consts, warps, pdl,
-                  kernel=_segment_reduce_max_bwd_kernel, **({"maxnreg": cap} if cap else {})), picks=(0, 1, 2, 3, 4))
+                  "TWO_PASS": (bl * bd <= cfg.small_tile, esize) not in cfg.segred_one_pass, **split, "CH": ch}
+        main = _new_plan(outer * n_sblk, (s, n, inner, n_sblk, *strides, soff), copies, consts, cfg.lanes_warps, pdl,
+                         kernel=_segment_reduce_max_bwd_lanes_kernel)
+    else:
+        tiles = (bl * bd <= cfg.small_tile, esize)  # the tile class
+        consts = {"BLOCK_L": bl, "BLOCK_D": bd, "MATH": math_dt, "ENDS": ends,
+                  "LENS": next_pow2(s) if lens else 0, "TWO_PASS": tiles not in cfg.segred_one_pass,
+                  "SKIP_EMPTY": tiles not in cfg.segred_no_skip, **split, "CH": ch}
+        cap = dict(cfg.segred_maxnreg).get(tiles)
+        main = _new_plan(outer * s * n_dblk, (s, n, inner, n_dblk, *strides, soff), copies, consts, warps, pdl,
+                         kernel=_segment_reduce_max_bwd_kernel, **({"maxnreg": cap} if cap else {}))
+    main = dataclasses.replace(main, picks=(0, 1, 2, 3, 4))
     if not ch:
         return main
     # the split: tie counts a chunk, their sums a segment, then the rows written
