@@ -424,9 +424,10 @@ def _segment_max_fwd_lanes_kernel(x, offs, vals, idxs, w, S, N, INNER, n_sblk, S
 @triton.jit
 def _segment_mark_kernel(offs, w, S, N, n_sblk, soff_o, n_chunk, at, CH: tl.constexpr, BLOCK_S: tl.constexpr,
                          ENDS: tl.constexpr, PDL: tl.constexpr):
-    """The split's chunk map (_mark_chunks; at `at` entries into w) for the tile kernels, which do not write it
-    themselves (the code slowed the forward's loop even where it did not run: docs/tuning/segment_max.md, "The
-    split"): a program a block of BLOCK_S segments, before the main kernel."""
+    """The split's chunk map (_mark_chunks; at `at` entries into w) for the kernels that do not write it
+    themselves, the tile kernels (the code slowed the forward's loop even where it did not run: docs/tuning/
+    segment_max.md, "The split") and the segment_reduce backward's lane kernel: a program a block of BLOCK_S
+    segments, before the main kernel."""
     sblk, _, outer = _ids(n_sblk, 1, PDL)
     segs = sblk * BLOCK_S + tl.arange(0, BLOCK_S).to(tl.int64)
     smask = segs < S
@@ -1012,8 +1013,8 @@ class SegmentConfig:
     rows_bd_max: int = 64
     rows_warps: int = 4
     # the split for long segments: where a slice has more rows than a chunk of about split_chunk elements and the
-    # problem at least split_min_elems, the forward's tile or lane kernel and the segment_reduce backward's tile
-    # kernel leave segments longer than a chunk to passes a chunk (combining chunks split_combine elements a
+    # problem at least split_min_elems, the forward's and the segment_reduce backward's tile and lane kernels
+    # leave segments longer than a chunk to passes a chunk (combining chunks split_combine elements a
     # step). H200, the power-law sweep cases: forward 0.33-0.68x stock -> 1.8-12.5x, segment_reduce backward
     # 1.19-2.49x -> 6.4-24x; the others a few us slower, small problems more (their passes' launches; docs/tuning/
     # segment_max.md, "The split" and "The segment_reduce backward's split")
@@ -1267,10 +1268,10 @@ def _chunks_a_program(cfg, chunks: int) -> int:
 
 def _split_plan(cfg, main: _Plan, ch: int, strides: tuple, copies: tuple, outer: int, n: int, s: int, inner: int,
                 soff: int, pdl: bool, passes: list, at: int, offs: int, ends: bool) -> _Plan:
-    """The split for long segments: the main kernel (`main`, which leaves segments longer than ch rows alone; a
-    lane kernel writes their chunk map, a tile kernel's is _segment_mark_kernel's, `lanes` segments a program,
-    before it), then `passes`, a program BLOCK_C chunks each (_chunks_a_program), rows_bd_max columns a block:
-    (kernel, its step's constexpr, its constexprs after BLOCK_D) each, the step BLOCK_L (rows_tile elements, a
+    """The split for long segments: the main kernel (`main`, which leaves segments longer than ch rows alone; the
+    forward's lane kernel writes their chunk map, the others' is _segment_mark_kernel's, `lanes` segments a
+    program, before it), then `passes`, a program BLOCK_C chunks each (_chunks_a_program), rows_bd_max columns a
+    block: (kernel, its step's constexpr, its constexprs after BLOCK_D) each, the step BLOCK_L (rows_tile elements, a
     chunk's rows) or BLOCK_T (split_combine elements, a segment's chunks). The workspace: the chunks' partials
     (`at` times n_w entries), then the chunk map, two entries a chunk. The map launch takes the operand `offs`
     (offsets, or with `ends` the segments' ends) and the workspace (after the operands)."""
