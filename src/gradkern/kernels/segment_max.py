@@ -682,6 +682,7 @@ def _segment_reduce_max_bwd_lanes_kernel(g, o, x, offs, gx, S, N, INNER, n_sblk,
     start, end = _segment(offs, soff_o, outer, tl.minimum(segs, S - 1), N, ENDS)  # (past S: S - 1's, unused)
     lens = end - start
     short = smask & (lens <= CAP)
+    long = smask & (lens > CAP) & (_walked(start, end, CH) > start)  # (the long segments' rows: reloaded after)
     d = tl.arange(0, BLOCK_D)
     dmask = d < INNER
     ob = gx + outer * N * INNER
@@ -692,12 +693,13 @@ def _segment_reduce_max_bwd_lanes_kernel(g, o, x, offs, gx, S, N, INNER, n_sblk,
     sd = short[:, None] & dmask[None, :]
     ov = tl.load(o + oo + (segs * SO[1])[:, None] + oi[None, :], mask=sd, other=0.0).to(MATH)
     gv = tl.load(g + go + (segs * SG[1])[:, None] + gi[None, :], mask=sd, other=0.0).to(MATH)
-    rows = tl.max(tl.where(short, lens, 0), axis=0)
+    n_r = tl.where(short, lens, 0).to(tl.int32)  # (a short segment's rows: 32 bits)
+    rows = tl.max(n_r, axis=0)
     cnt = tl.zeros([BLOCK_S, BLOCK_D], tl.int32)
     for r0 in range(0, rows, UNROLL):
         for u in tl.static_range(UNROLL):
             r = r0 + u
-            m = (short & (r < lens))[:, None] & dmask[None, :]
+            m = (r < n_r)[:, None] & dmask[None, :]
             v = tl.load(xb[None, :] + (start + r)[:, None] * SX[1], mask=m, other=0.0).to(MATH)
             cnt += (((v != v) | (v == ov)) & m).to(tl.int32)
     q = _tie_grad(gv, cnt, gx.dtype.element_ty, MATH)
@@ -706,7 +708,7 @@ def _segment_reduce_max_bwd_lanes_kernel(g, o, x, offs, gx, S, N, INNER, n_sblk,
         for r0 in range(0, rows, UNROLL):
             for u in tl.static_range(UNROLL):
                 r = r0 + u
-                m = (short & (r < lens))[:, None] & dmask[None, :]
+                m = (r < n_r)[:, None] & dmask[None, :]
                 v = tl.load(xb[None, :] + (start + r)[:, None] * SX[1], mask=m, other=0.0).to(MATH)
                 sel = ((v != v) | (v == ov)) & m
                 tl.store(ob + ((start + r) * INNER)[:, None] + d[None, :], tl.where(sel, q, zero), mask=m)
@@ -714,23 +716,22 @@ def _segment_reduce_max_bwd_lanes_kernel(g, o, x, offs, gx, S, N, INNER, n_sblk,
         zero3 = tl.zeros([BLOCK_S, WRITE_R, BLOCK_D], gx.dtype.element_ty)
         for r0 in range(0, rows, WRITE_R):
             r = r0 + tl.arange(0, WRITE_R)
-            m = (short[:, None] & (r[None, :] < lens[:, None]))[:, :, None] & dmask[None, None, :]
+            m = (r[None, :] < n_r[:, None])[:, :, None] & dmask[None, None, :]
             rr = start[:, None] + r[None, :]
             v = tl.load(xb[None, None, :] + (rr * SX[1])[:, :, None], mask=m, other=0.0).to(MATH)
             sel = ((v != v) | (v == ov[:, None, :])) & m
             tl.store(ob + (rr * INNER)[:, :, None] + d[None, None, :], tl.where(sel, q[:, None, :], zero3), mask=m)
-    long = smask & (lens > CAP) & (_walked(start, end, CH) > start)
     rank = tl.cumsum(long.to(tl.int32), axis=0) - 1
     for j in range(0, tl.sum(long.to(tl.int32), axis=0)):
-        pick = long & (rank == j)
-        _segred_segment(g, o, xb, ob, outer, tl.max(tl.where(pick, segs, -1), axis=0),
-                        tl.max(tl.where(pick, start, -1), axis=0), tl.max(tl.where(pick, end, -1), axis=0), d, dmask,
-                        SG, SO, SX[1], O_LO, I_LO, INNER, BLOCK_L, BLOCK_D, MATH, TWO_PASS, SPLIT_O, SPLIT_I)
+        seg = tl.max(tl.where(long & (rank == j), segs, -1), axis=0)
+        a, b = _segment(offs, soff_o, outer, seg, N, ENDS)
+        _segred_segment(g, o, xb, ob, outer, seg, a, b, d, dmask, SG, SO, SX[1], O_LO, I_LO, INNER, BLOCK_L, BLOCK_D,
+                        MATH, TWO_PASS, SPLIT_O, SPLIT_I)
     if sblk == 0:
-        _zero_rows(ob, 0, tl.sum(tl.where(segs == 0, start, 0), axis=0), d, dmask, INNER, gx.dtype.element_ty,
+        _zero_rows(ob, 0, _segment(offs, soff_o, outer, 0, N, ENDS)[0], d, dmask, INNER, gx.dtype.element_ty,
                    BLOCK_L, BLOCK_D)
     if sblk == n_sblk - 1:
-        _zero_rows(ob, tl.sum(tl.where(segs == S - 1, end, 0), axis=0), N, d, dmask, INNER, gx.dtype.element_ty,
+        _zero_rows(ob, _segment(offs, soff_o, outer, S - 1, N, ENDS)[1], N, d, dmask, INNER, gx.dtype.element_ty,
                    BLOCK_L, BLOCK_D)
 
 
