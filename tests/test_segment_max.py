@@ -819,11 +819,12 @@ def test_split_passes_take_blocks_of_chunks_while_programs_stay():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
 def test_segment_reduce_long_segments_take_the_chunk_passes(dtype):
-    """The segment_reduce backward's split, as the forward's, for its tile kernel: segments longer than a chunk (16
-    rows here) are left to the chunk map, tie counts a chunk, their sums a segment and a pass writing each chunk's
-    rows; ties spread over chunks (a constant segment of 100 rows divides g by 100), NaN, g of both signs; lengths,
-    their int32 form and offsets, an outer dim; a workspace holding stale entries. The lane kernel takes the same
-    passes (one program walks a segment longer than its cap but not than a chunk). Stock's gradients bit for bit."""
+    """The segment_reduce backward's split, as the forward's, for its tile and lane kernels: segments longer than a
+    chunk (16 rows here) are left to the chunk map, tie counts a chunk, their sums a segment and a pass writing each
+    chunk's rows; ties spread over chunks (a constant segment of 100 rows divides g by 100), NaN, g of both signs;
+    lengths, their int32 form and offsets, an outer dim; a workspace holding stale entries (tile kernel). In the
+    lane kernel one program walks a segment longer than its cap but not than a chunk. Stock's gradients bit for
+    bit."""
     lengths = [16, 17, 0, 3, 40, 1, 0, 0, 29, 2, 2, 100, 5, 16, 33, 0]
     n = sum(lengths)
     data = _data((n, 3), dtype, ties=True)
