@@ -259,8 +259,8 @@ def _ending_segments(w, at, outer, n_chunk, c, cmask, offs, soff_o, S, N, CH: tl
 
 @triton.jit
 def _ranks(take):
-    """Each taken entry's rank among the taken ones (in order), and how many are taken: a split pass's loop over
-    its chunks' taken slots."""
+    """Each taken entry's rank among the taken ones (in order), and how many are taken: a loop over the taken
+    entries one at a time (a split pass's chunks' slots, a lane kernel's long segments)."""
     t = take.to(tl.int32)
     return tl.cumsum(t, axis=0) - 1, tl.sum(t, axis=0)
 
@@ -407,8 +407,8 @@ def _segment_max_fwd_lanes_kernel(x, offs, vals, idxs, w, S, N, INNER, n_sblk, S
     long = smask & (lens > CAP)
     if CH > 0:
         long = long & (lens <= CH)
-    rank = tl.cumsum(long.to(tl.int32), axis=0) - 1
-    for j in range(0, tl.sum(long.to(tl.int32), axis=0)):
+    rank, n_long = _ranks(long)
+    for j in range(0, n_long):
         pick = long & (rank == j)
         seg = tl.max(tl.where(pick, segs, -1), axis=0)
         idx, bits1 = _max_over_rows(xb, tl.max(tl.where(pick, start, -1), axis=0),
@@ -721,8 +721,8 @@ def _segment_reduce_max_bwd_lanes_kernel(g, o, x, offs, gx, S, N, INNER, n_sblk,
             v = tl.load(xb[None, None, :] + (rr * SX[1])[:, :, None], mask=m, other=0.0).to(MATH)
             sel = ((v != v) | (v == ov[:, None, :])) & m
             tl.store(ob + (rr * INNER)[:, :, None] + d[None, None, :], tl.where(sel, q[:, None, :], zero3), mask=m)
-    rank = tl.cumsum(long.to(tl.int32), axis=0) - 1
-    for j in range(0, tl.sum(long.to(tl.int32), axis=0)):
+    rank, n_long = _ranks(long)
+    for j in range(0, n_long):
         seg = tl.max(tl.where(long & (rank == j), segs, -1), axis=0)
         a, b = _segment(offs, soff_o, outer, seg, N, ENDS)
         _segred_segment(g, o, xb, ob, outer, seg, a, b, d, dmask, SG, SO, SX[1], O_LO, I_LO, INNER, BLOCK_L, BLOCK_D,
