@@ -986,9 +986,9 @@ class SegmentConfig:
     # warps")
     fwd_lanes_a_warp: int = 0
     # the lane kernels' tile (elements) for a segment longer than lanes_cap, which takes the program: few programs
-    # loop over one, but its registers bound every program's occupancy (H200, forward 22M x 3 in segments of 1-63,
-    # none longer than the cap: 56 registers, 0.63x stock; docs/tuning/segment_max.md, "Float compares"; the
-    # segment_reduce backward's: "The segment_reduce backward's lane kernel: its long tile and the split")
+    # loop over one, but its registers bound every program's occupancy, where no segment is that long too
+    # (docs/tuning/segment_max.md, "Float compares" and "The segment_reduce backward's lane kernel: its long tile
+    # and the split")
     lanes_long_tile: int = 256
     # the forward's lane kernel also for inner widths past lanes_max_inner up to this many, but only at mean lengths
     # past lanes_max_mean (at lower means a few long segments hold a program in the long loop, whose tile is a few
