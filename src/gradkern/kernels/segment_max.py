@@ -426,8 +426,7 @@ def _segment_mark_kernel(offs, w, S, N, n_sblk, soff_o, n_chunk, at, CH: tl.cons
                          ENDS: tl.constexpr, PDL: tl.constexpr):
     """The split's chunk map (_mark_chunks; at `at` entries into w) for the kernels that do not write it
     themselves, the tile kernels (the code slowed the forward's loop even where it did not run: docs/tuning/
-    segment_max.md, "The split") and the segment_reduce backward's lane kernel: a program a block of BLOCK_S
-    segments, before the main kernel."""
+    segment_max.md, "The split"): a program a block of BLOCK_S segments, before the main kernel."""
     sblk, _, outer = _ids(n_sblk, 1, PDL)
     segs = sblk * BLOCK_S + tl.arange(0, BLOCK_S).to(tl.int64)
     smask = segs < S
@@ -662,7 +661,8 @@ def _segment_reduce_max_bwd_kernel(g, o, x, offs, gx, S, N, INNER, n_dblk, SG, S
 
 
 @triton.jit
-def _segment_reduce_max_bwd_lanes_kernel(g, o, x, offs, gx, S, N, INNER, n_sblk, SG, SO, SX, O_LO, I_LO, soff_o,
+def _segment_reduce_max_bwd_lanes_kernel(g, o, x, offs, gx, w, S, N, INNER, n_sblk, SG, SO, SX, O_LO, I_LO, soff_o,
+                                         n_chunk, n_w,
                                          BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, CAP: tl.constexpr,
                                          BLOCK_L: tl.constexpr, MATH: tl.constexpr, ENDS: tl.constexpr,
                                          TWO_PASS: tl.constexpr, UNROLL: tl.constexpr, WRITE_R: tl.constexpr,
@@ -673,8 +673,9 @@ def _segment_reduce_max_bwd_lanes_kernel(g, o, x, offs, gx, S, N, INNER, n_sblk,
     their loads independent; with WRITE_R > 1 the writing pass takes WRITE_R consecutive rows of a segment side by
     side across the lanes instead, so that a warp's stores fill sectors where a lane a segment wrote one element
     a sector); each longer one then takes the whole program, a tile of BLOCK_L rows at a time
-    (_segred_segment), but with CH, one longer than CH rows is left to the split's passes. The first and last
-    blocks zero the rows before the first segment and after the last. The same results as
+    (_segred_segment), but with CH, one longer than CH rows is marked in the split's chunk map in w (_mark_chunks)
+    and left to the split's passes. The first and last blocks zero the rows before the first segment and after the
+    last. The same results as
     _segment_reduce_max_bwd_kernel."""
     sblk, _, outer = _ids(n_sblk, 1, PDL)
     segs = sblk * BLOCK_S + tl.arange(0, BLOCK_S)
@@ -683,6 +684,8 @@ def _segment_reduce_max_bwd_lanes_kernel(g, o, x, offs, gx, S, N, INNER, n_sblk,
     lens = end - start
     short = smask & (lens <= CAP)
     long = smask & (lens > CAP) & (_walked(start, end, CH) > start)  # (the long segments' rows: reloaded after)
+    if CH > 0:
+        _mark_chunks(_chunk_map(w, n_w, outer, n_chunk), segs.to(tl.int64), start, end, smask & (lens > CH), CH)
     d = tl.arange(0, BLOCK_D)
     dmask = d < INNER
     ob = gx + outer * N * INNER
@@ -1270,8 +1273,8 @@ def _chunks_a_program(cfg, chunks: int) -> int:
 def _split_plan(cfg, main: _Plan, ch: int, strides: tuple, copies: tuple, outer: int, n: int, s: int, inner: int,
                 soff: int, pdl: bool, passes: list, at: int, offs: int, ends: bool) -> _Plan:
     """The split for long segments: the main kernel (`main`, which leaves segments longer than ch rows alone; the
-    forward's lane kernel writes their chunk map, the others' is _segment_mark_kernel's, `lanes` segments a
-    program, before it), then `passes`, a program BLOCK_C chunks each (_chunks_a_program), rows_bd_max columns a
+    lane kernels write their chunk map, the tile kernels' is _segment_mark_kernel's, `lanes` segments a program,
+    before it), then `passes`, a program BLOCK_C chunks each (_chunks_a_program), rows_bd_max columns a
     block: (kernel, its step's constexpr, its constexprs after BLOCK_D) each, the step BLOCK_L (rows_tile elements, a
     chunk's rows) or BLOCK_T (split_combine elements, a segment's chunks). The workspace: the chunks' partials
     (`at` times n_w entries), then the chunk map, two entries a chunk. The map launch takes the operand `offs`
@@ -1287,7 +1290,7 @@ def _split_plan(cfg, main: _Plan, ch: int, strides: tuple, copies: tuple, outer:
                                              {"CH": ch, step: steps[step], "BLOCK_D": bd, **consts, "BLOCK_C": bc},
                                              cfg.rows_warps, pdl, kernel=kernel), then=then)
     work = ((at * n_w + outer * n_chunk * 2, torch.int64),)
-    if main.kernel is _segment_max_fwd_lanes_kernel:
+    if main.kernel in (_segment_max_fwd_lanes_kernel, _segment_reduce_max_bwd_lanes_kernel):
         return dataclasses.replace(main, then=then, work=work)
     n_sblk = cdiv(s, cfg.lanes)
     mark = _new_plan(outer * n_sblk, (s, n, n_sblk, soff, n_chunk, at * n_w), copies,
@@ -1501,17 +1504,18 @@ def _segment_reduce_plan(data, seg, s: int, ends: bool, grad, output, pdl: bool)
         consts = {"BLOCK_S": max(1, lanes // bd), "BLOCK_D": bd, "CAP": cfg.lanes_cap, "BLOCK_L": bl,
                   "UNROLL": unroll, "WRITE_R": write_rows, "MATH": math_dt, "ENDS": ends,
                   "TWO_PASS": (bl * bd <= cfg.small_tile, esize) not in cfg.segred_one_pass, **split, "CH": ch}
-        main = _new_plan(outer * n_sblk, (s, n, inner, n_sblk, *strides, soff), copies, consts, cfg.lanes_warps, pdl,
-                         kernel=_segment_reduce_max_bwd_lanes_kernel)
+        main = _new_plan(outer * n_sblk, (s, n, inner, n_sblk, *strides, soff, *_split_ints(ch, outer, n, inner)),
+                         copies, consts, cfg.lanes_warps, pdl, kernel=_segment_reduce_max_bwd_lanes_kernel)
     else:
         tiles = (bl * bd <= cfg.small_tile, esize)  # the tile class
         consts = {"BLOCK_L": bl, "BLOCK_D": bd, "MATH": math_dt, "ENDS": ends,
                   "LENS": next_pow2(s) if lens else 0, "TWO_PASS": tiles not in cfg.segred_one_pass,
                   "SKIP_EMPTY": tiles not in cfg.segred_no_skip, **split, "CH": ch}
         cap = dict(cfg.segred_maxnreg).get(tiles)
-        main = _new_plan(outer * s * n_dblk, (s, n, inner, n_dblk, *strides, soff), copies, consts, warps, pdl,
-                         kernel=_segment_reduce_max_bwd_kernel, **({"maxnreg": cap} if cap else {}))
-    main = dataclasses.replace(main, picks=(0, 1, 2, 3, 4))
+        main = dataclasses.replace(  # (no workspace: the map kernel writes the map)
+            _new_plan(outer * s * n_dblk, (s, n, inner, n_dblk, *strides, soff), copies, consts, warps, pdl,
+                      kernel=_segment_reduce_max_bwd_kernel, **({"maxnreg": cap} if cap else {})),
+            picks=(0, 1, 2, 3, 4))
     if not ch:
         return main
     # the split: tie counts a chunk, their sums a segment, then the rows written
