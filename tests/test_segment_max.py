@@ -458,15 +458,17 @@ def test_segment_reduce_tile_follows_the_mean_length(case, monkeypatch):
         assert made["BLOCK_L"] == 1 and made["BLOCK_D"] == cfg.segred_min_tile, made
 
 
+@pytest.mark.parametrize("one_pass", [False, True], ids=["count-then-write", "one-pass"])
 @pytest.mark.parametrize("write_rows", [1, 2], ids=["write-a-lane", "write-2-rows"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
-def test_segment_reduce_lane_kernel_equals_stock(dtype, write_rows, monkeypatch):
+def test_segment_reduce_lane_kernel_equals_stock(dtype, write_rows, one_pass, monkeypatch):
     """The segment_reduce backward's lane kernel (a lane a (segment, column) counting its ties, then writing; a
     segment longer than its cap taken by the whole program, as the tile kernel takes one): stock's gradients bit for
     bit, over ties with g > 0 (divided) and g < 0, NaN, empty segments, segments past the cap, several programs,
     lengths (their cumsum) and offsets, and an outer dim with one row of lengths a slice; 16-bit and f64 data with
     three rows a loop step (lanes_unroll), segment lengths not multiples of it; the writing pass a lane a (segment,
-    column) or two rows of a segment side by side (lanes_write_rows: most segments take several steps)."""
+    column) or two rows of a segment side by side (lanes_write_rows: most segments take several steps); counting
+    in a pass of its own or while writing g (segred_lanes_one_pass: the tied segments rewritten)."""
     lengths = [3, 0, 1, 1, 9, 2, 0, 0, 4, 1, 2]
     n = sum(lengths)
     data = _data((n, 3), dtype, ties=True)
@@ -478,7 +480,8 @@ def test_segment_reduce_lane_kernel_equals_stock(dtype, write_rows, monkeypatch)
     calls = _spy(monkeypatch)
     with config.override(sm.CONFIG, lanes_max_mean=1 << 30, lanes=8, lanes_few=8, lanes_min_programs=0, lanes_cap=4,
                          lens_max_s=0, lanes_unroll=1 if dtype == torch.float32 else 3,
-                         lanes_write_rows=((dtype.itemsize, write_rows),)):
+                         lanes_write_rows=((dtype.itemsize, write_rows),),
+                         segred_lanes_one_pass=frozenset({dtype.itemsize} if one_pass else ())):
         for g in (_data((len(lengths), 3), dtype, seed=3), torch.full((len(lengths), 3), 3.0, dtype=dtype,
                                                                       device=DEVICE)):
             for kw in ({"lengths": L}, {"offsets": _offsets(lengths)}, {"lengths": L.int()}):
@@ -489,10 +492,10 @@ def test_segment_reduce_lane_kernel_equals_stock(dtype, write_rows, monkeypatch)
         (_, gx), (_, gxs) = _both(data2, _data((2, 3, 3), dtype, seed=1), lengths=lengths2, axis=1)
         assert_bitwise_equal(gx, gxs, "outer dim")
         kernels = {p.kernel.__name__ for p in sm._plans.values() if p.kernel is not None}
-        write = {p.consts["WRITE_R"] for p in sm._plans.values() if p.kernel is not None}
+        write = {(p.consts["WRITE_R"], p.consts["ONE_PASS"]) for p in sm._plans.values() if p.kernel is not None}
     assert calls, "gradkern's kernel did not run"
     assert kernels == {"_segment_reduce_max_bwd_lanes_kernel"}
-    assert write == {write_rows}
+    assert write == {(write_rows, one_pass)}
 
 
 def test_segment_reduce_tie_count_rounding_in_bf16_and_f16():

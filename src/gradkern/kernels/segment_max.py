@@ -661,18 +661,53 @@ def _segment_reduce_max_bwd_kernel(g, o, x, offs, gx, S, N, INNER, n_dblk, SG, S
 
 
 @triton.jit
+def _lanes_write(xb, ob, ov, val, start, n_r, rows, d, cm, sx_n, INNER, UNROLL: tl.constexpr, WRITE_R: tl.constexpr,
+                 COUNT: tl.constexpr, ZEROS: tl.constexpr, MATH: tl.constexpr):
+    """The lane kernel's writing pass over its short segments (n_r rows each, `rows` the most; columns where cm, a
+    mask broadcast against [segments, columns]): val where a row's element ties the segment's max ov, and with ZEROS
+    0 elsewhere (without: a rewrite of the selected elements), a lane a (segment, column) UNROLL rows a step or, with
+    WRITE_R > 1, a [segments, WRITE_R rows, columns] tile a step. Returns the ties counted (with COUNT; else 0)."""
+    cnt = tl.zeros(ov.shape, tl.int32)
+    zero = tl.zeros(ov.shape, ob.dtype.element_ty)
+    if WRITE_R == 1:
+        for r0 in range(0, rows, UNROLL):
+            for u in tl.static_range(UNROLL):
+                r = r0 + u
+                m = (r < n_r)[:, None] & cm
+                v = tl.load(xb[None, :] + (start + r)[:, None] * sx_n, mask=m, other=0.0).to(MATH)
+                sel = ((v != v) | (v == ov)) & m
+                if COUNT:
+                    cnt += sel.to(tl.int32)
+                tl.store(ob + ((start + r) * INNER)[:, None] + d[None, :], tl.where(sel, val, zero),
+                         mask=m if ZEROS else sel)
+    else:
+        for r0 in range(0, rows, WRITE_R):
+            r = r0 + tl.arange(0, WRITE_R)
+            m = (r[None, :] < n_r[:, None])[:, :, None] & cm[:, None, :]
+            rr = start[:, None] + r[None, :]
+            v = tl.load(xb[None, None, :] + (rr * sx_n)[:, :, None], mask=m, other=0.0).to(MATH)
+            sel = ((v != v) | (v == ov[:, None, :])) & m
+            if COUNT:
+                cnt += tl.sum(sel.to(tl.int32), axis=1)
+            tl.store(ob + (rr * INNER)[:, :, None] + d[None, None, :], tl.where(sel, val[:, None, :], zero[:, None, :]),
+                     mask=m if ZEROS else sel)
+    return cnt
+
+
+@triton.jit
 def _segment_reduce_max_bwd_lanes_kernel(g, o, x, offs, gx, w, S, N, INNER, n_sblk, SG, SO, SX, O_LO, I_LO, soff_o,
                                          n_chunk, n_w,
                                          BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, CAP: tl.constexpr,
                                          BLOCK_L: tl.constexpr, MATH: tl.constexpr, ENDS: tl.constexpr,
                                          TWO_PASS: tl.constexpr, UNROLL: tl.constexpr, WRITE_R: tl.constexpr,
-                                         SPLIT_O: tl.constexpr, SPLIT_I: tl.constexpr, CH: tl.constexpr,
-                                         PDL: tl.constexpr):
+                                         ONE_PASS: tl.constexpr, SPLIT_O: tl.constexpr, SPLIT_I: tl.constexpr,
+                                         CH: tl.constexpr, PDL: tl.constexpr):
     """A program a block of BLOCK_S segments (all BLOCK_D >= INNER columns): segments of at most CAP rows take a
     lane a (segment, column), which counts its ties over the segment's rows, then writes them (UNROLL rows a step,
     their loads independent; with WRITE_R > 1 the writing pass takes WRITE_R consecutive rows of a segment side by
     side across the lanes instead, so that a warp's stores fill sectors where a lane a segment wrote one element
-    a sector); each longer one then takes the whole program, a tile of BLOCK_L rows at a time
+    a sector); with ONE_PASS the writing pass counts and writes g, and only the segments whose ties divide g take
+    a second (_lanes_write). Each longer one then takes the whole program, a tile of BLOCK_L rows at a time
     (_segred_segment), but with CH, one longer than CH rows is marked in the split's chunk map in w (_mark_chunks)
     and left to the split's passes. The first and last blocks zero the rows before the first segment and after the
     last. The same results as
@@ -698,32 +733,26 @@ def _segment_reduce_max_bwd_lanes_kernel(g, o, x, offs, gx, w, S, N, INNER, n_sb
     gv = tl.load(g + go + (segs * SG[1])[:, None] + gi[None, :], mask=sd, other=0.0).to(MATH)
     n_r = tl.where(short, lens, 0).to(tl.int32)  # (a short segment's rows: 32 bits)
     rows = tl.max(n_r, axis=0)
-    cnt = tl.zeros([BLOCK_S, BLOCK_D], tl.int32)
-    for r0 in range(0, rows, UNROLL):
-        for u in tl.static_range(UNROLL):
-            r = r0 + u
-            m = (r < n_r)[:, None] & dmask[None, :]
-            v = tl.load(xb[None, :] + (start + r)[:, None] * SX[1], mask=m, other=0.0).to(MATH)
-            cnt += (((v != v) | (v == ov)) & m).to(tl.int32)
-    q = _tie_grad(gv, cnt, gx.dtype.element_ty, MATH)
-    if WRITE_R == 1:
-        zero = tl.zeros([BLOCK_S, BLOCK_D], gx.dtype.element_ty)
+    if ONE_PASS:  # g written where selected while counting; then the columns whose ties divide g rewritten
+        cnt = _lanes_write(xb, ob, ov, cast_out(gv, gx.dtype.element_ty), start, n_r, rows, d, dmask[None, :],
+                           SX[1], INNER, UNROLL, WRITE_R, True, True, MATH)
+        fix = (cnt >= 2) & (gv > 0)
+        n_f = tl.where(tl.max(fix.to(tl.int32), axis=1) > 0, n_r, 0)
+        rows_f = tl.max(n_f, axis=0)
+        if rows_f > 0:  # (rare in real data)
+            tl.debug_barrier()  # every first-pass store of this program is done before its rewrite
+            _lanes_write(xb, ob, ov, _tie_grad(gv, cnt, gx.dtype.element_ty, MATH), start, n_f, rows_f, d, fix,
+                         SX[1], INNER, UNROLL, WRITE_R, False, False, MATH)
+    else:
+        cnt = tl.zeros([BLOCK_S, BLOCK_D], tl.int32)
         for r0 in range(0, rows, UNROLL):
             for u in tl.static_range(UNROLL):
                 r = r0 + u
                 m = (r < n_r)[:, None] & dmask[None, :]
                 v = tl.load(xb[None, :] + (start + r)[:, None] * SX[1], mask=m, other=0.0).to(MATH)
-                sel = ((v != v) | (v == ov)) & m
-                tl.store(ob + ((start + r) * INNER)[:, None] + d[None, :], tl.where(sel, q, zero), mask=m)
-    else:  # a [segments, WRITE_R rows, columns] tile a step (the rows' second read: from L1 or L2)
-        zero3 = tl.zeros([BLOCK_S, WRITE_R, BLOCK_D], gx.dtype.element_ty)
-        for r0 in range(0, rows, WRITE_R):
-            r = r0 + tl.arange(0, WRITE_R)
-            m = (r[None, :] < n_r[:, None])[:, :, None] & dmask[None, None, :]
-            rr = start[:, None] + r[None, :]
-            v = tl.load(xb[None, None, :] + (rr * SX[1])[:, :, None], mask=m, other=0.0).to(MATH)
-            sel = ((v != v) | (v == ov[:, None, :])) & m
-            tl.store(ob + (rr * INNER)[:, :, None] + d[None, None, :], tl.where(sel, q[:, None, :], zero3), mask=m)
+                cnt += (((v != v) | (v == ov)) & m).to(tl.int32)
+        _lanes_write(xb, ob, ov, _tie_grad(gv, cnt, gx.dtype.element_ty, MATH), start, n_r, rows, d, dmask[None, :],
+                     SX[1], INNER, UNROLL, WRITE_R, False, True, MATH)
     rank, n_long = _ranks(long)
     for j in range(0, n_long):
         seg = tl.max(tl.where(long & (rank == j), segs, -1), axis=0)
@@ -1003,10 +1032,16 @@ class SegmentConfig:
     # row, and its programs wait on their loads one row each (H200, 1.7M unit rows of 40: 1.04 -> 0.58 ms, 0.53x ->
     # 0.95x stock; docs/tuning/segment_max.md, "Unit lengths at wide rows")
     fwd_lanes_unit_mean: int = 1
-    # rows of a segment side by side in the segment_reduce backward's writing pass with lanes_few lanes, by element
-    # size (else 1: a lane a (segment, column), as it counts), so that a warp's stores fill sectors; f64's is not
-    # measured. Figures: docs/tuning/segment_max.md, "Writing rows side by side"
-    lanes_write_rows: tuple[tuple[int, int], ...] = ((2, 4), (4, 8), (8, 4))
+    # rows of a segment side by side in the segment_reduce backward lane kernel's writing pass with lanes_few lanes,
+    # by element size (else 1: a lane a (segment, column)), so that a warp's stores fill sectors; 16-bit's 8 (from 4)
+    # since that pass also counts (segred_lanes_one_pass); f64's is not measured. Figures: docs/tuning/
+    # segment_max.md, "Writing rows side by side" and "One pass in the lane kernel"
+    lanes_write_rows: tuple[tuple[int, int], ...] = ((2, 8), (4, 8), (8, 4))
+    # the element sizes whose segment_reduce backward lane kernel writes g while counting its short segments' ties
+    # (one read of their rows), rewriting only the segments whose ties divide g, where the others count in one pass
+    # and write in a second: H200, 5.6M x 3 unit 297 -> 230 us f32, 22M x 3 lengths 1-63 bf16 405 -> 363, the
+    # power-law case 4-6% slower; f64 not measured (docs/tuning/segment_max.md, "One pass in the lane kernel")
+    segred_lanes_one_pass: frozenset[int] = frozenset({2, 4, 8})
     # the row-parallel forward (a program a tile of rows, whatever the segments) serves problems the tile kernel
     # would give fewer than rows_max_programs programs of at least rows_min_mean rows on average (a few long
     # segments: one program looping over each); where segments are many or short it is slower than the tile
@@ -1503,7 +1538,8 @@ def _segment_reduce_plan(data, seg, s: int, ends: bool, grad, output, pdl: bool)
         n_sblk = cdiv(s, max(1, lanes // bd))
         consts = {"BLOCK_S": max(1, lanes // bd), "BLOCK_D": bd, "CAP": cfg.lanes_cap, "BLOCK_L": bl,
                   "UNROLL": unroll, "WRITE_R": write_rows, "MATH": math_dt, "ENDS": ends,
-                  "TWO_PASS": (bl * bd <= cfg.small_tile, esize) not in cfg.segred_one_pass, **split, "CH": ch}
+                  "TWO_PASS": (bl * bd <= cfg.small_tile, esize) not in cfg.segred_one_pass,
+                  "ONE_PASS": esize in cfg.segred_lanes_one_pass, **split, "CH": ch}
         main = _new_plan(outer * n_sblk, (s, n, inner, n_sblk, *strides, soff, *_split_ints(ch, outer, n, inner)),
                          copies, consts, cfg.lanes_warps, pdl, kernel=_segment_reduce_max_bwd_lanes_kernel)
     else:
