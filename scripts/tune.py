@@ -170,6 +170,12 @@ GROUPS = {  # name: (ops, dtypes, configs); each config overrides only what it n
                   [DEFAULTS, (segment_max.CONFIG, {"segred_lanes_one_pass": frozenset(),
                                                    "lanes_write_rows": ((2, 4), (4, 8), (8, 4))}),
                    (segment_max.CONFIG, {"lanes_write_rows": ((2, 4), (4, 4), (8, 4))})]),
+    # the segment_reduce backward's lane kernel for wide rows at unit mean lengths (segred_lanes_unit_inner): as
+    # shipped (none: the tile kernel), up to 64 columns, up to 1024; with TUNE_CASES="sweep:lengths unit" (the
+    # empty-heavy cases, mean 16, keep their plans: a measure of the spread)
+    "segredunit": (["_segment_reduce_backward"], [F32, BF16],
+                   [DEFAULTS, (segment_max.CONFIG, {"segred_lanes_unit_inner": 64}),
+                    (segment_max.CONFIG, {"segred_lanes_unit_inner": 1024})]),
     "segredlanes": (["_segment_reduce_backward"], [F32, BF16],
                     [DEFAULTS, (segment_max.CONFIG, {"split_min_elems": 1 << 62}),
                      (segment_max.CONFIG, {"lanes_long_tile": 4096})]),

@@ -498,6 +498,23 @@ def test_segment_reduce_lane_kernel_equals_stock(dtype, write_rows, one_pass, mo
     assert write == {(write_rows, one_pass)}
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
+def test_segment_reduce_lane_kernel_takes_wide_rows_at_unit_lengths(dtype):
+    """segred_lanes_unit_inner: the lane kernel for rows wider than lanes_max_inner where segments average at most
+    one row (unit and empty ones, a tie, NaN, one segment of three rows), the tile kernel at longer means; stock's
+    gradients bit for bit either way."""
+    for lengths, lanes in (([1, 0, 1, 1, 0, 0, 1, 3, 1, 1, 0, 1] * 3, True), ([2, 3, 1, 4] * 4, False)):
+        data = _data((sum(lengths), 40), dtype, ties=True)
+        data[3, :5] = math.nan
+        data[7:10, 6] = 2.5  # a three-way tie
+        L = torch.tensor(lengths, device=DEVICE)
+        with config.override(sm.CONFIG, segred_lanes_unit_inner=64, lens_max_s=0):
+            (_, gx), (_, gxs) = _both(data, _data((len(lengths), 40), dtype, seed=2).abs(), lengths=L)
+            kernels = {p.kernel.__name__ for p in sm._plans.values() if p.kernel is not None}
+        assert_bitwise_equal(gx, gxs, f"backward {lengths[:4]}")
+        assert ("_segment_reduce_max_bwd_lanes_kernel" in kernels) == lanes, kernels
+
+
 def test_segment_reduce_tie_count_rounding_in_bf16_and_f16():
     """257 tied elements: ATen divides by the count converted to the dtype (257 -> 256 in bf16)."""
     for dtype in (torch.bfloat16, torch.float16, torch.float32):

@@ -1042,6 +1042,11 @@ class SegmentConfig:
     # and write in a second: H200, 5.6M x 3 unit 297 -> 230 us f32, 22M x 3 lengths 1-63 bf16 405 -> 363, the
     # power-law case 4-6% slower; f64 not measured (docs/tuning/segment_max.md, "One pass in the lane kernel")
     segred_lanes_one_pass: frozenset[int] = frozenset({2, 4, 8})
+    # the segment_reduce backward's lane kernel also for inner widths up to this many at means up to
+    # fwd_lanes_unit_mean (unit lengths, or emptier), where the tile kernel's program a segment holds a row. 0 (off)
+    # until timed apart from the run-to-run spread: one H200 run read 1.7M unit rows of 40 at 1054 -> 892 us f32,
+    # but cases whose plan it does not change moved as much (docs/tuning/segment_max.md, "Wide rows at unit lengths")
+    segred_lanes_unit_inner: int = 0
     # the row-parallel forward (a program a tile of rows, whatever the segments) serves problems the tile kernel
     # would give fewer than rows_max_programs programs of at least rows_min_mean rows on average (a few long
     # segments: one program looping over each); where segments are many or short it is slower than the tile
@@ -1522,7 +1527,9 @@ def _segment_reduce_plan(data, seg, s: int, ends: bool, grad, output, pdl: bool)
     bl, bd, warps = _blocks(cfg, inner, n, s, dict(cfg.segred_warps)[esize], cfg.bd_max, cfg.segred_min_tile,
                             _tile(cfg, n, s))
     n_dblk = cdiv(inner, bd)
-    lanes, unroll = _lane_block(cfg, outer, n, s, inner, cfg.lanes_max_inner, cfg.lanes_few_unroll)
+    unit = n <= cfg.fwd_lanes_unit_mean * s
+    lanes, unroll = _lane_block(cfg, outer, n, s, inner, max(cfg.lanes_max_inner, cfg.segred_lanes_unit_inner * unit),
+                                cfg.lanes_few_unroll)
     ch = _chunk_rows(cfg, outer, n, inner)
     lens = ends and not ch and _reads_lengths(cfg, data, axis, s)  # (the split's passes read the ends)
     if lens:
