@@ -1527,9 +1527,9 @@ def _segment_reduce_plan(data, seg, s: int, ends: bool, grad, output, pdl: bool)
     bl, bd, warps = _blocks(cfg, inner, n, s, dict(cfg.segred_warps)[esize], cfg.bd_max, cfg.segred_min_tile,
                             _tile(cfg, n, s))
     n_dblk = cdiv(inner, bd)
-    unit = n <= cfg.fwd_lanes_unit_mean * s
-    lanes, unroll = _lane_block(cfg, outer, n, s, inner, max(cfg.lanes_max_inner, cfg.segred_lanes_unit_inner * unit),
-                                cfg.lanes_few_unroll)
+    unit = n <= cfg.fwd_lanes_unit_mean * s  # (the forward's rule for its wide lanes at unit lengths)
+    max_inner = max(cfg.lanes_max_inner, cfg.segred_lanes_unit_inner if unit else 0)
+    lanes, unroll = _lane_block(cfg, outer, n, s, inner, max_inner, cfg.lanes_few_unroll)
     ch = _chunk_rows(cfg, outer, n, inner)
     lens = ends and not ch and _reads_lengths(cfg, data, axis, s)  # (the split's passes read the ends)
     if lens:
