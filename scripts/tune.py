@@ -243,11 +243,12 @@ GROUPS = {  # name: (ops, dtypes, configs); each config overrides only what it n
     "adaptive_div": (["_adaptive_avg_pool2d_backward", "_adaptive_avg_pool3d_backward"], [F32, BF16],
                      [DEFAULTS] + [(adaptive_pool.CONFIG, c) for c in ({"reciprocals": False},
                                                                        {"magic": False, "reciprocals": False})]),
-    # the f32 small tiles' register cap: shipped (40), 48, 56, none (offline sm_90, Triton 3.9: 46-56 registers
-    # uncapped, and at 40 some variants spill 16-24 bytes); with TUNE_CASES="sweep:"
-    "segredcap": (["_segment_reduce_backward"], [F32],
-                  [DEFAULTS] + [(segment_max.CONFIG, {"segred_maxnreg": (((True, 2), 56), *cap, ((False, 2), 64))})
-                                for cap in ((((True, 4), 48),), (((True, 4), 56),), ())]),
+    # the small tiles' register caps: shipped (f32 40, 16-bit 56), f32 56, none for either (offline sm_90, Triton
+    # 3.9: f32 46-56 registers uncapped, 16-24 bytes of stack at 40; tiles that read their lengths spill 112 bytes f32,
+    # 296 bf16); with TUNE_CASES="sweep:"
+    "segredcap": (["_segment_reduce_backward"], [F32, BF16],
+                  [DEFAULTS] + [(segment_max.CONFIG, {"segred_maxnreg": (*caps, ((False, 2), 64))})
+                                for caps in ((((True, 2), 56), ((True, 4), 56)), ())]),
     "segred": (["_segment_reduce_backward"], [F32, F16],
                [DEFAULTS] + [_sr(*c) for c in ((48, 32, 1, 2), (64, 40, 2, 1), (56, 48, 2, 4), (56, 40, 1, 2),
                                                 (72, 64, 1, 1), (48, 32, 2, 1), (56, 40, 1, 2))]),
