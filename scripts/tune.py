@@ -160,12 +160,9 @@ GROUPS = {  # name: (ops, dtypes, configs); each config overrides only what it n
                                                  "fwd_lanes_one_min_programs": 0}),
                  (segment_max.CONFIG, {"fwd_lanes_a_warp": 64}),
                  (segment_max.CONFIG, {"fwd_lanes_wider": 128, "fwd_lanes_a_warp": 64})]),
-    # the segment_reduce backward's lane kernel: as shipped (the split's passes for segments longer than a chunk,
-    # long segments in tiles of lanes_long_tile elements), no split (split_min_elems past any problem; the tile
-    # kernel's cases lose theirs too), tiles of `tile` (4096) elements; with TUNE_CASES="sweep:D=1 |D=3 "
     # the segment_reduce backward's lane kernel as shipped (counting its short segments' ties while writing g,
-    # rows written side by side 8 / 8 / 4 for f16 / f32 / f64), counting in a pass of its own with the rows before
-    # (4 / 8 / 4), and writing while counting 4 / 4 / 4 rows side by side; with TUNE_CASES="sweep:D=1 |D=3 "
+    # rows written side by side 8 / 8 / 4 for 2- / 4- / 8-byte elements), counting in a pass of its own with the rows
+    # before (4 / 8 / 4), and writing while counting 4 / 4 / 4 rows side by side; with TUNE_CASES="sweep:D=1 |D=3 "
     "segredone": (["_segment_reduce_backward"], [F32, BF16],
                   [DEFAULTS, (segment_max.CONFIG, {"segred_lanes_one_pass": frozenset(),
                                                    "lanes_write_rows": ((2, 4), (4, 8), (8, 4))}),
@@ -176,6 +173,9 @@ GROUPS = {  # name: (ops, dtypes, configs); each config overrides only what it n
     "segredunit": (["_segment_reduce_backward"], [F32, BF16],
                    [DEFAULTS, (segment_max.CONFIG, {"segred_lanes_unit_inner": 64}),
                     (segment_max.CONFIG, {"segred_lanes_unit_inner": 1024})]),
+    # the segment_reduce backward's lane kernel: as shipped (the split's passes for segments longer than a chunk,
+    # long segments in tiles of lanes_long_tile elements), no split (split_min_elems past any problem; the tile
+    # kernel's cases lose theirs too), tiles of `tile` (4096) elements; with TUNE_CASES="sweep:D=1 |D=3 "
     "segredlanes": (["_segment_reduce_backward"], [F32, BF16],
                     [DEFAULTS, (segment_max.CONFIG, {"split_min_elems": 1 << 62}),
                      (segment_max.CONFIG, {"lanes_long_tile": 4096})]),
