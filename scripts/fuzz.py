@@ -272,7 +272,10 @@ def _segment_reduce(ctx, g, output, data, reduce, lengths=None, offsets=None, ax
     if data.numel() == 0:
         raise Skip  # stock's backward crashes on empty data
     seg = {"lengths": lengths} if lengths is not None else {"offsets": offsets}
-    return (lambda d: torch.segment_reduce(d, "max", axis=axis, unsafe=True, initial=initial, **seg)), [data]
+    # (standard strides: stock's CPU forward and backward read the stride of a size-1 segment axis, and the
+    # stock side's gradients would follow its misread maxima; the reference's _standard_strides, for the forward)
+    return ((lambda d: torch.segment_reduce(d, "max", axis=axis, unsafe=True, initial=initial, **seg)),
+            [data.clone(memory_format=torch.contiguous_format)])
 
 
 #: op -> (ctx, *sample args, **sample kwargs) -> (the forward, its inputs[, which may require grad])
