@@ -710,8 +710,7 @@ def _segment_reduce_max_bwd_lanes_kernel(g, o, x, offs, gx, w, S, N, INNER, n_sb
     a second (_lanes_write). Each longer one then takes the whole program, a tile of BLOCK_L rows at a time
     (_segred_segment), but with CH, one longer than CH rows is marked in the split's chunk map in w (_mark_chunks)
     and left to the split's passes. The first and last blocks zero the rows before the first segment and after the
-    last. The same results as
-    _segment_reduce_max_bwd_kernel."""
+    last. The same results as _segment_reduce_max_bwd_kernel."""
     sblk, _, outer = _ids(n_sblk, 1, PDL)
     segs = sblk * BLOCK_S + tl.arange(0, BLOCK_S)
     smask = segs < S
@@ -1043,9 +1042,8 @@ class SegmentConfig:
     # power-law case 4-6% slower; f64 not measured (docs/tuning/segment_max.md, "One pass in the lane kernel")
     segred_lanes_one_pass: frozenset[int] = frozenset({2, 4, 8})
     # the segment_reduce backward's lane kernel also for inner widths up to this many at means up to
-    # fwd_lanes_unit_mean (unit lengths, or emptier), where the tile kernel's program a segment holds a row. 0 (off)
-    # until timed apart from the run-to-run spread: one H200 run read 1.7M unit rows of 40 at 1054 -> 892 us f32,
-    # but cases whose plan it does not change moved as much (docs/tuning/segment_max.md, "Wide rows at unit lengths")
+    # fwd_lanes_unit_mean (unit lengths, or emptier), where the tile kernel's program a segment holds a row. 0
+    # (off): its one timing is within the run-to-run spread (docs/tuning/segment_max.md, "Wide rows at unit lengths")
     segred_lanes_unit_inner: int = 0
     # the row-parallel forward (a program a tile of rows, whatever the segments) serves problems the tile kernel
     # would give fewer than rows_max_programs programs of at least rows_min_mean rows on average (a few long
