@@ -3,7 +3,9 @@
 the groups in one process and writes $OUT/tune-GROUP.json, one record per (config, op, dtype, case) with the GPU,
 torch and Triton versions and the date. The cases are the ops' registry cases (TUNE_SIZE: their size), or with
 TUNE_CASES=sweep the `bench --sweep` cases, TUNE_CASES="sweep:D=1 |D=3 " those whose label holds one of the
-'|'-separated strings; TUNE_HOT_MS=100 runs each call back to back that long before it is timed (small cases). A
+'|'-separated strings; TUNE_HOT_MS=100 runs each call back to back that long before it is timed (small cases);
+TUNE_GPU_TIME=1 adds each call's kernel time (torch.profiler) and host time, which a host-bound call's do_bench
+figure does not separate (docs/tuning/README.md, "Timing small cases"). A
 config overrides fields of an op family's frozen config object (`gradkern.config.override`); the plans are rebuilt
 for it. Every result is also checked against stock PyTorch (a config that is fast but wrong shows as such). The
 values chosen from these figures are the families' shipped configs; results depend only on the shape, dtype and the
@@ -168,10 +170,10 @@ GROUPS = {  # name: (ops, dtypes, configs); each config overrides only what it n
                                                    "lanes_write_rows": ((2, 4), (4, 8), (8, 4))}),
                    (segment_max.CONFIG, {"lanes_write_rows": ((2, 4), (4, 4), (8, 4))})]),
     # the segment_reduce backward's lane kernel for wide rows at unit mean lengths (segred_lanes_unit_inner): as
-    # shipped (none: the tile kernel), up to 64 columns, up to 1024; with TUNE_CASES="sweep:lengths unit" (the
-    # empty-heavy cases, mean 16, keep their plans: a measure of the spread)
+    # shipped (up to 64 columns), none (the tile kernel), up to 1024; with TUNE_CASES="sweep:lengths unit" and
+    # TUNE_GPU_TIME=1 (the small cases are host-bound)
     "segredunit": (["_segment_reduce_backward"], [F32, BF16],
-                   [DEFAULTS, (segment_max.CONFIG, {"segred_lanes_unit_inner": 64}),
+                   [DEFAULTS, (segment_max.CONFIG, {"segred_lanes_unit_inner": 0}),
                     (segment_max.CONFIG, {"segred_lanes_unit_inner": 1024})]),
     # the segment_reduce backward's lane kernel: as shipped (the split's passes for segments longer than a chunk,
     # long segments in tiles of lanes_long_tile elements), no split (split_min_elems past any problem; the tile
@@ -435,11 +437,14 @@ def time_group(group: str, out_dir: str) -> None:
     env = _env()
     cases = list(_cases(group))
     records = []
+    gpu_time, gpu_host = torch.cuda.is_available() and bool(os.environ.get("TUNE_GPU_TIME")), {}
     with use(False):
         stock = {}
         for op, dtype, case in cases:
             fn, a, kw = getattr(case, "stock", None) or (REGISTRY[op].stock(), case.args, dict(case.kwargs))
             stock[(op, dtype, case.label)] = _ms(lambda: fn(*a, **kw))
+            if gpu_time and stock[(op, dtype, case.label)] < bench_sweep.SLOW_MS:  # (stock's slowest take seconds)
+                gpu_host["stock", op, dtype, case.label] = bench_sweep.gpu_host_us(lambda: fn(*a, **kw))
         for i, group_config in enumerate(configs):
             _apply(group_config)
             for op, dtype, case in cases:
@@ -453,14 +458,21 @@ def time_group(group: str, out_dir: str) -> None:
                 except Exception as e:  # noqa: BLE001
                     ok = f"{type(e).__name__}: {str(e)[:200]}"
                 t = _ms(lambda: fn(*a, **kw))
+                if gpu_time:
+                    gpu_host[i, op, dtype, case.label] = bench_sweep.gpu_host_us(lambda: fn(*a, **kw))
                 base = stock[(op, dtype, case.label)]
                 rec = {**env, "group": group, "config": i, "family": getattr(group_config[0], "name", "defaults"),
                        "values": {k: repr(v) for k, v in group_config[1].items()}, "op": op,
                        "dtype": _runtime.DTYPE_NAMES[dtype], "case": case.label, "ms": t, "stock_ms": base,
                        "gbs": case.bytes / t / 1e6, "vs_stock": base / t, "check": ok}
+                if gpu_time:
+                    rec["gpu_us"], rec["host_us"] = gpu_host[i, op, dtype, case.label]
+                    rec["stock_gpu_us"], rec["stock_host_us"] = gpu_host.get(("stock", op, dtype, case.label),
+                                                                             (None, None))
                 records.append(rec)
+                extra = f" gpu {rec['gpu_us']:.1f} us host {rec['host_us']:.1f} us" if gpu_time else ""
                 print(f"{group} cfg{i} {op} {rec['dtype']} {case.label}: {t:.4f} ms {rec['gbs']:.0f} GB/s "
-                      f"{rec['vs_stock']:.2f}x {ok[:60]}", flush=True)
+                      f"{rec['vs_stock']:.2f}x{extra} {ok[:60]}", flush=True)
         _apply(configs[0])
     with open(os.path.join(out_dir, f"tune-{group}.json"), "w") as f:
         json.dump(records, f, indent=0, default=str)

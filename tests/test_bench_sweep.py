@@ -336,6 +336,7 @@ def test_classify_compiled():
     ["bench", "--sweep", "--compile-cases", "x"],
     ["bench", "--compile-cases", "2"],
     ["bench", "--cases", "2"],  # (only with --sweep)
+    ["bench", "--gpu-time"],
     ["bench", "--merge", "a.json"],
     ["bench", "--sweep", "--merge", "/nonexistent-gradkern-dir/a.json"],
     ["bench", "--sweep", "--merge", "a.json", "--ops", "hardshrink"],
@@ -345,6 +346,36 @@ def test_bad_sweep_arguments_are_usage_errors(argv):
     with pytest.raises(SystemExit) as e:
         cli.main(argv)
     assert e.value.code == 2
+
+
+def test_gpu_time_speedup_and_host_bound_cases_in_the_summary(capfd):
+    """With GPU times the records carry the speedup on GPU time and whether gradkern's host is the slower side;
+    the summary gives their min / geomean and count, and the table a column for them (none without)."""
+    recs = [_record("where_backward", "f32", "c1", 0.1, 0.2), _record("where_backward", "f32", "c2", 0.1, 0.1),
+            _record("where_backward", "f32", "c3", 0.1, 0.3)]
+    for rec, (ours, host, aten) in zip(recs, ((10.0, 30.0, 20.0), (40.0, 20.0, 20.0), (5.0, 1.0, None)),
+                                       strict=True):
+        rec.update(gradkern_gpu_us=ours, gradkern_host_us=host, aten_gpu_us=aten)
+        bench_sweep._derive(rec, 3000.0)
+    assert recs[0]["speedup_gpu_vs_aten"] == 2.0 and recs[0]["host_bound"]
+    assert recs[1]["speedup_gpu_vs_aten"] == 0.5 and not recs[1]["host_bound"]
+    assert "speedup_gpu_vs_aten" not in recs[2]  # (stock's call was not profiled)
+    (row,) = bench_sweep.summarize(recs)["per_op"]
+    assert (row["gpu_vs_aten_min"], row["gpu_vs_aten_min_case"]) == (0.5, "f32 c2")
+    assert row["gpu_vs_aten_geomean"] == pytest.approx(1.0)
+    assert (row["gpu_cases"], row["host_bound_cases"]) == (2, 1)
+    bench_sweep.print_summary(bench_sweep.summarize(recs))
+    assert "GPU time vs ATen" in capfd.readouterr().out
+    bench_sweep.print_summary(bench_sweep.summarize([_record("where_backward", "f32", "c1", 0.1, 0.2)]))
+    assert "GPU time vs ATen" not in capfd.readouterr().out
+
+
+@gpu_only
+def test_gpu_time_records_both_sides():
+    case = bench_sweep.sweep_cases("hardsigmoid_backward", torch.float32, True)[0]
+    rec = bench_sweep.measure_case(case, DEVICE, True, 1.0, False, gpu_time=True)
+    for key in ("gradkern_gpu_us", "gradkern_host_us", "aten_gpu_us", "aten_host_us", "speedup_gpu_vs_aten"):
+        assert rec[key] > 0, key
 
 
 def test_cli_help_states_the_interpreter_case_count():

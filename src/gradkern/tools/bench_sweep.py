@@ -1472,6 +1472,29 @@ def _time_ms(fn: Callable, gpu: bool) -> float:
     return (time.perf_counter() - t0) * 1e3
 
 
+def gpu_host_us(fn: Callable, calls: int = 50) -> tuple[float, float]:
+    """(GPU us, host us) a call, on a GPU: the sum of the times of the kernels that torch.profiler records over
+    `calls` calls (where PDL lets a kernel start while the one before ends, both count whole), and the host's time
+    to issue a call, `calls` back to back without synchronisation (where the GPU is the slower, a full launch queue
+    makes this the GPU's time). A call whose host time exceeds its GPU time is host-bound: do_bench then reads the
+    host's time, which moves with the process (docs/tuning/README.md, "Timing small cases")."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    host = (time.perf_counter() - t0) / calls * 1e6
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    gpu = sum(e.device_time for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+    return gpu / calls, host
+
+
 _BENIGN_ATEN = {"empty", "empty_strided", "as_strided", "view", "reshape", "_reshape_alias", "alias", "copy_",
                 "fill_", "zeros", "full", "expand", "permute", "t", "transpose", "squeeze", "unsqueeze", "select",
                 "slice"}
@@ -1508,9 +1531,11 @@ def _err(e: BaseException) -> str:
     return f"{type(e).__name__}: {msg}"
 
 
-def measure_case(case: SweepCase, device, gpu: bool, ceiling: float, compile_ok: bool) -> dict:
+def measure_case(case: SweepCase, device, gpu: bool, ceiling: float, compile_ok: bool,
+                 gpu_time: bool = False) -> dict:
     """One case: build, run gradkern once and check it against the reference, then (if it matched) time gradkern,
-    stock eager and torch.compile of stock. The record's status: "ok", "FAIL: ..." (a wrong result) or "error: ..."
+    stock eager and torch.compile of stock; with `gpu_time` (on a GPU), gradkern's and stock eager's GPU and host
+    time a call too (gpu_host_us). The record's status: "ok", "FAIL: ..." (a wrong result) or "error: ..."
     (gradkern raised, or the case could not be built); only "ok" cases are timed."""
     from .. import ops
 
@@ -1548,6 +1573,10 @@ def measure_case(case: SweepCase, device, gpu: bool, ceiling: float, compile_ok:
             if rec["status"] == "ok":
                 rec["gradkern_ms"] = _time_ms(lambda: fn(*a, **kw), gpu)
                 rec["aten_ms"] = _safe(lambda: _time_ms(lambda: sfn(*sa, **skw), gpu), f"{case.op} stock eager")
+                if gpu and gpu_time:
+                    rec["gradkern_gpu_us"], rec["gradkern_host_us"] = gpu_host_us(lambda: fn(*a, **kw))
+                    if rec["aten_ms"] is not None and rec["aten_ms"] < SLOW_MS:
+                        rec["aten_gpu_us"], rec["aten_host_us"] = gpu_host_us(lambda: sfn(*sa, **skw))
                 if compile_ok:
                     try:
                         aten_op = case.op if built.stock is None and hasattr(torch.ops.aten, case.op) else None
@@ -1584,6 +1613,10 @@ def _derive(rec: dict, ceiling: float) -> None:
     own = (rec["compile_kernel"] or "").startswith(("inductor", "mixed"))
     rec["compile_own_kernel"] = own
     rec["speedup_vs_compile"] = rec["compile_ms"] / ours if ours and rec["compile_ms"] else None
+    ours_gpu, aten_gpu = rec.get("gradkern_gpu_us"), rec.get("aten_gpu_us")
+    if ours_gpu and aten_gpu:
+        rec["speedup_gpu_vs_aten"] = aten_gpu / ours_gpu
+        rec["host_bound"] = rec["gradkern_host_us"] > ours_gpu
 
 
 # ----------------------------------------------------------------------------------------------- summary
@@ -1615,6 +1648,10 @@ def summarize(records: list[dict], variants: dict | None = None) -> dict:
                "errors": sum(r["status"].startswith("error") for r in recs)}
         row["vs_aten_min"], row["vs_aten_min_case"] = _min_case(ok, "speedup_vs_aten")
         row["vs_aten_geomean"] = _geomean([r["speedup_vs_aten"] for r in ok])
+        row["gpu_vs_aten_min"], row["gpu_vs_aten_min_case"] = _min_case(ok, "speedup_gpu_vs_aten")
+        row["gpu_vs_aten_geomean"] = _geomean([r.get("speedup_gpu_vs_aten") for r in ok])
+        row["gpu_cases"] = sum(r.get("speedup_gpu_vs_aten") is not None for r in ok)
+        row["host_bound_cases"] = sum(bool(r.get("host_bound")) for r in ok)
         row["routed_min"], _ = _min_case(ok, "speedup_routed")
         row["routed_geomean"] = _geomean([r.get("speedup_routed") for r in ok])
         row["routed_stock_cases"] = sum(r.get("route") == "stock" for r in ok)
@@ -1633,7 +1670,7 @@ def summarize(records: list[dict], variants: dict | None = None) -> dict:
     return out
 
 
-def _table_rows(rows: list[dict], with_dtype: bool) -> list[list]:
+def _table_rows(rows: list[dict], with_dtype: bool, gpu_col: bool = False) -> list[list]:
     out = []
     for s in rows:
         comp = (f"{_f(s['vs_compile_min'], '.2f', 'x')} / {_f(s['vs_compile_geomean'], '.2f', 'x')} "
@@ -1645,6 +1682,8 @@ def _table_rows(rows: list[dict], with_dtype: bool) -> list[list]:
             f"{_f(s['vs_aten_min'], '.2f', 'x')} / {_f(s['vs_aten_geomean'], '.2f', 'x')}",
             f"{_f(s['routed_min'], '.2f', 'x')} / {_f(s['routed_geomean'], '.2f', 'x')} ({s['routed_stock_cases']})",
             comp,
+            *([f"{_f(s.get('gpu_vs_aten_min'), '.2f', 'x')} / {_f(s.get('gpu_vs_aten_geomean'), '.2f', 'x')} "
+               f"({s.get('host_bound_cases', 0)}/{s.get('gpu_cases', 0)})"] if gpu_col else []),
             f"{_f(s['pct_copy_min'], '.0f', '%')} / {_f(s['pct_copy_geomean'], '.0f', '%')}",
             (f"{_f(s['large_pct_copy_min'], '.0f', '%')} / {_f(s['large_pct_copy_geomean'], '.0f', '%')} "
              f"({s['large_cases']})") if s["large_cases"] else "-"]
@@ -1656,12 +1695,13 @@ def _table_rows(rows: list[dict], with_dtype: bool) -> list[list]:
 
 
 def print_summary(summary: dict) -> None:
+    gpu_col = any(r.get("gpu_cases") for r in summary["per_op"])
     heads = ["cases ok", "vs ATen min / geomean", "enable() min / geomean (n stock)", "vs compile min / geomean (n)",
-             "% copy min / geomean",
+             *(["GPU time vs ATen min / geomean (host-bound/n)"] if gpu_col else []), "% copy min / geomean",
              ">=64MiB % copy min / geomean (n)"]
-    print_table(["op", *heads, "variants", "worst vs ATen"], _table_rows(summary["per_op"], False))
+    print_table(["op", *heads, "variants", "worst vs ATen"], _table_rows(summary["per_op"], False, gpu_col))
     print()
-    print_table(["op", "dtype", *heads, "worst vs ATen"], _table_rows(summary["per_op_dtype"], True))
+    print_table(["op", "dtype", *heads, "worst vs ATen"], _table_rows(summary["per_op_dtype"], True, gpu_col))
 
 
 # ----------------------------------------------------------------------------------------------- variants
@@ -1716,10 +1756,11 @@ def _write_json(path: str | None, result: dict) -> None:
 def run_sweep(ops: Sequence[str] | None = None, dtypes: Sequence[torch.dtype] | None = None,
               n_cases: int | None = None, json_path: str | None = None, plot_path: str | None = None,
               compile_ok: bool | None = None, time_limit_s: float | None = None,
-              compile_cases: int | None = None) -> int:
+              compile_cases: int | None = None, gpu_time: bool = False) -> int:
     """The sweep; returns the exit status (1 if a case failed its check or raised). The JSON is rewritten after
     each op (so a run cut short keeps what it measured); `time_limit_s` stops starting new cases after that long;
-    `compile_cases` times torch.compile on the first that many cases of each (op, dtype) only."""
+    `compile_cases` times torch.compile on the first that many cases of each (op, dtype) only; `gpu_time` adds
+    each call's GPU and host time (gpu_host_us) for gradkern and stock eager."""
     gpu = _runtime.has_gpu()
     device = _runtime.default_device()
     dev_name = _device_name()
@@ -1755,7 +1796,7 @@ def run_sweep(ops: Sequence[str] | None = None, dtypes: Sequence[torch.dtype] | 
                                                time.perf_counter() - t_start, False, compile_ok, compile_cases))
             current, before = case.op, jit_variants()
         rec = measure_case(case, device, gpu, ceiling, compile_ok and (compile_cases is None
-                                                                      or case.index < compile_cases))
+                                                                      or case.index < compile_cases), gpu_time)
         records.append(rec)
         print(f"[{i}/{len(work)}] {case.op} {rec['dtype']} {case.label}: {_progress(rec)} "
               f"[{rec['elapsed_s']:.1f} s]", file=sys.stderr, flush=True)
@@ -1798,6 +1839,11 @@ def report(result: dict) -> None:
           "where it ran ATen's op)\n% copy: the op's minimum bytes / gradkern's time, against the copy ceiling "
           "measured in the same run\nvariants: Triton specialisations gradkern compiled during the op's cases; "
           "worst vs ATen: the case of the min")
+    if any(r.get("gpu_cases") for r in result["summary"]["per_op"]):
+        print("GPU time vs ATen: stock's kernel time / gradkern's (torch.profiler, the kernels of a call summed; "
+              f"stock calls of\n  {SLOW_MS:.0f} ms or more not profiled); host-bound: cases where gradkern's host "
+              "issues a call slower than the GPU\n  runs it (there do_bench reads the host's time, which moves "
+              "between processes)")
     failed = [r for r in result["records"] if r["status"] != "ok"]
     if failed:
         print(f"\n{len(failed)} case(s) not ok:")

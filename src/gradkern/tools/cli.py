@@ -175,6 +175,9 @@ def main(argv: list[str] | None = None) -> int:
                          "Inductor compile a case is most of a sweep's time)")
     pb.add_argument("--time-limit", type=_positive_float, default=None, metavar="SECONDS",
                     help="with --sweep: start no case after this long (the tables, JSON and plot cover what ran)")
+    pb.add_argument("--gpu-time", action="store_true",
+                    help="with --sweep on a GPU: also each call's GPU time (torch.profiler) and host time, for "
+                         "gradkern and stock eager, and the speedup on GPU time (host-bound cases read the host)")
     pb.add_argument("--merge", type=_paths_arg, default=None, metavar="A.json,B.json",
                     help="with --sweep: run nothing; merge these sweep JSONs (one per run) into one table, and "
                          "--json / --plot")
@@ -194,7 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.list and args.models is None and not args.sweep:
         p.error("argument --list: only with --models or --sweep")
     sweep_only = [o for o, v in (("--cases", args.cases), ("--compile-cases", args.compile_cases),
-                                 ("--time-limit", args.time_limit), ("--merge", args.merge)) if v is not None]
+                                 ("--time-limit", args.time_limit), ("--merge", args.merge),
+                                 ("--gpu-time", args.gpu_time or None)) if v is not None]
     if sweep_only and not args.sweep:
         p.error(f"argument {sweep_only[0]}: only with --sweep")
     if args.models is not None:
@@ -211,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.size is not None:
             p.error("argument --size: not with --sweep (its cases come in one size: full on a GPU, tiny otherwise)")
         if args.merge is not None and (args.list or args.ops or args.dtypes or args.cases or args.time_limit
-                                       or args.compile_cases or args.no_compile):
+                                       or args.compile_cases or args.no_compile or args.gpu_time):
             p.error("argument --merge: only with --json and --plot (it runs nothing)")
         if args.list:
             from .bench_sweep import SWEEP_DTYPES, list_lines
@@ -237,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
             return merge(args.merge, json_path=args.json, plot_path=args.plot)
         return run_sweep(args.ops, args.dtypes, args.cases, json_path=args.json, plot_path=args.plot,
                          compile_ok=False if args.no_compile else None, time_limit_s=args.time_limit,
-                         compile_cases=args.compile_cases)
+                         compile_cases=args.compile_cases, gpu_time=args.gpu_time)
     from .bench import run_bench
 
     args.dtypes = args.dtypes or [torch.float32, torch.bfloat16]
