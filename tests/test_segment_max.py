@@ -853,7 +853,7 @@ def test_segment_reduce_long_segments_take_the_chunk_passes(dtype):
     L = torch.tensor(lengths, device=DEVICE)
     grads = (_data((len(lengths), 3), dtype, seed=3), torch.full((len(lengths), 3), 3.0, dtype=dtype, device=DEVICE))
     split = ["_segred_chunks_kernel", "_segred_sum_kernel", "_segred_write_kernel"]
-    for knobs, main in (({"lanes_max_inner": 0}, ["_segment_reduce_max_bwd_kernel"]),
+    for knobs, main in (({"lanes_max_inner": 0}, ["_segment_mark_kernel", "_segment_reduce_max_bwd_kernel"]),
                         ({"lanes_max_mean": 1 << 30, "lanes_min_programs": 0, "lanes_cap": 4, "lens_max_s": 0},
                          ["_segment_reduce_max_bwd_lanes_kernel"])):
         with config.override(sm.CONFIG, **_SPLIT, **knobs):

@@ -424,9 +424,9 @@ def _segment_max_fwd_lanes_kernel(x, offs, vals, idxs, w, S, N, INNER, n_sblk, S
 @triton.jit
 def _segment_mark_kernel(offs, w, S, N, n_sblk, soff_o, n_chunk, at, CH: tl.constexpr, BLOCK_S: tl.constexpr,
                          ENDS: tl.constexpr, PDL: tl.constexpr):
-    """The split's chunk map (_mark_chunks; at `at` entries into w) for the kernel that does not write it itself,
-    the forward's tile kernel (the code slowed its loop even where it did not run: docs/tuning/segment_max.md,
-    "The split"): a program a block of BLOCK_S segments, before the main kernel."""
+    """The split's chunk map (_mark_chunks; at `at` entries into w) for the kernels that do not write it
+    themselves, the tile kernels (the code slowed the forward's loop even where it did not run: docs/tuning/
+    segment_max.md, "The split"): a program a block of BLOCK_S segments, before the main kernel."""
     sblk, _, outer = _ids(n_sblk, 1, PDL)
     segs = sblk * BLOCK_S + tl.arange(0, BLOCK_S).to(tl.int64)
     smask = segs < S
@@ -636,23 +636,16 @@ def _selected(xb, ov, r0, end, dmask, sx_n, BLOCK_L: tl.constexpr, MATH: tl.cons
 
 
 @triton.jit
-def _segment_reduce_max_bwd_kernel(g, o, x, offs, gx, w, S, N, INNER, n_dblk, SG, SO, SX, O_LO, I_LO, soff_o,
-                                   n_chunk, n_w,
+def _segment_reduce_max_bwd_kernel(g, o, x, offs, gx, S, N, INNER, n_dblk, SG, SO, SX, O_LO, I_LO, soff_o,
                                    BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, MATH: tl.constexpr,
                                    ENDS: tl.constexpr, LENS: tl.constexpr, TWO_PASS: tl.constexpr,
                                    SKIP_EMPTY: tl.constexpr, SPLIT_O: tl.constexpr, SPLIT_I: tl.constexpr,
                                    CH: tl.constexpr, PDL: tl.constexpr):
     """One program a (segment, inner block): _segred_segment. SKIP_EMPTY branches over empty segments (without,
-    their masks do). With CH, a segment longer than CH rows is left to the split's passes, and its first inner
-    block's program marks it in the split's chunk map in w (_mark_chunks)."""
+    their masks do). With CH, a segment longer than CH rows is left to the split's passes."""
     dblk, seg, outer = _ids(n_dblk, S, PDL)
     start, end = _segment(offs, soff_o, outer, seg, N, ENDS, LENS)
     walked = _walked(start, end, CH)
-    if CH > 0:
-        if dblk == 0:  # (as vectors of one: _mark_chunks takes a block of segments)
-            one = tl.zeros([1], tl.int64)
-            _mark_chunks(_chunk_map(w, n_w, outer, n_chunk), seg + one, start + one, end + one,
-                         end + one - start > CH, CH)
     d = dblk * BLOCK_D + tl.arange(0, BLOCK_D)
     dmask = d < INNER
     ob = gx + outer * N * INNER
@@ -1319,13 +1312,12 @@ def _chunks_a_program(cfg, chunks: int) -> int:
 def _split_plan(cfg, main: _Plan, ch: int, strides: tuple, copies: tuple, outer: int, n: int, s: int, inner: int,
                 soff: int, pdl: bool, passes: list, at: int, offs: int, ends: bool) -> _Plan:
     """The split for long segments: the main kernel (`main`, which leaves segments longer than ch rows alone; the
-    lane kernels and the segment_reduce backward's tile kernel write their chunk map, the forward's tile kernel's
-    is _segment_mark_kernel's, `lanes` segments a program, before it), then `passes`, a program BLOCK_C chunks each
-    (_chunks_a_program), rows_bd_max columns a block: (kernel, its step's constexpr, its constexprs after BLOCK_D)
-    each, the step BLOCK_L (rows_tile elements, a chunk's rows) or BLOCK_T (split_combine elements, a segment's
-    chunks). The workspace: the chunks' partials (`at` times n_w entries), then the chunk map, two entries a chunk.
-    The map launch takes the operand `offs` (offsets, or with `ends` the segments' ends) and the workspace (after
-    the operands)."""
+    lane kernels write their chunk map, the tile kernels' is _segment_mark_kernel's, `lanes` segments a program,
+    before it), then `passes`, a program BLOCK_C chunks each (_chunks_a_program), rows_bd_max columns a
+    block: (kernel, its step's constexpr, its constexprs after BLOCK_D) each, the step BLOCK_L (rows_tile elements, a
+    chunk's rows) or BLOCK_T (split_combine elements, a segment's chunks). The workspace: the chunks' partials
+    (`at` times n_w entries), then the chunk map, two entries a chunk. The map launch takes the operand `offs`
+    (offsets, or with `ends` the segments' ends) and the workspace (after the operands)."""
     bd = _rows_block(cfg, inner)
     n_chunk, n_w = _split_ints(ch, outer, n, inner)
     ints = (s, n, inner, n_chunk, cdiv(inner, bd), *strides, soff, n_w)
@@ -1337,8 +1329,7 @@ def _split_plan(cfg, main: _Plan, ch: int, strides: tuple, copies: tuple, outer:
                                              {"CH": ch, step: steps[step], "BLOCK_D": bd, **consts, "BLOCK_C": bc},
                                              cfg.rows_warps, pdl, kernel=kernel), then=then)
     work = ((at * n_w + outer * n_chunk * 2, torch.int64),)
-    if main.kernel in (_segment_max_fwd_lanes_kernel, _segment_reduce_max_bwd_lanes_kernel,
-                       _segment_reduce_max_bwd_kernel):
+    if main.kernel in (_segment_max_fwd_lanes_kernel, _segment_reduce_max_bwd_lanes_kernel):
         return dataclasses.replace(main, then=then, work=work)
     n_sblk = cdiv(s, cfg.lanes)
     mark = _new_plan(outer * n_sblk, (s, n, n_sblk, soff, n_chunk, at * n_w), copies,
@@ -1563,9 +1554,10 @@ def _segment_reduce_plan(data, seg, s: int, ends: bool, grad, output, pdl: bool)
                   "LENS": next_pow2(s) if lens else 0, "TWO_PASS": tiles not in cfg.segred_one_pass,
                   "SKIP_EMPTY": tiles not in cfg.segred_no_skip, **split, "CH": ch}
         cap = dict(cfg.segred_maxnreg).get(tiles)
-        main = _new_plan(outer * s * n_dblk, (s, n, inner, n_dblk, *strides, soff, *_split_ints(ch, outer, n, inner)),
-                         copies, consts, warps, pdl, kernel=_segment_reduce_max_bwd_kernel,
-                         **({"maxnreg": cap} if cap else {}))
+        main = dataclasses.replace(  # (no workspace: the map kernel writes the map)
+            _new_plan(outer * s * n_dblk, (s, n, inner, n_dblk, *strides, soff), copies, consts, warps, pdl,
+                      kernel=_segment_reduce_max_bwd_kernel, **({"maxnreg": cap} if cap else {})),
+            picks=(0, 1, 2, 3, 4))
     if not ch:
         return main
     # the split: tie counts a chunk, their sums a segment, then the rows written
