@@ -370,6 +370,11 @@ def test_gpu_time_speedup_and_host_bound_cases_in_the_summary(capfd):
     assert "GPU time vs ATen" not in capfd.readouterr().out
 
 
+def test_busy_time_counts_overlapping_kernels_once_and_gaps_not_at_all():
+    assert bench_sweep.busy_us([]) == 0.0
+    assert bench_sweep.busy_us([(10.0, 14.0), (0.0, 5.0), (3.0, 6.0), (12.0, 13.0), (20.0, 21.0)]) == 11.0
+
+
 @gpu_only
 def test_gpu_time_records_both_sides():
     case = bench_sweep.sweep_cases("hardsigmoid_backward", torch.float32, True)[0]

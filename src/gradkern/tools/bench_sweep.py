@@ -1473,11 +1473,12 @@ def _time_ms(fn: Callable, gpu: bool) -> float:
 
 
 def gpu_host_us(fn: Callable, calls: int = 50) -> tuple[float, float]:
-    """(GPU us, host us) a call, on a GPU: the sum of the times of the kernels that torch.profiler records over
-    `calls` calls (where PDL lets a kernel start while the one before ends, both count whole), and the host's time
-    to issue a call, `calls` back to back without synchronisation (where the GPU is the slower, a full launch queue
-    makes this the GPU's time). A call whose host time exceeds its GPU time is host-bound: do_bench then reads the
-    host's time, which moves with the process (docs/tuning/README.md, "Timing small cases")."""
+    """(GPU us, host us) a call, on a GPU: the time the kernels that torch.profiler records over `calls` calls
+    cover (busy_us: where PDL lets a kernel start while the one before ends, the overlap counts once; idle gaps
+    not at all), and the host's time to issue a call, `calls` back to back without synchronisation (where the GPU
+    is the slower, a full launch queue makes this the GPU's time). A call whose host time exceeds its GPU time is
+    host-bound: do_bench then reads the host's time, which moves with the process (docs/tuning/README.md, "Timing
+    small cases")."""
     from torch.profiler import ProfilerActivity, profile
 
     fn()
@@ -1491,8 +1492,19 @@ def gpu_host_us(fn: Callable, calls: int = 50) -> tuple[float, float]:
         for _ in range(calls):
             fn()
         torch.cuda.synchronize()
-    gpu = sum(e.device_time for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+    gpu = busy_us((e.time_range.start, e.time_range.end) for e in prof.events()
+                  if e.device_type == torch.autograd.DeviceType.CUDA)
     return gpu / calls, host
+
+
+def busy_us(intervals) -> float:
+    """The length of the union of (start, end) intervals."""
+    total, reach = 0.0, -math.inf
+    for a, b in sorted(intervals):
+        if b > reach:
+            total += b - max(a, reach)
+            reach = b
+    return total
 
 
 _BENIGN_ATEN = {"empty", "empty_strided", "as_strided", "view", "reshape", "_reshape_alias", "alias", "copy_",
@@ -1840,7 +1852,7 @@ def report(result: dict) -> None:
           "measured in the same run\nvariants: Triton specialisations gradkern compiled during the op's cases; "
           "worst vs ATen: the case of the min")
     if any(r.get("gpu_cases") for r in result["summary"]["per_op"]):
-        print("GPU time vs ATen: stock's kernel time / gradkern's (torch.profiler, the kernels of a call summed; "
+        print("GPU time vs ATen: stock's kernel time / gradkern's (torch.profiler, the time a call's kernels cover; "
               f"stock calls of\n  {SLOW_MS:.0f} ms or more not profiled); host-bound: cases where gradkern's host "
               "issues a call slower than the GPU\n  runs it (there do_bench reads the host's time, which moves "
               "between processes)")
