@@ -1,5 +1,7 @@
 """Registry-wide tests: every declared op against stock PyTorch, its guarantee, and its ATen registrations."""
 
+import math
+
 import pytest
 import torch
 
@@ -80,6 +82,33 @@ def test_every_registration_is_live(overload, monkeypatch):
     calls.clear()
     aten_op(*args, **kwargs)
     assert not calls, f"aten::{overload} still routed to gradkern after use() exited"
+
+
+@pytest.mark.parametrize("name", OPS)
+def test_deterministic_mode_does_not_fill_what_the_kernels_write(name):
+    """Bug: in deterministic mode torch.empty (empty_like, empty_strided, and zeros before it zeroes) fills new
+    memory with NaN, so every op allocating its results or workspaces through them paid an extra pass over each
+    (where, lerp, prelu, sparsemax, repeat, the segment ops and the pointwise engines did; ATen's own kernels
+    allocate below that fill). No NaN fill of anything but an empty tensor runs in an op's call, the first
+    (validating, planning) or a repeated one; results as outside deterministic mode."""
+    case = REGISTRY[name].cases(DEVICE, torch.float32, "small")[0]
+    fn, args, kwargs = getattr(gradkern.ops, name), case.args, dict(case.kwargs)
+    before = fn(*args, **kwargs)
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        for _ in range(2):
+            with torch.profiler.profile(record_shapes=True) as prof:
+                out = fn(*args, **kwargs)
+            fills = [(e.cpu_parent.name, e.input_shapes[0]) for e in prof.events() if e.name == "aten::fill_"
+                     and e.cpu_parent is not None and e.cpu_parent.name.startswith("aten::empty")]
+            assert all(math.prod(shape) == 0 for _, shape in fills), fills
+    finally:
+        torch.use_deterministic_algorithms(was)
+    for a, b in zip(*(o if isinstance(o, tuple) else (o,) for o in (before, out)), strict=True):
+        assert (a is None) == (b is None)
+        if a is not None:
+            assert_bitwise_equal(a, b, name)
 
 
 @pytest.mark.parametrize("name", OPS)

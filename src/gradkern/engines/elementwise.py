@@ -30,6 +30,7 @@ from .. import _runtime
 from .._runtime import I32_MAX, cdiv
 from ..config import PlanCache, Tunable
 from ..errors import InvalidProblem, RankUnsupported, Unsupported
+from ..launch import alloc
 from ..launch.checks import (
     _dense_strides,
     broadcast_shape,
@@ -40,7 +41,6 @@ from ..launch.checks import (
 )
 from ..launch.launcher import (
     SCALAR_PARAMS,
-    _empty_like,
     _get_device,
     _raw_stream,
     bits_spec,
@@ -419,7 +419,7 @@ class Pointwise:
                     aligned = aligned and not p & 15
                 if aligned and _get_device() == dev and hooks_idle():
                     # a flat plan: every input has the output's shape and dense strides, so empty_like fits
-                    out = _empty_like(ts[0]) if same_dtype else _empty_like(ts[0], dtype=dtype)
+                    out = alloc.empty_like(ts[0], None if same_dtype else dtype)
                     call(grid0, _raw_stream(dev), out.data_ptr(), *ptrs, *ptrs[:1] * (3 - len(ptrs)), *tail)
                     return out
         try:
@@ -439,11 +439,11 @@ class Pointwise:
             check_out_overlap(self.op, self.out_name, out, dict(zip(self.inputs, ts, strict=False)))
         if fresh:
             if plan.dense_like >= 0:
-                out = torch.empty_like(ts[plan.dense_like], dtype=plan.out_dtype)
+                out = alloc.empty_like(ts[plan.dense_like], plan.out_dtype)
             elif plan.flat:
-                out = torch.empty(plan.shape, dtype=plan.out_dtype, device=ts[0].device)
+                out = alloc.empty(plan.shape, plan.out_dtype, ts[0].device)
             else:
-                out = torch.empty_strided(plan.shape, plan.out_strides, dtype=plan.out_dtype, device=ts[0].device)
+                out = alloc.empty(plan.shape, plan.out_dtype, ts[0].device, plan.out_strides)
         if plan.n == 0:
             return out
         bits = [scalar_bits(s) for s in scalars] + [0] * (3 - len(scalars))

@@ -40,6 +40,7 @@ import triton.language as tl
 from .._runtime import I32_MAX, cdiv
 from ..config import PlanCache, Tunable
 from ..errors import InvalidProblem, RankUnsupported, Unsupported
+from ..launch import alloc
 from ..launch.checks import _dense_strides, broadcast_shape, contiguous_strides
 from ..launch.launcher import SCALAR_PARAMS, bits_spec, launch, launch_consts, scalar_bits
 from ..launch.tl_helpers import TL_MATH, cast_out, scalar
@@ -294,12 +295,12 @@ class MultiPointwise:
         dev = first.device
         res: list = [None] * MAX_OUTPUTS
         for j, shape, strides, dtype in plan.allocs:
-            res[j] = torch.empty_strided(shape, strides, dtype=dtype, device=dev)
+            res[j] = alloc.empty(shape, dtype, dev, strides)
         parts = res  # what the results summed back are read from
         if plan.parts:
             parts = [None] * MAX_OUTPUTS
             for j, shape, dtype in plan.parts:
-                parts[j] = torch.empty(shape, dtype=dtype, device=dev)
+                parts[j] = alloc.empty(shape, dtype, dev)
         if plan.kernel is not None:
             bits, spec = _scalar_args(scalars) if scalars else _NO_SCALARS
             ptrs = [first if r is None else r for r in res] + [first if t is None else t for t in inputs]
@@ -315,7 +316,7 @@ class MultiPointwise:
             r = res[j].reshape(shape)
             res[j] = r if r.dtype == dtype else r.to(dtype)
         for j, shape, dtype in plan.zeros:
-            res[j] = torch.zeros(shape, dtype=dtype, device=dev)
+            res[j] = alloc.zeros(shape, dtype, dev)
         return tuple(res[:len(self.outputs)])
 
     def _plan(self, inputs: Sequence, outputs: Sequence, flag: int) -> _Plan:

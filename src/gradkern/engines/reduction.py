@@ -51,6 +51,7 @@ from .. import _runtime
 from .._runtime import I32_MAX, cdiv, next_pow2, pow2_dividing
 from ..config import PlanCache, Tunable
 from ..errors import InvalidProblem, RankUnsupported, Unsupported
+from ..launch import alloc
 from ..launch.checks import check_tensor, contiguous_strides
 from ..launch.launcher import launch, launch_consts, pdl_ok
 from ..launch.tl_helpers import TL_MATH, cast_out, gdc_wait
@@ -483,8 +484,8 @@ def _run_pass(p: _Pass, src: torch.Tensor, dst: torch.Tensor, device: int) -> No
 def _execute(plan: _Plan, x: torch.Tensor, out_shape=None) -> torch.Tensor:
     shape = plan.out_shape if out_shape is None else out_shape
     if plan.zeros:
-        return torch.zeros(shape, dtype=plan.out_dtype, device=x.device)
-    out = torch.empty(shape, dtype=plan.out_dtype, device=x.device)
+        return alloc.zeros(shape, plan.out_dtype, x.device)
+    out = alloc.empty(shape, plan.out_dtype, x.device)
     if not plan.passes:
         return out
     device = x.get_device()
@@ -492,7 +493,7 @@ def _execute(plan: _Plan, x: torch.Tensor, out_shape=None) -> torch.Tensor:
         _run_pass(plan.passes[0], x, out, device)
         return out
     first, second = plan.passes
-    ws = torch.empty((first.n_split, first.n_out), dtype=plan.acc_dtype, device=x.device)
+    ws = alloc.empty((first.n_split, first.n_out), plan.acc_dtype, x.device)
     _run_pass(first, x, ws, device)
     _run_pass(second, ws, out, device)
     return out

@@ -33,6 +33,7 @@ from ..config import PlanCache, Tunable
 from ..engines.multi_pointwise import MultiPointwise, check_output_mask
 from ..engines.reduction import plan_view, run_plan
 from ..errors import InvalidProblem, Unsupported
+from ..launch import alloc
 from ..launch.checks import _dense_strides, broadcast_shape, check_tensor, contiguous_strides
 from ..launch.launcher import launch, launch_consts
 from ..launch.tl_helpers import TL_MATH, cast_out
@@ -325,8 +326,8 @@ def _prelu_grads(grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, need
     # the kernels index the weight densely (w + c): a weight that is not contiguous is copied
     w = weight if call.w_dense else weight.reshape(-1).contiguous()
     dev = x.device
-    gi = torch.empty_strided(call.shape, call.gi_strides, dtype=x.dtype, device=dev) if need_input else None
-    part = torch.empty(call.fused.part_shape, dtype=call.acc, device=dev) if need_weight else None
+    gi = alloc.empty(call.shape, x.dtype, dev, call.gi_strides) if need_input else None
+    part = alloc.empty(call.fused.part_shape, call.acc, dev) if need_weight else None
     # after its first launch the compiled kernel is called directly: the call plan fixes the integer arguments
     # (so their specialisation), the pointers' dtypes, the output mask and the device (launch adds the alignment)
     launch(call.kernel, call.grid, (grad, x, w, gi if need_input else x, part if need_weight else x),

@@ -44,6 +44,7 @@ from .._cases import Draw, describe, refuse
 from .._runtime import DEVICE_TYPE, FLOAT_DTYPES, I32_MAX, cdiv, magics, meta_key, next_pow2
 from ..config import PlanCache, Tunable
 from ..errors import InvalidProblem, Unsupported
+from ..launch import alloc
 from ..launch.checks import check_tensor, reach
 from ..launch.launcher import launch, launch_consts, pdl_ok
 from ..launch.tl_helpers import TL_MATH, cast_in, cast_out, divmod_, gdc_wait
@@ -1205,7 +1206,7 @@ def _run(kernel, plan: _Plan, ptrs: tuple, device: int) -> None:
 def _run_all(plan: _Plan, ptrs: tuple, device: int, spare: torch.Tensor) -> None:
     """A plan's launches in turn, on operands `ptrs` and the plan's workspaces, made here (or `spare`, never read,
     for a kernel that takes a workspace it does not use)."""
-    args = ptrs + (tuple(torch.empty(k, dtype=dtype, device=spare.device) for k, dtype in plan.work) or (spare,))
+    args = ptrs + (tuple(alloc.empty((k,), dtype, spare.device) for k, dtype in plan.work) or (spare,))
     while plan is not None:
         _run(plan.kernel, plan, args if plan.picks is None else tuple(args[i] for i in plan.picks), device)
         plan = plan.then
@@ -1216,8 +1217,8 @@ def _fwd(data: torch.Tensor, offsets: torch.Tensor, axis: int, op: str):
     n = data.shape[axis]
     s = offsets.shape[-1] - 1
     out_shape = (*data.shape[:axis], s, *data.shape[axis + 1:])
-    vals = torch.empty(out_shape, dtype=data.dtype, device=data.device)
-    idxs = torch.empty(out_shape, dtype=torch.int64, device=data.device)
+    vals = alloc.empty(out_shape, data.dtype, data.device)
+    idxs = alloc.empty(out_shape, torch.int64, data.device)
     if vals.numel() == 0:
         return vals, idxs
     device = data.get_device()
@@ -1364,7 +1365,7 @@ def _bwd(grad: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor, num_r
     out_shape = (*grad.shape[:axis], num_rows, *grad.shape[axis + 1:])
     outer = math.prod(grad.shape[:axis])
     inner = math.prod(grad.shape[axis + 1:])
-    gx = torch.zeros(out_shape, dtype=grad.dtype, device=grad.device)
+    gx = alloc.zeros(out_shape, grad.dtype, grad.device)
     if s == 0 or outer * inner == 0 or num_rows == 0:
         return gx
     device = grad.get_device()
@@ -1446,12 +1447,12 @@ def _segment_reduce_backward(grad: torch.Tensor, output: torch.Tensor, data: tor
     if plan is None:
         s = _check_segment_reduce(grad, output, data, reduce, lengths, offsets, axis)
         if s == 0 or data.numel() == 0:
-            return torch.zeros(data.shape, dtype=data.dtype, device=data.device)
+            return alloc.zeros(data.shape, data.dtype, data.device)
         if torch.compiler.is_compiling():  # not remembered: check_tensor lets negative-bit views pass there
             key = None
         plan = _planned(key, lambda: _segment_reduce_plan(data, seg, s, ends, grad, output, pdl))
     axis = seg.dim() - 1  # as ATen: the segments run along lengths/offsets' last dim (axis itself is not read)
-    gx = torch.empty(data.shape, dtype=data.dtype, device=data.device)
+    gx = alloc.empty(data.shape, data.dtype, data.device)
     grad, output, data = _walk((grad, output, data), plan)
     if ends and not plan.consts.get("LENS"):  # lengths the kernel does not read itself: it reads their cumsum
         seg = lengths.cumsum(-1)

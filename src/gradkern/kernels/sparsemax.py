@@ -53,6 +53,7 @@ from .._runtime import I32_MAX, cdiv, next_pow2
 from ..config import Tunable, plan_builder
 from ..engines.elementwise import _collapse
 from ..errors import InvalidProblem, Unsupported
+from ..launch import alloc
 from ..launch.checks import _dense_strides, check_tensor, contiguous_strides
 from ..launch.launcher import launch, launch_consts
 from ..launch.tl_helpers import TL_MATH, cast_out
@@ -615,7 +616,7 @@ def _check_forward(x: torch.Tensor, dim) -> tuple[_Plan, tuple[int, ...]]:
 
 def _forward(x: torch.Tensor, dim: int) -> torch.Tensor:
     plan, out_strides = _check_forward(x, dim)
-    y = torch.empty_strided(tuple(x.shape), out_strides, dtype=x.dtype, device=x.device)
+    y = alloc.empty(x.shape, x.dtype, x.device, out_strides)
     if y.numel() == 0:
         return y
     dev = x.get_device()
@@ -623,11 +624,10 @@ def _forward(x: torch.Tensor, dim: int) -> torch.Tensor:
         _launch(plan, plan.tiles, (x, y), (plan.n, plan.inner, plan.n_ib, *plan.ints), dev)
         return y
     rows, g = plan.n_outer * plan.inner, plan.g
-    f = dict(dtype=plan.math, device=x.device)
-    i = dict(dtype=torch.int32, device=x.device)
-    scratch = (torch.empty(rows * plan.K, **f), torch.empty(rows * plan.K, **i),  # chunk max, NaN count
-               torch.empty(2 * rows * plan.K * g, **i), torch.empty(2 * rows * plan.K * g, **f),  # counts, sums
-               torch.empty(2 * rows * 4, **f), torch.empty(2 * rows * 2, **i))  # bracket state, double-buffered
+    f, i = (plan.math, x.device), (torch.int32, x.device)
+    scratch = (alloc.empty((rows * plan.K,), *f), alloc.empty((rows * plan.K,), *i),  # chunk max, NaN count
+               alloc.empty((2 * rows * plan.K * g,), *i), alloc.empty((2 * rows * plan.K * g,), *f),  # counts, sums
+               alloc.empty((2 * rows * 4,), *f), alloc.empty((2 * rows * 2,), *i))  # bracket state, double-buffered
     last = plan.maxit + 1
     for stage in range(last + 1):
         _launch(plan, plan.tiles * plan.K, (x, y, *scratch),
@@ -653,7 +653,7 @@ def _check_backward(grad: torch.Tensor, y: torch.Tensor, dim) -> tuple[_Plan, tu
 
 def _backward(grad: torch.Tensor, y: torch.Tensor, dim: int) -> torch.Tensor:
     plan, out_strides = _check_backward(grad, y, dim)
-    dx = torch.empty_strided(tuple(y.shape), out_strides, dtype=y.dtype, device=y.device)
+    dx = alloc.empty(y.shape, y.dtype, y.device, out_strides)
     if dx.numel() == 0:
         return dx
     dev = y.get_device()
@@ -661,8 +661,7 @@ def _backward(grad: torch.Tensor, y: torch.Tensor, dim: int) -> torch.Tensor:
         _launch(plan, plan.tiles, (y, grad, dx), (plan.n, plan.inner, plan.n_ib, *plan.ints), dev)
         return dx
     rows = plan.n_outer * plan.inner
-    scratch = (torch.empty(rows * plan.K, dtype=torch.int32, device=y.device),
-               torch.empty(rows * plan.K, dtype=plan.math, device=y.device))
+    scratch = (alloc.empty((rows * plan.K,), torch.int32, y.device), alloc.empty((rows * plan.K,), plan.math, y.device))
     for stage in (0, 1):
         _launch(plan, plan.tiles * plan.K, (y, grad, dx, *scratch),
                 (stage, plan.n, plan.inner, plan.n_ib, plan.K, *plan.ints), dev)

@@ -16,7 +16,7 @@ import torch
 from .._runtime import thread_value
 from .checks import contiguous_strides, reach
 
-__all__ = ["empty", "empty_contiguous_like", "channels_last_format", "recording"]
+__all__ = ["empty", "empty_like", "zeros", "empty_contiguous_like", "channels_last_format", "recording"]
 
 _deterministic = torch._C._get_deterministic_algorithms
 _fills = torch._C._get_deterministic_fill_uninitialized_memory
@@ -40,6 +40,21 @@ def empty(shape, dtype: torch.dtype, device: torch.device, stride=None) -> torch
     if rec is not None:
         rec.allocated(out)
     return out
+
+
+def empty_like(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """`torch.empty_like(t, dtype=dtype)` for a `t` whose strides are dense (a permutation of contiguous ones,
+    which empty_like keeps), never filled: the caller writes every element."""
+    if not (_deterministic() and _fills()):
+        return torch.empty_like(t) if dtype is None else torch.empty_like(t, dtype=dtype)
+    return empty(t.shape, t.dtype if dtype is None else dtype, t.device, t.stride())
+
+
+def zeros(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """`torch.zeros`, contiguous: one zero fill, where deterministic mode would fill with NaN first."""
+    if not (_deterministic() and _fills()):
+        return torch.zeros(shape, dtype=dtype, device=device)
+    return empty(shape, dtype, device).zero_()
 
 
 _recorder = threading.local()  # .current: the native router's recording on this thread (routing/native.py)

@@ -78,7 +78,6 @@ def _rounded(value: float, dtype: torch.dtype) -> float:
 
 # ----------------------------------------------------------------------------------------------- fast launch
 _fast_cache = PlanCache("launch.launcher._fast_cache")
-_empty_like = torch.empty_like
 _get_device = getattr(torch._C, "_cuda_getDevice", None)
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 _FAST_OK = not _runtime.INTERPRET
