@@ -804,9 +804,9 @@ def _tables(plan: _Plan, like: torch.Tensor, device: int) -> tuple[torch.Tensor,
         return tables
     n_idx = 3 * sum(dim[0] for dim in plan.dims)
     n_w = sum(dim[0] * dim[3] for dim in plan.dims)
-    idx = torch.empty(n_idx, dtype=torch.int32, device=like.device)
-    wt = torch.empty(n_w, dtype=plan.acc, device=like.device)
-    mx = torch.empty(n_w, dtype=torch.int8, device=like.device)
+    idx = empty((n_idx,), torch.int32, like.device)
+    wt = empty((n_w,), plan.acc, like.device)
+    mx = empty((n_w,), torch.int8, like.device)
     acc = TL_MATH[plan.acc]
     with torch.cuda.device(like.device) if like.is_cuda else contextlib.nullcontext():
         at_i = at_w = 0
