@@ -437,14 +437,14 @@ def time_group(group: str, out_dir: str) -> None:
     env = _env()
     cases = list(_cases(group))
     records = []
-    gpu_time, gpu_host = torch.cuda.is_available() and bool(os.environ.get("TUNE_GPU_TIME")), {}
+    gpu_time, stock_gpu_host = torch.cuda.is_available() and bool(os.environ.get("TUNE_GPU_TIME")), {}
     with use(False):
         stock = {}
         for op, dtype, case in cases:
             fn, a, kw = getattr(case, "stock", None) or (REGISTRY[op].stock(), case.args, dict(case.kwargs))
             stock[(op, dtype, case.label)] = _ms(lambda: fn(*a, **kw))
             if gpu_time and stock[(op, dtype, case.label)] < bench_sweep.SLOW_MS:  # (stock's slowest take seconds)
-                gpu_host["stock", op, dtype, case.label] = bench_sweep.gpu_host_us(lambda: fn(*a, **kw))
+                stock_gpu_host[op, dtype, case.label] = bench_sweep.gpu_host_us(lambda: fn(*a, **kw))
         for i, group_config in enumerate(configs):
             _apply(group_config)
             for op, dtype, case in cases:
@@ -458,17 +458,15 @@ def time_group(group: str, out_dir: str) -> None:
                 except Exception as e:  # noqa: BLE001
                     ok = f"{type(e).__name__}: {str(e)[:200]}"
                 t = _ms(lambda: fn(*a, **kw))
-                if gpu_time:
-                    gpu_host[i, op, dtype, case.label] = bench_sweep.gpu_host_us(lambda: fn(*a, **kw))
                 base = stock[(op, dtype, case.label)]
                 rec = {**env, "group": group, "config": i, "family": getattr(group_config[0], "name", "defaults"),
                        "values": {k: repr(v) for k, v in group_config[1].items()}, "op": op,
                        "dtype": _runtime.DTYPE_NAMES[dtype], "case": case.label, "ms": t, "stock_ms": base,
                        "gbs": case.bytes / t / 1e6, "vs_stock": base / t, "check": ok}
                 if gpu_time:
-                    rec["gpu_us"], rec["host_us"] = gpu_host[i, op, dtype, case.label]
-                    rec["stock_gpu_us"], rec["stock_host_us"] = gpu_host.get(("stock", op, dtype, case.label),
-                                                                             (None, None))
+                    rec["gpu_us"], rec["host_us"] = bench_sweep.gpu_host_us(lambda: fn(*a, **kw))
+                    rec["stock_gpu_us"], rec["stock_host_us"] = stock_gpu_host.get((op, dtype, case.label),
+                                                                                   (None, None))
                 records.append(rec)
                 extra = f" gpu {rec['gpu_us']:.1f} us host {rec['host_us']:.1f} us" if gpu_time else ""
                 print(f"{group} cfg{i} {op} {rec['dtype']} {case.label}: {t:.4f} ms {rec['gbs']:.0f} GB/s "

@@ -1044,8 +1044,8 @@ class SegmentConfig:
     segred_lanes_one_pass: frozenset[int] = frozenset({2, 4, 8})
     # the segment_reduce backward's lane kernel also for inner widths up to this many at means up to
     # fwd_lanes_unit_mean (unit lengths, or emptier), where the tile kernel's program a segment holds a row: H200
-    # GPU time, 1.7M x 40 unit 1051 -> 911 us; past 64, rows of 256 gained and rows of 100 lost (37.8 -> 53.9 us)
-    # (docs/tuning/segment_max.md, "Wide rows at unit lengths")
+    # GPU time, 1.7M x 40 unit 1051 -> 911 us; 64, as wider rows split between gains and losses (docs/tuning/
+    # segment_max.md, "Wide rows at unit lengths")
     segred_lanes_unit_inner: int = 64
     # the row-parallel forward (a program a tile of rows, whatever the segments) serves problems the tile kernel
     # would give fewer than rows_max_programs programs of at least rows_min_mean rows on average (a few long
