@@ -4,6 +4,8 @@ result; replays run on the autograd engine's threads and under CUDA graph captur
 
 import os
 import struct
+import subprocess
+import sys
 import threading
 import time
 
@@ -100,6 +102,9 @@ def _replay(words: list[int], inputs: list[torch.Tensor]):
         elif op == n.ZERO:
             slots[words[i + 1]].zero_()
             i += 2
+        elif op == n.CUMSUM:
+            slots.append(slots[words[i + 1]].cumsum(words[i + 2]))
+            i += 3
         else:
             assert op == n.RETURN and i + 2 + words[i + 1] == len(words)
             return [slots[k] for k in words[i + 2:]]
@@ -129,6 +134,29 @@ def test_recording_encodes_allocations_views_copies_and_fills():
     for got, want in zip(_replay(words, [args[0], args[5]]), run(*args), strict=True):
         assert got.stride() == want.stride()
         assert_bitwise_equal(got, want, "replayed")
+
+
+def test_recording_replays_an_integer_cumsum():
+    """Bug: the segment_reduce backward's lengths summed to their ends (`lengths.cumsum(-1)`) were not a step a
+    program replays, so the op stayed in Python. An integer cumsum is recorded by slot and dim and, replayed on new
+    lengths, sums those; a floating one (its sums rounded in an order the recording does not fix) is not."""
+
+    def run(lens, a, b, c, d, x):
+        return lens.reshape(2, 3).cumsum(-1)
+
+    def inputs(seed):
+        g = torch.Generator().manual_seed(seed)
+        return torch.randint(0, 9, (6,), generator=g, dtype=torch.int32).to(DEVICE), 1.0, 1.0, 1.0, False, None
+
+    rec, out = _record(run, *inputs(0))
+    words = rec.finish(out)
+    assert rec.refused is None and words is not None
+    args = inputs(1)
+    got, want = _replay(words, [args[0]])[0], run(*args)
+    assert got.dtype == want.dtype == torch.int64
+    assert torch.equal(got, want)
+    rec, out = _record(lambda x, *rest: x.cumsum(0), torch.randn(6, device=DEVICE), 1.0, 1.0, 1.0, False, None)
+    assert rec.finish(out) is None and "cumsum" in rec.refused
 
 
 class _Meta:
@@ -408,6 +436,50 @@ def test_gradkern_ops_replays_equal_the_functions(dtype, monkeypatch):
     assert served and native.programs() > 0
 
 
+_FIRST_CALL = """
+import sys, torch, gradkern
+from gradkern.routing import native
+before = native.status()
+g, x = (torch.randn(8, 9, device=sys.argv[1]) for _ in range(2))
+gradkern.ops.elu_backward(g, 1.0, 1.0, 1.0, False, x)
+print(before, "->", native.status())
+"""
+
+
+@gpu_only
+def test_gradkern_ops_load_the_native_router_at_their_first_call():
+    """Bug: gradkern.ops went through the native router only once something had loaded it (`enable()`), so a
+    program calling gradkern.ops alone (and the sweep benchmark) paid the Python path's host time on every call.
+    A fresh process's first gradkern.ops call loads it."""
+    done = subprocess.run([sys.executable, "-c", _FIRST_CALL, DEVICE], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "GRADKERN_NATIVE": "1"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().endswith("not loaded -> on"), done.stdout
+
+
+@gpu_only
+def test_gradkern_ops_keyword_calls_replay(monkeypatch):
+    """Bug: a gradkern.ops call with keyword arguments (`_segment_reduce_backward(..., lengths=l, axis=0)`, as
+    users and the sweep call it) always took the Python path. Keywords the op's function takes positionally go to
+    its twin by name: from the third call a replay (which sums each call's own lengths: ATen's cumsum replayed),
+    equal bit for bit to the function's result; unknown keywords still raise Python's TypeError."""
+    assert native.available(), native.status()
+    monkeypatch.setattr(native, "OPS_FAST", True)
+    info = REGISTRY["_segment_reduce_backward"]
+    before = native.programs()
+    for call, lens in enumerate(([3, 0, 1, 5, 2], [1, 4, 0, 2, 4], [0, 0, 11, 0, 0], [2, 2, 2, 2, 3])):
+        lengths = torch.tensor(lens, device=DEVICE)
+        data = torch.randn(11, 6, device=DEVICE)
+        output = torch.segment_reduce(data, "max", lengths=lengths, axis=0, unsafe=True)
+        grad = torch.randn_like(output)
+        want = info.fn(grad, output, data, "max", lengths, None, 0)
+        got = gradkern.ops._segment_reduce_backward(grad, output, data, "max", lengths=lengths, axis=0)
+        assert_bitwise_equal(got, want, f"gradkern.ops with keywords through the native router, call {call}")
+    assert native.programs() == before + 1
+    with pytest.raises(TypeError):
+        gradkern.ops._segment_reduce_backward(grad, output, data, "max", lengths=lengths, dim=0)
+
+
 def test_twin_schemas_of_gradkern_ops():
     """gradkern.ops' twins: ATen's schema where the op's function serves its ATen overload, the op's own custom op's
     for ops without one, none for ops split by argument kind or returning lists."""
@@ -415,6 +487,8 @@ def test_twin_schemas_of_gradkern_ops():
     assert schema("elu_backward").startswith("aten::elu_backward(")
     assert schema("segment_max_forward").startswith("gradkern::segment_max_forward(Tensor data, Tensor offsets")
     assert schema("repeat_backward").startswith("gradkern::repeat_backward(")
+    # (an ATen name served at the autograd key by another function: its custom op's, not none)
+    assert schema("_segment_reduce_backward").startswith("gradkern::_segment_reduce_backward(Tensor grad")
     assert native._eager_schema(REGISTRY["lerp_backward"]) is None
     assert native._eager_schema(REGISTRY["where_backward"]) is None
 

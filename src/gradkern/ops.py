@@ -6,9 +6,9 @@ is the op's own `fake` or else its reference computation run on fake tensors; wi
 results (real and fake alike) are made contiguous, since the kernels' output layouts need not be the reference's
 and a compiled graph asserts the fake's strides.
 Inside a `torch.compile` region `gradkern.ops.<name>` calls the custom op, so compiled graphs keep gradkern's
-kernel as one opaque node (no graph break); in eager code it calls the kernel's function directly, or, once the
-native router is loaded, its twin op through that router (positional arguments; every op but those split by argument
-kind: routing/native.py), so that a repeated call replays from C++."""
+kernel as one opaque node (no graph break); in eager code, on CUDA, it calls its twin op through the native router
+(loaded at the first call; every op but those split by argument kind, and not for out= calls: routing/native.py), so
+that a repeated call replays from C++, else the kernel's function directly."""
 
 from __future__ import annotations
 
@@ -199,6 +199,7 @@ def _public(info: OpInfo) -> tuple[Callable, object]:
         quiet.setLevel(level)
     sig = inspect.signature(fn)
     names = [p.name for p in sig.parameters.values() if p.kind in _POSITIONAL]
+    by_name = frozenset(names)  # keywords the twin takes as they are (not out=, not unknown ones: those stay in Python)
     out_names = [p.name for p in sig.parameters.values() if p.kind == p.KEYWORD_ONLY]
     hints = typing.get_type_hints(fn)
     varying = [nm for nm in names if _is_tensor_or_number(hints.get(nm, inspect.Parameter.empty))]
@@ -211,10 +212,10 @@ def _public(info: OpInfo) -> tuple[Callable, object]:
             # the eager path, inlined (one Python frame less a call): refuse inputs that require grad
             if _grad_enabled():
                 _refuse_requires_grad(info.name, names, args, kwargs)
-            if not kwargs:
-                fast = _eager_call(info.name)  # (the native router's, once loaded: routing/native.py)
+            if not kwargs or by_name.issuperset(kwargs):
+                fast = _eager_call(info.name)  # (the native router's, loaded at the first call: routing/native.py)
                 if fast is not None:
-                    return fast(*args)
+                    return fast(*args, **kwargs)
             return fn(*args, **kwargs)
         outs = {k: kwargs.pop(k) for k in out_names if kwargs.get(k) is not None}
         for k in out_names:

@@ -58,6 +58,7 @@ enum Op : int64_t {
   COPY = 5,    // destination slot, source slot
   LAUNCH = 6,  // function, grid x y z, threads, shared bytes, pdl, n, then n params (kind, a, b)
   RETURN = 7,  // n, slots...
+  CUMSUM = 8,  // source slot, dim                                  -> a new slot (ATen's cumsum: int64 for integers)
 };
 enum Fill : int64_t { AS_EMPTY = 0, NEVER = 1, ZEROS = 2, VALUE = 3 };  // (VALUE: the double's bits follow)
 enum Param : int64_t { SLOT_PTR = 0, CONST_PTR = 1, IMMEDIATE = 2 };   // (a, b): (slot, byte offset), (const,
@@ -107,6 +108,7 @@ bool decode(Program& p) {
       case ZERO: i += 2; break;
       case FILL: i += 3; break;
       case COPY: i += 3; break;
+      case CUMSUM: i += 3; break;
       case LAUNCH: {
         Launch l;
         l.function = reinterpret_cast<CUfunction>(w[i + 1]);
@@ -293,6 +295,7 @@ void replay(const Program& p, const c10::OperatorHandle& op, torch::jit::Stack* 
       case ZERO: slots.at(w[i + 1]).zero_(); i += 2; break;
       case FILL: slots.at(w[i + 1]).fill_(as_double(w[i + 2])); i += 3; break;
       case COPY: slots.at(w[i + 1]).copy_(slots.at(w[i + 2])); i += 3; break;
+      case CUMSUM: slots.push_back(at::cumsum(slots.at(w[i + 1]), w[i + 2])); i += 3; break;
       case LAUNCH: {
         const Launch& l = p.launches[launch++];
         void* params[64];

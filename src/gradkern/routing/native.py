@@ -1,21 +1,21 @@
 """The native router: a C++ kernel (native.cpp) over the Python router of each backend-key overload, so that a
 repeated call does not enter Python.
 
-A descriptor's first call goes to the Python router as before (it warms the op's own caches). Its second call
-runs the Python router under a recording: every ATen op the implementation calls (allocations, views, fills,
-copies) and every Triton launch it makes, with each pointer argument traced to the tensor it points into. Where
-all of it is of kinds the C++ side replays, the recording becomes the descriptor's program, and later calls of the
-descriptor replay it: allocations through ATen, launches straight to the driver on the current stream, no Python.
-A descriptor that `enable()`'s route sends to stock gets a program too: ATen's kernel, called from C++. Anything
-else (an op the recording does not know, a data-dependent call, a launch that needs Triton's scratch memory) keeps
-the descriptor on the Python router. The descriptor (native.cpp's `make_key`) is every argument's dtype, device,
-sizes, strides, 16-byte alignment and storage sharing, every scalar's bits, the routing mode and the deterministic
-switches; programs are dropped by `gradkern.clear_plans()`. Triton's launch hooks (a profiler's) do not see replayed
-launches (the CUDA profilers do); GRADKERN_NATIVE=0 keeps every launch in Triton's.
+A descriptor's first call goes to the Python router as before (it warms the op's own caches). Its second call runs
+the Python router under a recording: every ATen op the implementation calls (allocations, views, fills, copies, an
+integer cumsum) and every Triton launch it makes, with each pointer argument traced to the tensor it points into.
+Where all of it is of kinds the C++ side replays, the recording becomes the descriptor's program, and later calls of
+the descriptor replay it: allocations through ATen, launches straight to the driver on the current stream, no
+Python. A descriptor that `enable()`'s route sends to stock gets a program too: ATen's kernel, called from C++.
+Anything else (an op the recording does not know, a data-dependent call, a launch that needs Triton's scratch
+memory) keeps the descriptor on the Python router. The descriptor (native.cpp's `make_key`) is every argument's
+dtype, device, sizes, strides, 16-byte alignment and storage sharing, every scalar's bits, the routing mode and the
+deterministic switches; programs are dropped by `gradkern.clear_plans()`. Triton's launch hooks (a profiler's) do
+not see replayed launches (the CUDA profilers do); GRADKERN_NATIVE=0 keeps every launch in Triton's.
 
-The extension is compiled once per machine at the first `enable()` on CUDA (torch.utils.cpp_extension; tens of
-seconds, then cached). Where that fails, or with GRADKERN_NATIVE=0, routing stays in Python; `status()` says
-which."""
+The extension is compiled once per machine at the first `enable()` or `gradkern.ops` call on CUDA
+(torch.utils.cpp_extension; tens of seconds, then cached). Where that fails, or with GRADKERN_NATIVE=0, routing
+stays in Python; `status()` says which."""
 
 from __future__ import annotations
 
@@ -189,9 +189,10 @@ _eager_calls: dict[str, Callable | None] = {}  # op -> its call through the rout
 
 
 def eager_call(name: str) -> Callable | None:
-    """`gradkern.ops.<name>`'s call through the native router for positional arguments, or None (the native router
-    not loaded, or the op without a twin)."""
-    if _ops is None or not OPS_FAST:
+    """`gradkern.ops.<name>`'s call through the native router (its arguments as the op's function takes them, out=
+    aside), or None (the router not available, or the op without a twin). The first call loads the router, as
+    `enable()` does: gradkern.ops users without `enable()` replay too."""
+    if not OPS_FAST or (_ops is None and not available()):
         return None
     call = _eager_calls.get(name, False)
     if call is not False:
@@ -219,9 +220,9 @@ def _attach_eager(name: str) -> Callable | None:
 
 def _eager_schema(info):
     """The schema (a torch FunctionSchema) of op `info`'s twin (see above), or None where it has none."""
-    if info.name in info.aten:
-        ok = info.dispatch == "backend" and info.aten[info.name] is info.fn and eligible(info.name)
-        return op_schema(info.name) if ok else None
+    if info.name in info.aten and info.dispatch == "backend" and info.aten[info.name] is info.fn and \
+            eligible(info.name):
+        return op_schema(info.name)
     try:
         schema = getattr(torch.ops.gradkern, info.name).default._schema
     except AttributeError:  # (split by argument kind: gradkern::<name>__<kinds>, or no custom op)
@@ -404,7 +405,7 @@ _programs = _Programs("routing.native (C++ programs)")
 
 # ----------------------------------------------------------------------------------------------- recording
 PYTHON, STOCK, REPLAY = 0, 1, 2
-EMPTY, VIEW, ZERO, FILL, COPY, LAUNCH, RETURN = 1, 2, 3, 4, 5, 6, 7
+EMPTY, VIEW, ZERO, FILL, COPY, LAUNCH, RETURN, CUMSUM = 1, 2, 3, 4, 5, 6, 7, 8
 AS_EMPTY, NEVER, ZEROS, VALUE = 0, 1, 2, 3
 SLOT_PTR, CONST_PTR, IMMEDIATE = 0, 1, 2
 
@@ -552,6 +553,10 @@ class _Recording(TorchDispatchMode):
         elif name in _COPIES:
             self._new(out, NEVER, None)
             self._emit(COPY, self._slot_of(out), self._slot_of(args[0]))
+        elif name == "cumsum.default" and len(args) == 2 and kwargs.get("dtype") is None and \
+                not args[0].is_floating_point():  # (segment_reduce's lengths to their ends)
+            self._emit(CUMSUM, self._slot_of(args[0]), int(args[1]))
+            self._slot_of(out, new=True)
         elif any(r.alias_info is not None for r in func._schema.returns) and not func._schema.is_mutable:
             base = self._slot_of(args[0])
             for o in out if isinstance(out, (tuple, list)) else (out,):

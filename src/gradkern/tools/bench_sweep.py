@@ -43,21 +43,21 @@ Python weight, the pads' and pools' `self`) count nothing. Per family:
 * _segment_reduce_backward: grad, output, data and the lengths (or offsets) read, grad_data written.
 Where stock does less: segment_max_forward's baseline, `torch.segment_reduce`, writes no indices.
 
-Timing (GPU): `gradkern.ops.<name>` under torch.no_grad, stock eager (`OpInfo.stock()`: the ATen op, or the op's
-stock composite) and `torch.compile(stock, dynamic=False)` (dynamo reset before each case), each the median of
+Timing (GPU): `gradkern.ops.<name>` under torch.no_grad (through the native router where built, as any
+`gradkern.ops` call on CUDA: a repeated call replays from C++), stock eager (`OpInfo.stock()`: the ATen op, or the
+op's stock composite) and `torch.compile(stock, dynamic=False)` (dynamo reset before each case), each the median of
 `triton.testing.do_bench` after `HOT_MS` of calls back to back (a call of `SLOW_MS` or more: the faster of two
 calls); the copy ceiling is measured in the same run. Each case is first checked once against the op's reference on
 the device (loose tolerance: it catches garbage, not ulps; the ops in `_CHECK_IN_F32` take a float32 reference for
-16-bit cases; a reference that raises on the device runs on CPU copies); a case that fails or
-raises is marked and not timed. The compiled code is inspected: "inductor" (Inductor generated every kernel),
-"mixed" (its own kernels beside ATen fallbacks, e.g. a sort), "fallback" (no kernel of its own, or the stock ATen op
-itself kept beside helper kernels). Speedups vs torch.compile are summarised only over "inductor" and "mixed" cases.
-Each case also records who serves it under `enable()` (mode "auto": the op's route, a function of the descriptor),
-and its speedup as a user of enable() sees it: the kernel's where gradkern serves it, 1.0 where the route sends it
-to stock. Per op the summary gives min and geometric mean of the speedups (the kernel's, and as enable() routes) and
-of % of the copy ceiling (and of % copy over cases moving >= 64 MiB), the case of the minimum, and the Triton
-variants gradkern compiled during the op's cases (shared kernels compiled by an earlier op are not counted again).
-"""
+16-bit cases; a reference that raises on the device runs on CPU copies); a case that fails or raises is marked and
+not timed. The compiled code is inspected: "inductor" (Inductor generated every kernel), "mixed" (its own kernels
+beside ATen fallbacks, e.g. a sort), "fallback" (no kernel of its own, or the stock ATen op itself kept beside
+helper kernels). Speedups vs torch.compile are summarised only over "inductor" and "mixed" cases. Each case also
+records who serves it under `enable()` (mode "auto": the op's route, a function of the descriptor), and its speedup
+as a user of enable() sees it: the kernel's where gradkern serves it, 1.0 where the route sends it to stock. Per op
+the summary gives min and geometric mean of the speedups (the kernel's, and as enable() routes) and of % of the copy
+ceiling (and of % copy over cases moving >= 64 MiB), the case of the minimum, and the Triton variants gradkern
+compiled during the op's cases (shared kernels compiled by an earlier op are not counted again). """
 
 from __future__ import annotations
 
