@@ -50,7 +50,6 @@ from ..launch.launcher import launch, launch_consts, pdl_ok
 from ..launch.tl_helpers import TL_MATH, cast_in, cast_out, divmod_, gdc_wait
 from ..registry import Case, register_op
 from ..routing import dispatch
-from ..routing.autograd import STOCK_IN_AUTO, plain_tensors
 
 _INDEX_DTYPES = (torch.int32, torch.int64)
 _BITS = {2: tl.int16, 4: tl.int32, 8: tl.int64}  # an element's bits, by its size in bytes
@@ -1957,17 +1956,11 @@ def _segred_errors(device):
 
 # ----------------------------------------------------------------------------------------------- registration
 def _segment_reduce_backward_aten(grad, output, data, reduce, *, lengths=None, offsets=None, axis=0, initial=None):
-    """aten::_segment_reduce_backward at the autograd key: reduce="max" on plain float tensors runs gradkern's
-    kernel; anything else (other reductions, dtypes, a differentiable call, transforms) returns NotImplemented,
-    which runs ATen's own autograd kernel."""
-    tensors = [t for t in (grad, output, data, lengths, offsets) if t is not None]
-    if (reduce != "max" or data.dtype not in FLOAT_DTYPES or grad.dtype != data.dtype
-            or output.dtype != data.dtype or not plain_tensors(tensors)):
+    """aten::_segment_reduce_backward at the backend key (below autograd, so a differentiable call keeps stock's
+    graph): reduce="max" on float tensors of one dtype runs gradkern's kernel; anything else (other reductions,
+    dtypes) returns NotImplemented, which runs ATen's own kernel."""
+    if reduce != "max" or data.dtype not in FLOAT_DTYPES or grad.dtype != data.dtype or output.dtype != data.dtype:
         return NotImplemented
-    if torch.is_grad_enabled():
-        for t in tensors:
-            if t.requires_grad:
-                return NotImplemented
     return _segment_reduce_backward(grad, output, data, reduce, lengths, offsets, axis, initial)
 
 
@@ -1983,6 +1976,8 @@ register_op("segment_max_forward", exact=True, reference=_standard_strides(_refe
 register_op("segment_max_backward", exact=True, reference=_reference_backward, cases=_bwd_cases,
             fake=_fake_backward, samples=_bwd_samples, errors=_bwd_errors)(segment_max_backward)
 register_op("_segment_reduce_backward", aten={"_segment_reduce_backward": _segment_reduce_backward_aten},
-            dispatch="autograd", exact=True, reference=_segred_reference, cases=_segred_cases,
-            aten_examples=_segred_examples, fake=_fake_segment_reduce_backward, samples=_segred_samples,
-            errors=_segred_errors, **STOCK_IN_AUTO)(_segment_reduce_backward)
+            exact=True, reference=_segred_reference, cases=_segred_cases, aten_examples=_segred_examples,
+            fake=_fake_segment_reduce_backward, samples=_segred_samples, errors=_segred_errors,
+            route_doc="gradkern for reduce=\"max\" (H200 sweep: less GPU time than stock's kernel on every f32 "
+                      "case and all bf16 cases but one, 0.93x, and less host time replayed: "
+                      "docs/tuning/segment_max.md); stock for the other reductions")(_segment_reduce_backward)
