@@ -537,6 +537,23 @@ def test_segment_reduce_axis_and_2d_lengths(dtype):
     assert_bitwise_equal(gx, gxs)
 
 
+def test_segment_reduce_max_backward_is_gradkerns_in_mode_auto(monkeypatch):
+    """Bug: enable()'s default mode left segment_reduce's backward to stock (an autograd-key override it did not
+    register), so an enabled training step never ran the kernel. Now a backend-key route: plain enable() serves
+    reduce="max" with it, stock's bits, and disable() gives the call back to stock."""
+    calls = _spy(monkeypatch)
+    data = _data((12, 3), torch.float32, ties=True)
+    L = torch.tensor([5, 0, 7], device=DEVICE)
+    g = _data((3, 3), torch.float32, seed=1)
+    got = []
+    for enabled in (True, False):
+        x = data.clone().requires_grad_()
+        with gradkern.use(enabled):
+            got.append(torch.autograd.grad(torch.segment_reduce(x, "max", lengths=L), x, g)[0])
+    assert len(calls) == 1
+    assert_bitwise_equal(got[0], got[1])
+
+
 def test_segment_reduce_other_reductions_stay_stock_and_double_backward_keeps_stocks_graph(monkeypatch):
     """Other reductions run stock's kernel; with create_graph=True gradkern's kernel computes the gradient below
     autograd and stock's graph sits above it (the same grad_fn, the same bits)."""
