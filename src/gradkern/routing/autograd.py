@@ -43,7 +43,7 @@ __all__ = ["fused_autograd", "plain_tensors", "plain_gradient", "direct_apply", 
            "NATIVE_IN_AUTO"]
 
 # enable()'s route (registry.OpInfo.route) for an autograd-key override not shown to gain in a model step (prelu,
-# repeat, segment_reduce): stock is deterministic for them, and the override costs host time on every call of its op
+# repeat): stock is deterministic for them, and the override costs host time on every call of its op
 STOCK_IN_AUTO = {"route": False, "route_doc": "stock (deterministic; an autograd-key override costs host time a call, "
                  "declined or not); gradkern's fused backward only in mode \"always\""}
 # ... and for one whose C++ node costs no more host time than stock's autograd node and gains in a model step: every
