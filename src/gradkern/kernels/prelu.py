@@ -38,6 +38,7 @@ from ..launch.checks import _dense_strides, broadcast_shape, check_tensor, conti
 from ..launch.launcher import launch, launch_consts
 from ..launch.tl_helpers import TL_MATH, cast_out
 from ..registry import Case, register_op
+from ..routing import native
 from ..routing.autograd import STOCK_IN_AUTO, fused_autograd
 
 _OP = "prelu_backward"
@@ -86,22 +87,23 @@ def _kernel_backward_errors(device):
     ]
 
 
-# enable()'s route for _prelu_kernel_backward (stock's is deterministic): gradkern from the size where the device time
-# it saves passes its extra host time (~20 us a call, H100), near 6M elements (f32, f64) and 3M (16-bit), where
-# grad_output and self share their strides (one read across its layout: 0.85x ATen, H200)
-_FULL_ROUTE_MIN = {2: 3 << 20, 4: 6 << 20, 8: 6 << 20}
+# enable()'s route for _prelu_kernel_backward (stock's is deterministic): every problem where the native router replays
+# the call (its host time is below stock's, and the kernel's GPU time at or below ATen's on every sweep case, H200:
+# docs/tuning/prelu.md); on the Python router only from the size where the device time saved passes its extra host
+# time (~20 us a call, H100), near 6M elements (f32, f64) and 3M (16-bit)
+_PYTHON_ROUTE_MIN = {2: 3 << 20, 4: 6 << 20, 8: 6 << 20}
 
 
 def _full_route(grad_output, self, weight) -> bool:
-    return (isinstance(self, torch.Tensor) and self.numel() >= _FULL_ROUTE_MIN.get(self.element_size(), 0)
-            and isinstance(grad_output, torch.Tensor) and grad_output.stride() == self.stride())
+    return native.available() or (isinstance(self, torch.Tensor)
+                                  and self.numel() >= _PYTHON_ROUTE_MIN.get(self.element_size(), 0))
 
 
 @register_op(_OP_FULL, aten=(_OP_FULL,), exact=True, cases=_kernel_backward_cases, route=_full_route,
              samples=_kernel_backward_samples, errors=_kernel_backward_errors,
-             route_doc="gradkern from 6M elements (f32, f64) or 3M (16-bit), where the device time it saves passes "
-                       "its extra host time, for grad_output and self of the same strides; stock (deterministic) "
-                       "otherwise")
+             route_doc="gradkern where the native router is built; on the Python router from 6M elements (f32, f64) "
+                       "or 3M (16-bit), where the device time it saves passes the Python router's extra host time; "
+                       "stock (deterministic) below")
 def _prelu_kernel_backward(grad_output: torch.Tensor, self: torch.Tensor, weight: torch.Tensor
                            ) -> tuple[torch.Tensor, torch.Tensor]:
     """ATen's prelu backward: (x > 0 ? g : w*g, x > 0 ? 0 : x*g), both at the broadcast shape (w broadcast to x)."""
