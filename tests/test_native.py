@@ -738,3 +738,57 @@ def test_autograd_key_routes_through_the_cpp_node(name, overload, monkeypatch):
         assert (g is None) == (w is None)
         if g is not None:
             torch.testing.assert_close(g, w)
+
+
+def _step_fills(net, x):
+    """A forward and backward of `net` on `x` in deterministic mode: its gradients, and per op of
+    dispatch.WHOLE_WRITE the NaN fills of new memory that ran inside it."""
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        net.zero_grad(set_to_none=True)
+        with torch.profiler.profile() as prof:
+            net(x).square().sum().backward()
+    finally:
+        torch.use_deterministic_algorithms(was)
+    fills = {}
+    for e in prof.events():
+        if e.name != "aten::fill_":
+            continue
+        q = e.cpu_parent
+        while q is not None and q.name.removeprefix("aten::") not in dispatch.WHOLE_WRITE:
+            q = q.cpu_parent
+        if q is not None:
+            fills[q.name] = fills.get(q.name, 0) + 1
+    return [p.grad.clone() for p in net.parameters()], fills
+
+
+@gpu_only
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_whole_write_ops_skip_the_nan_fill_in_deterministic_mode(dtype):
+    """Bug: in deterministic mode every allocation of batch norm (cuDNN's for f32, ATen's for bf16) and its
+    backward, the convolution backward and prelu's forward ran a NaN fill kernel, though each op writes all it
+    allocates (the segmentation models' deterministic steps: most of their extra launches). While gradkern is
+    enabled they allocate without it, with stock's gradients bit for bit; torch.empty is still filled, and disable()
+    brings the fills back."""
+    assert native.available(), native.status()
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.PReLU(8),
+                              torch.nn.Conv2d(8, 4, 3)).to(DEVICE, dtype)
+    x = torch.randn(2, 3, 16, 16, device=DEVICE, dtype=dtype, requires_grad=True)
+    dispatch.unregister()
+    want, stock_fills = _step_fills(net, x)
+    assert {"aten::convolution_backward", "aten::_prelu_kernel"} <= set(stock_fills), stock_fills
+    assert {"cudnn_batch_norm", "native_batch_norm"} & {n.removeprefix("aten::") for n in stock_fills}, stock_fills
+    with gradkern.use():
+        got, fills = _step_fills(net, x)
+        torch.use_deterministic_algorithms(True)
+        try:
+            assert torch.empty(4, device=DEVICE).isnan().all()
+        finally:
+            torch.use_deterministic_algorithms(False)
+    assert fills == {}, fills
+    for g, w in zip(got, want, strict=True):
+        assert_bitwise_equal(g, w, "gradient")
+    with gradkern.use(False):
+        assert _step_fills(net, x)[1] == stock_fills

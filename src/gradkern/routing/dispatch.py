@@ -118,7 +118,7 @@ def auto_registers(info: OpInfo) -> bool:
 def _register(always: bool) -> None:
     """Register the routers not registered yet (under _lock): every op's in mode "always", else those that
     `auto_registers`."""
-    global _lib
+    global _lib, _whole_write
     if _covered.get(always) == len(REGISTRY):  # (every op of the registry as it was then: done)
         return
     if _lib is None:
@@ -142,9 +142,19 @@ def _register(always: bool) -> None:
                     elif hasattr(info.aten[overload], "parts") and native.available():
                         native.attach_autograd(overload, info.aten[overload])  # (a fused_autograd override)
                     _registered.add(overload)
+        if not _whole_write and native.available():
+            native.attach_whole_write(WHOLE_WRITE)
+            _whole_write = True
     _covered[always] = len(REGISTRY)
 
 
+# Stock CUDA ops that write everything they allocate before reading it (batch norm and its backward, cuDNN's and
+# ATen's, the convolution backward's gradients, prelu's TensorIterator output): while gradkern is enabled their
+# allocations skip deterministic mode's NaN fill, a kernel launch each, for the same bits (native.cpp, "the NaN
+# fill"). They were most of the fills in the segmentation models' deterministic steps (docs/tuning/routing.md).
+WHOLE_WRITE = ("cudnn_batch_norm", "cudnn_batch_norm_backward", "native_batch_norm", "native_batch_norm_backward",
+               "convolution_backward", "_prelu_kernel")
+_whole_write = False  # WHOLE_WRITE's wrappers registered (until unregister)
 _registered: set[str] = set()
 _covered: dict[bool, int] = {}  # mode "always" (True) or "auto" -> the registry's size when it was last registered
 
@@ -233,10 +243,11 @@ def disable() -> None:
 def unregister() -> None:
     """Disable and remove gradkern's registrations from PyTorch's dispatcher (for coexistence with other libraries
     that override the same ops; the next `enable()` or `use()` registers again)."""
-    global _lib
+    global _lib, _whole_write
     disable()
     with _lock:
         native.detach_all()
+        _whole_write = False
         if _lib is not None:
             _lib._destroy()
             _lib = None

@@ -10,7 +10,9 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/cuda/EmptyTensor.h>
 #include <ATen/ops/as_strided.h>
+#include <ATen/ops/empty_native.h>
 #include <ATen/ops/empty_strided.h>
+#include <ATen/ops/empty_strided_native.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
@@ -408,6 +410,51 @@ struct Router final : c10::OperatorKernel {
   }
 };
 
+// ------------------------------------------------------------------------------------------------ the NaN fill
+// In deterministic mode ATen's CUDA `empty` and `empty_strided` fill what they allocate with NaN
+// (`fill_uninitialized_memory`), a kernel launch each. Inside a stock op that writes everything it allocates before
+// reading it (`attach_whole_write`), the fill changes no bit of any result: while gradkern is enabled those
+// allocations skip it, as gradkern's own outputs do (launch/alloc.py). Every other allocation is ATen's, filled.
+thread_local bool t_whole_write = false;  // this thread runs a whole-write op's stock kernel
+
+bool fills() {
+  const auto& ctx = at::globalContext();
+  return ctx.deterministicAlgorithms() && ctx.deterministicFillUninitializedMemory();
+}
+
+struct WholeWrite final : c10::OperatorKernel {
+  Entry* entry;
+  explicit WholeWrite(Entry* e) : entry(e) {}
+
+  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+    if (t_whole_write || !g_enabled.load(std::memory_order_relaxed) || !fills())
+      return entry->stock->callBoxed(op, backend_keys(), stack);
+    t_whole_write = true;
+    struct Reset {
+      ~Reset() { t_whole_write = false; }
+    } reset;
+    entry->stock->callBoxed(op, backend_keys(), stack);
+  }
+};
+
+// ATen's CUDA kernels of empty.memory_format and empty_strided (at::native's, as its registration calls them), less
+// the fill inside a whole-write op
+at::Tensor empty_over(c10::SymIntArrayRef size, std::optional<at::ScalarType> dtype, std::optional<at::Layout> layout,
+                      std::optional<at::Device> device, std::optional<bool> pin_memory,
+                      std::optional<at::MemoryFormat> memory_format) {
+  auto sizes = C10_AS_INTARRAYREF_SLOW(size);
+  if (t_whole_write) return at::detail::empty_cuda(sizes, dtype, layout, device, pin_memory, memory_format);
+  return at::native::empty_cuda(sizes, dtype, layout, device, pin_memory, memory_format);
+}
+
+at::Tensor empty_strided_over(c10::SymIntArrayRef size, c10::SymIntArrayRef stride, std::optional<at::ScalarType> dtype,
+                              std::optional<at::Layout> layout, std::optional<at::Device> device,
+                              std::optional<bool> pin_memory) {
+  auto sizes = C10_AS_INTARRAYREF_SLOW(size), strides = C10_AS_INTARRAYREF_SLOW(stride);
+  if (t_whole_write) return at::detail::empty_strided_cuda(sizes, strides, dtype, layout, device, pin_memory);
+  return at::native::empty_strided_cuda(sizes, strides, dtype, layout, device, pin_memory);
+}
+
 // ------------------------------------------------------------------------------------------------ autograd
 // The C++ router of an autograd-key override (routing/autograd.py's fused_autograd: where.self, lerp, _prelu_kernel,
 // repeat):
@@ -608,14 +655,18 @@ void capture_stock(std::string qualname) {
 
 // Registers `router` as the kernel of `qualname` ("ns::op" or "ns::op.overload") for `key`, in the process-lifetime
 // library of that namespace and key.
-template <class R>
-void impl_over(const std::string& qualname, c10::DispatchKey key, std::unique_ptr<R> router) {
-  auto ns = qualname.substr(0, qualname.find("::"));
+torch::Library& library_of(const std::string& ns, c10::DispatchKey key) {
   auto& library = g_libraries[ns + "/" + c10::toString(key)];
   if (!library) library = std::make_unique<torch::Library>(torch::Library::IMPL, ns, key, __FILE__, __LINE__);
+  return *library;
+}
+
+template <class R>
+void impl_over(const std::string& qualname, c10::DispatchKey key, std::unique_ptr<R> router) {
+  auto& library = library_of(qualname.substr(0, qualname.find("::")), key);
   auto name = qualname.substr(qualname.find("::") + 2);
   if (name.size() > 8 && name.compare(name.size() - 8, 8, ".default") == 0) name.resize(name.size() - 8);
-  library->impl(name.c_str(), torch::CppFunction::makeFromBoxedFunctor(std::move(router)));
+  library.impl(name.c_str(), torch::CppFunction::makeFromBoxedFunctor(std::move(router)));
 }
 
 // Registers the router over the CUDA kernel `qualname` now has (gradkern's Python). `always`: a gradkern.ops op,
@@ -627,6 +678,19 @@ void attach(std::string qualname, std::string recorder, bool always) {
   e.python = e.op.getComputedKernelForDispatchKey(c10::DispatchKey::CUDA);
   e.recorder = find_op(recorder);
   impl_over(qualname, c10::DispatchKey::CUDA, std::make_unique<Router>(&e));
+}
+
+// Registers the whole-write wrapper over the CUDA kernel of each of `qualnames` (stock ops that write everything
+// they allocate before reading it), and the CUDA `empty` kernels that skip the fill inside them.
+void attach_whole_write(std::vector<std::string> qualnames) {
+  for (const auto& q : qualnames) {
+    Entry& e = entry_of(q);
+    if (!e.stock) e.stock = e.op.getComputedKernelForDispatchKey(c10::DispatchKey::CUDA);
+    impl_over(q, c10::DispatchKey::CUDA, std::make_unique<WholeWrite>(&e));
+  }
+  auto& library = library_of("aten", c10::DispatchKey::CUDA);
+  library.impl("empty.memory_format", TORCH_FN(empty_over));
+  library.impl("empty_strided", TORCH_FN(empty_strided_over));
 }
 
 // Registers the autograd router over the autograd-key kernel `qualname` now has (gradkern's Python router);
@@ -748,6 +812,7 @@ TORCH_LIBRARY(gradkern_native, m) {
   m.def("commit(int kind, int[] words, Tensor[] consts) -> bool", &commit);
   m.def("programs() -> int", &programs);
   m.def("attach_autograd(str qualname, str planner) -> ()", &attach_autograd);
+  m.def("attach_whole_write(str[] qualnames) -> ()", &attach_whole_write);
   m.def("ag_commit(bool fast, int[] save, int[] outs, int desc, str fused, str composite, str name) -> ()",
         &ag_commit);
 }

@@ -148,6 +148,13 @@ def capture_stock(overload: str) -> None:
     _ops.capture_stock(_qualname(overload))
 
 
+def attach_whole_write(overloads: tuple[str, ...]) -> None:
+    """Wrap ATen's CUDA kernels of `overloads` (stock ops that write everything they allocate before reading it) so
+    that their allocations skip deterministic mode's NaN fill while gradkern is enabled (native.cpp, "the NaN
+    fill")."""
+    _ops.attach_whole_write([_qualname(o) for o in overloads])
+
+
 _recorders: torch.library.Library | None = None
 
 
