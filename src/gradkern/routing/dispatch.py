@@ -118,14 +118,16 @@ def auto_registers(info: OpInfo) -> bool:
 def _register(always: bool) -> None:
     """Register the routers not registered yet (under _lock): every op's in mode "always", else those that
     `auto_registers`."""
-    global _lib, _whole_write
+    global _lib
     if _covered.get(always) == len(REGISTRY):  # (every op of the registry as it was then: done)
         return
-    if _lib is None:
-        _lib = torch.library.Library("aten", "IMPL")
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*Overriding a previously registered kernel.*")
         warnings.filterwarnings("ignore", message=".*Warning only once for all operators.*")
+        if _lib is None:  # (the first registration since import or unregister)
+            _lib = torch.library.Library("aten", "IMPL")
+            if native.available():
+                native.attach_whole_write(WHOLE_WRITE)
         for info in REGISTRY.values():
             if not always and not auto_registers(info):
                 continue
@@ -142,9 +144,6 @@ def _register(always: bool) -> None:
                     elif hasattr(info.aten[overload], "parts") and native.available():
                         native.attach_autograd(overload, info.aten[overload])  # (a fused_autograd override)
                     _registered.add(overload)
-        if not _whole_write and native.available():
-            native.attach_whole_write(WHOLE_WRITE)
-            _whole_write = True
     _covered[always] = len(REGISTRY)
 
 
@@ -154,7 +153,6 @@ def _register(always: bool) -> None:
 # fill"). They were most of the fills in the segmentation models' deterministic steps (docs/tuning/routing.md).
 WHOLE_WRITE = ("cudnn_batch_norm", "cudnn_batch_norm_backward", "native_batch_norm", "native_batch_norm_backward",
                "convolution_backward", "_prelu_kernel")
-_whole_write = False  # WHOLE_WRITE's wrappers registered (until unregister)
 _registered: set[str] = set()
 _covered: dict[bool, int] = {}  # mode "always" (True) or "auto" -> the registry's size when it was last registered
 
@@ -243,11 +241,10 @@ def disable() -> None:
 def unregister() -> None:
     """Disable and remove gradkern's registrations from PyTorch's dispatcher (for coexistence with other libraries
     that override the same ops; the next `enable()` or `use()` registers again)."""
-    global _lib, _whole_write
+    global _lib
     disable()
     with _lock:
         native.detach_all()
-        _whole_write = False
         if _lib is not None:
             _lib._destroy()
             _lib = None

@@ -684,9 +684,8 @@ void attach(std::string qualname, std::string recorder, bool always) {
 // they allocate before reading it), and the CUDA `empty` kernels that skip the fill inside them.
 void attach_whole_write(std::vector<std::string> qualnames) {
   for (const auto& q : qualnames) {
-    Entry& e = entry_of(q);
-    if (!e.stock) e.stock = e.op.getComputedKernelForDispatchKey(c10::DispatchKey::CUDA);
-    impl_over(q, c10::DispatchKey::CUDA, std::make_unique<WholeWrite>(&e));
+    capture_stock(q);
+    impl_over(q, c10::DispatchKey::CUDA, std::make_unique<WholeWrite>(&entry_of(q)));
   }
   auto& library = library_of("aten", c10::DispatchKey::CUDA);
   library.impl("empty.memory_format", TORCH_FN(empty_over));
